@@ -1,0 +1,23 @@
+"""User errors: one line on stderr, non-zero exit, no traceback."""
+from __future__ import annotations
+
+import functools
+import sys
+
+
+class UserError(Exception):
+    """A problem with the user's input that they can fix; the message says how."""
+
+
+def cli_entry(main):
+    """Wrap a script's main() so a UserError prints one line and exits 2."""
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except UserError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+
+    return wrapper

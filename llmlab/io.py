@@ -1,0 +1,61 @@
+"""Atomic file writes: a crash mid-write never leaves a half-written file under the final name."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def append_jsonl(path: str | os.PathLike, record: dict) -> None:
+    """Append one line; a line is written with a single write() so readers never see half a record."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(record, default=str) + "\n")
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Read a JSONL log, ignoring a torn last line left by a killed writer."""
+    records = []
+    with open(path) as f:
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+def publish_dir(tmp_dir: str | os.PathLike, final_dir: str | os.PathLike) -> None:
+    """Move a fully written temp directory into place; an old directory of that name is replaced."""
+    tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
+    if final_dir.exists():
+        trash = final_dir.with_name(f".{final_dir.name}.old")
+        shutil.rmtree(trash, ignore_errors=True)
+        os.replace(final_dir, trash)
+        os.replace(tmp_dir, final_dir)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp_dir, final_dir)

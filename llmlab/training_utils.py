@@ -1,0 +1,69 @@
+"""Small pieces both trainers share: gradient clipping (fixed or adaptive) and the causal-LM loss."""
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+import torch.nn.functional as F
+
+
+def parse_clip(value: str | float) -> float | str:
+    """`--clip` takes a max grad norm (a number; 0 disables clipping) or "adaptive"."""
+    from llmlab.errors import UserError
+
+    if isinstance(value, str) and value.strip().lower() == "adaptive":
+        return "adaptive"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"--clip: expected a number or 'adaptive', got {value!r}") from None
+    if number < 0:
+        raise UserError(f"--clip: must be >= 0 (0 disables clipping), got {number}")
+    return number
+
+
+class GradClipper:
+    """Max grad norm for this step: fixed, or adaptive = factor × mean of the last `window` norms.
+
+    Adaptive clipping only starts after `warmup_steps` (early norms are large and unrepresentative);
+    before that it clips at `fallback`. Feed each step's pre-clip norm back with `observe()`.
+    """
+
+    def __init__(self, clip: str | float, warmup_steps: int = 0, window: int = 50, factor: float = 1.5,
+                 fallback: float = 1.0):
+        self.mode = parse_clip(clip)
+        self.warmup_steps = warmup_steps
+        self.factor = factor
+        self.fallback = fallback
+        self.history: deque[float] = deque(maxlen=window)
+
+    def max_norm(self, step: int) -> float | None:
+        """The threshold to pass to clip_grad_norm_, or None to only measure the norm."""
+        if self.mode == "adaptive":
+            if step < self.warmup_steps or not self.history:
+                return self.fallback
+            return self.factor * sum(self.history) / len(self.history)
+        return self.mode if self.mode > 0 else None
+
+    def observe(self, grad_norm: float) -> None:
+        if grad_norm == grad_norm and grad_norm != float("inf"):  # skip NaN/inf
+            self.history.append(float(grad_norm))
+
+    def state_dict(self) -> dict:
+        return {"history": list(self.history)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history.clear()
+        self.history.extend(state.get("history", []))
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Next-token cross-entropy; labels are the inputs (shifted here), -100 positions are ignored."""
+    shift_logits = logits[..., :-1, :].contiguous()
+    shift_labels = labels[..., 1:].contiguous()
+    return F.cross_entropy(
+        shift_logits.view(-1, shift_logits.size(-1)).float(),
+        shift_labels.view(-1),
+        ignore_index=-100,
+        label_smoothing=label_smoothing,
+    )

@@ -1,0 +1,53 @@
+"""Shared fixtures. Everything here works offline on 2 CPU cores."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+# Tests never touch the network; a hub lookup must fail fast instead of hanging.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def gpt2_tokenizer():
+    from llmlab.tokenizer import load_tokenizer
+
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_dir(tmp_path_factory, gpt2_tokenizer) -> Path:
+    """A randomly initialised 2-layer GPT-2 (real vocab) saved with save_pretrained + tokenizer."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny_gpt2")
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, n_positions=256, vocab_size=len(gpt2_tokenizer),
+                        bos_token_id=gpt2_tokenizer.eos_token_id, eos_token_id=gpt2_tokenizer.eos_token_id)
+    GPT2LMHeadModel(config).save_pretrained(path)
+    gpt2_tokenizer.save_pretrained(path)
+    return path
+
+
+def run_script(args: list[str], cwd: Path | None = None, timeout: float = 600, env: dict | None = None):
+    """Run a repo script in a fresh interpreter; returns CompletedProcess with text output."""
+    import subprocess
+
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, *args], cwd=cwd or REPO, capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
