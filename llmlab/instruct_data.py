@@ -1,0 +1,419 @@
+"""Instruction data for LoRA: the offline `builtin:pydoc` set, JSONL/JSON/hub loading, prompts, tokenisation.
+
+A record is {"instruction", "input", "output"} (input may be empty). `tokenize_example` turns one into
+`input_ids` + `labels` where every prompt token is labelled -100, so the loss only sees the answer and
+the eos after it. Padding (`collate`) gets label -100 too; the pad *id* may equal eos (GPT-2 has no pad
+token), which is harmless because labels are built from positions, never by comparing ids to pad.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+from llmlab.errors import UserError
+from llmlab.io import atomic_write_text
+
+REQUIRED_FIELDS = ("instruction", "output")  # "input" may be missing or empty
+PYDOC_BUILDER_VERSION = 1
+
+DEFAULT_PROMPT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+DEFAULT_PROMPT_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
+
+# Stdlib modules whose import prints, opens windows/browsers, starts REPLs, needs a display, or is
+# scaffolding rather than a library. Private modules (leading underscore) are skipped by rule.
+PYDOC_SKIP = {
+    "antigravity", "this", "turtle", "turtledemo", "tkinter", "idlelib", "lib2to3", "ensurepip", "venv",
+    "pydoc_data", "test", "readline", "rlcompleter", "distutils", "encodings", "msilib", "winreg",
+    "winsound", "msvcrt", "nt", "asynchat", "asyncore", "imp", "smtpd", "crypt", "nis", "spwd", "ossaudiodev",
+    "sre_compile", "sre_constants", "sre_parse", "xxsubtype", "xxlimited", "xxlimited_35", "sitecustomize",
+    "usercustomize",
+}
+MIN_ANSWER_CHARS, MAX_ANSWER_CHARS = 20, 600
+# Where people meet these names: `os.stat`, not `posix.stat`; `len`, not `builtins.len`.
+PYDOC_IMPLEMENTED_IN = {"os": ("posix",)}
+PYDOC_DISPLAY_NAME = {"posixpath": "os.path", "builtins": ""}
+
+
+# --------------------------------------------------------------------------------------------------
+# builtin:pydoc -- question/answer pairs from the installed standard library's docstrings
+# --------------------------------------------------------------------------------------------------
+
+def _looks_like_signature(paragraph: str, name: str) -> bool:
+    text = paragraph.strip()
+    first_word = text.split()[0]
+    return text.startswith(f"{name}(") or ("(" in first_word and (text.endswith(")") or "->" in text.splitlines()[0]))
+
+
+def _first_paragraph(doc: str | None, name: str) -> str | None:
+    """The docstring's first prose paragraph, reflowed to one line; None if there is no real text."""
+    import inspect
+
+    if not doc or not isinstance(doc, str):
+        return None
+    paragraphs = [p for p in inspect.cleandoc(doc).split("\n\n") if p.strip()]
+    # C functions and namedtuples often open with a signature line such as "dumps(obj, ...)" -- not prose.
+    while paragraphs and _looks_like_signature(paragraphs[0], name):
+        paragraphs.pop(0)
+    if not paragraphs:
+        return None
+    text = " ".join(line.strip() for line in paragraphs[0].splitlines()).strip()
+    if not (MIN_ANSWER_CHARS <= len(text) <= MAX_ANSWER_CHARS) or not any(c.isalpha() for c in text):
+        return None
+    if text.startswith(("Initialize self.", "Create and return a new object.", "Return repr(self).")):
+        return None  # object's generic slot docstrings, inherited by countless C classes
+    return text
+
+
+def _signature(qualname: str, obj: Any) -> str:
+    import inspect
+
+    try:
+        return f"{qualname}{inspect.signature(obj)}"
+    except Exception:  # C text signatures can name unresolvable defaults (AttributeError, NameError, ...)
+        return ""  # many C builtins have no introspectable signature: the input stays empty
+
+
+def _public_modules(names: Iterable[str]) -> list[str]:
+    """Top-level stdlib modules plus their public submodules, private and skipped ones removed, sorted."""
+    import importlib
+    import pkgutil
+
+    found = []
+    for top in sorted(names):
+        if top.startswith("_") or top in PYDOC_SKIP:
+            continue
+        try:
+            module = importlib.import_module(top)
+        except Exception:  # platform-specific modules (winreg, ...) or missing optional C libs
+            continue
+        found.append(top)
+        for info in pkgutil.walk_packages(getattr(module, "__path__", []) or [], prefix=f"{top}.",
+                                          onerror=lambda _name: None):
+            parts = info.name.split(".")
+            if any(p.startswith("_") or p in ("test", "tests") for p in parts[1:]):
+                continue
+            found.append(info.name)
+    return found
+
+
+def build_pydoc_records(module_names: Iterable[str] | None = None) -> list[dict[str, str]]:
+    """Pairs "What does `json.dumps` do?" -> first docstring paragraph, for public stdlib callables.
+
+    Deterministic for a given Python build: modules and members are visited in sorted order, and
+    duplicates (the same object re-exported, or the same answer text under several names) keep the
+    first occurrence, so a paragraph never sits in both the train and the validation split.
+    """
+    import importlib
+    import inspect
+    import warnings
+
+    names = sys.stdlib_module_names if module_names is None else module_names
+    records: list[dict[str, str]] = []
+    seen_objects: set[int] = set()
+    seen_answers: set[str] = set()
+
+    def add(qualname: str, obj: Any, kind: str) -> None:
+        short = qualname.rsplit(".", 1)[-1]
+        answer = _first_paragraph(getattr(obj, "__doc__", None), short)
+        if answer is None or answer in seen_answers:
+            return
+        seen_answers.add(answer)
+        if kind == "module":
+            instruction = f"What is the `{qualname}` module for?"
+        elif kind == "class":
+            instruction = f"What is the `{qualname}` class for?"
+        else:
+            instruction = f"What does `{qualname}` do?"
+        records.append({"instruction": instruction,
+                        "input": "" if kind == "module" else _signature(qualname, obj),
+                        "output": answer})
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for modname in _public_modules(names):
+            try:
+                module = importlib.import_module(modname)
+            except Exception:
+                continue
+            shown = PYDOC_DISPLAY_NAME.get(modname, modname)
+            prefix = f"{shown}." if shown else ""
+            if shown:
+                add(shown, module, "module")
+            public = getattr(module, "__all__", None)
+            for attr in sorted(set(public) if isinstance(public, (list, tuple)) else dir(module)):
+                if attr.startswith("_"):
+                    continue
+                try:
+                    obj = getattr(module, attr)
+                except Exception:
+                    continue
+                # Only things this module defines (or its C accelerator `_json` for `json`), not imports.
+                home = getattr(obj, "__module__", None)
+                if not (inspect.isclass(obj) or inspect.isroutine(obj)) or home not in (modname, f"_{modname}", *PYDOC_IMPLEMENTED_IN.get(modname, ())):
+                    continue
+                if id(obj) in seen_objects:
+                    continue
+                seen_objects.add(id(obj))
+                if inspect.isclass(obj):
+                    add(f"{prefix}{attr}", obj, "class")
+                    for method_name in sorted(vars(obj)):
+                        if method_name.startswith("_"):
+                            continue
+                        method = vars(obj)[method_name]
+                        if isinstance(method, (staticmethod, classmethod)):
+                            method = method.__func__
+                        if inspect.isroutine(method) and id(method) not in seen_objects:
+                            seen_objects.add(id(method))
+                            add(f"{prefix}{attr}.{method_name}", method, "function")
+                else:
+                    add(f"{prefix}{attr}", obj, "function")
+    return records
+
+
+def pydoc_cache_path(cache_dir: str | os.PathLike) -> Path:
+    """Keyed by the exact Python build (docstrings differ between versions) and the builder version."""
+    key = hashlib.sha256(f"{sys.version}|{PYDOC_BUILDER_VERSION}".encode()).hexdigest()[:12]
+    return Path(cache_dir) / f"pydoc-{sys.version_info.major}.{sys.version_info.minor}-{key}.jsonl"
+
+
+def load_pydoc(cache_dir: str | os.PathLike) -> list[dict[str, str]]:
+    """The builtin:pydoc records, built once into an atomically written JSONL cache.
+
+    Building imports ~250 stdlib modules; that runs in a child interpreter so whatever they print or
+    register at import time (signal handlers, atexit hooks, warnings) never touches this process.
+    """
+    path = pydoc_cache_path(cache_dir)
+    if not path.is_file():
+        env = {**os.environ, "DISPLAY": "", "WAYLAND_DISPLAY": "", "BROWSER": "true"}
+        proc = subprocess.run([sys.executable, "-m", "llmlab.instruct_data", "--build-pydoc", str(path)],
+                              capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL,
+                              cwd=str(Path(__file__).resolve().parent.parent), timeout=600)
+        if proc.returncode != 0 or not path.is_file():
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise UserError(f"building builtin:pydoc failed ({tail[:200]}); pass a JSONL file to --dataset instead")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _write_pydoc_cache(path: str) -> None:
+    records = build_pydoc_records()
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading user data: JSONL, JSON, or a hub dataset, with schema errors that name the file and line
+# --------------------------------------------------------------------------------------------------
+
+def _check_record(record: Any, where: str) -> dict[str, str]:
+    if not isinstance(record, dict):
+        raise UserError(f"{where}: expected a JSON object with instruction/input/output, got {type(record).__name__}")
+    for name in REQUIRED_FIELDS:
+        if name not in record or record[name] is None:
+            raise UserError(f"{where}: missing field '{name}' (each record needs instruction, output and "
+                            "optionally input)")
+    clean = {}
+    for name in ("instruction", "input", "output"):
+        value = record.get(name) or ""
+        if not isinstance(value, str):
+            raise UserError(f"{where}: field '{name}' must be a string, got {type(value).__name__}")
+        clean[name] = value
+    for name in REQUIRED_FIELDS:
+        if not clean[name].strip():
+            raise UserError(f"{where}: field '{name}' is empty")
+    return clean
+
+
+def _read_jsonl(path: Path) -> list[dict[str, str]]:
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise UserError(f"{path}:{lineno}: not valid JSON ({err.msg}); each line must be one JSON object") from None
+            records.append(_check_record(record, f"{path}:{lineno}"))
+    return records
+
+
+def _read_json(path: Path) -> list[dict[str, str]]:
+    """A JSON array of records; each element is decoded on its own so errors can name its line."""
+    text = path.read_text(encoding="utf-8")
+    decoder = json.JSONDecoder()
+
+    def line_of(pos: int) -> int:
+        return text.count("\n", 0, pos) + 1
+
+    def skip_ws(pos: int) -> int:
+        while pos < len(text) and text[pos] in " \t\r\n":
+            pos += 1
+        return pos
+
+    pos = skip_ws(0)
+    if pos >= len(text) or text[pos] != "[":
+        raise UserError(f"{path}:{line_of(pos)}: expected a JSON array of records (or use .jsonl, one per line)")
+    records, pos = [], skip_ws(pos + 1)
+    while pos < len(text) and text[pos] != "]":
+        try:
+            record, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as err:
+            raise UserError(f"{path}:{line_of(err.pos)}: not valid JSON ({err.msg})") from None
+        records.append(_check_record(record, f"{path}:{line_of(pos)}"))
+        pos = skip_ws(end)
+        if pos < len(text) and text[pos] == ",":
+            pos = skip_ws(pos + 1)
+        elif pos < len(text) and text[pos] != "]":
+            raise UserError(f"{path}:{line_of(pos)}: not valid JSON (expected ',' or ']')")
+    if pos >= len(text):
+        raise UserError(f"{path}:{line_of(len(text))}: not valid JSON (unterminated array)")
+    return records
+
+
+def _load_hub(name: str, config: str | None, split: str) -> list[dict[str, str]]:
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(name, config, split=split)
+    except Exception as err:  # offline, typo, missing split: all surface as one line
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        raise UserError(f"cannot load dataset {name!r} ({first}); pass a local .jsonl/.json file or builtin:pydoc") from None
+    missing = [c for c in REQUIRED_FIELDS if c not in ds.column_names]
+    if missing:
+        raise UserError(f"dataset {name!r}: missing column '{missing[0]}' (has {', '.join(ds.column_names)}); "
+                        "it needs instruction, output and optionally input")
+    return [_check_record(row, f"{name} row {i}") for i, row in enumerate(ds)]
+
+
+def load_records(dataset: str, cache_dir: str | os.PathLike = "cache", dataset_config: str | None = None,
+                 dataset_split: str = "train") -> list[dict[str, str]]:
+    """builtin:pydoc, a .jsonl/.json file, or a hub dataset name/folder with instruction/input/output columns."""
+    if dataset == "builtin:pydoc":
+        return load_pydoc(cache_dir)
+    if dataset.startswith("builtin:"):
+        raise UserError(f"unknown builtin dataset {dataset!r}; the builtin instruction set is builtin:pydoc")
+    path = Path(dataset)
+    if path.suffix in (".jsonl", ".json"):
+        if not path.is_file():
+            raise UserError(f"dataset file {path} not found; pass an existing .jsonl/.json file or builtin:pydoc")
+        records = _read_jsonl(path) if path.suffix == ".jsonl" else _read_json(path)
+        if not records:
+            raise UserError(f"dataset file {path} holds no records")
+        return records
+    return _load_hub(dataset, dataset_config, dataset_split)
+
+
+def split_records(records: list, val_fraction: float, seed: int) -> tuple[list, list]:
+    """Seeded shuffle, then the last `val_fraction` (at least one record) is validation."""
+    if len(records) < 2:
+        raise UserError(f"need at least 2 records to make a train/validation split, got {len(records)}")
+    order = list(range(len(records)))
+    random.Random(seed).shuffle(order)
+    n_val = min(len(records) - 1, max(1, round(len(records) * val_fraction)))
+    return [records[i] for i in order[:-n_val]], [records[i] for i in order[-n_val:]]
+
+
+# --------------------------------------------------------------------------------------------------
+# Prompts, tokenisation with prompt masking, padding
+# --------------------------------------------------------------------------------------------------
+
+def check_templates(prompt_template: str, prompt_template_no_input: str) -> None:
+    for flag, template, fields in (("prompt_template", prompt_template, ("instruction", "input")),
+                                   ("prompt_template_no_input", prompt_template_no_input, ("instruction",))):
+        try:
+            template.format(instruction="x", input="y")
+        except (KeyError, IndexError, ValueError) as err:
+            raise UserError(f"--{flag}: bad placeholder {err}; use {{instruction}} and {{input}} "
+                            "(double other braces: {{{{ }}}})") from None
+        for field in fields:
+            if f"{{{field}}}" not in template:
+                raise UserError(f"--{flag}: the template must contain {{{field}}}")
+
+
+def format_prompt(record: dict[str, str], prompt_template: str = DEFAULT_PROMPT,
+                  prompt_template_no_input: str = DEFAULT_PROMPT_NO_INPUT) -> str:
+    template = prompt_template if record.get("input", "").strip() else prompt_template_no_input
+    return template.format(instruction=record["instruction"].strip(), input=record.get("input", "").strip())
+
+
+def tokenize_example(tokenizer, prompt: str, answer: str, max_length: int) -> dict[str, list[int]] | None:
+    """input_ids = prompt + answer + eos; labels = -100 on the prompt, the ids on answer + eos.
+
+    A too-long answer is cut (and then gets no eos: the model must not learn to stop mid-sentence);
+    an example whose prompt alone leaves no room for 8 answer tokens is dropped (returns None).
+    """
+    prompt_ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    room = max_length - len(prompt_ids)
+    if room < min(8, len(answer_ids)):
+        return None
+    answer_ids = answer_ids[:room]
+    return {"input_ids": prompt_ids + answer_ids, "labels": [-100] * len(prompt_ids) + answer_ids,
+            "prompt_length": len(prompt_ids)}
+
+
+def tokenize_records(tokenizer, records: list[dict[str, str]], max_length: int, prompt_template: str,
+                     prompt_template_no_input: str) -> tuple[list[dict], int]:
+    """Tokenised examples (each keeps its record) and how many were dropped as too long."""
+    examples, dropped = [], 0
+    for record in records:
+        example = tokenize_example(tokenizer, format_prompt(record, prompt_template, prompt_template_no_input),
+                                   record["output"].strip(), max_length)
+        if example is None:
+            dropped += 1
+            continue
+        example["record"] = record
+        examples.append(example)
+    return examples, dropped
+
+
+def pad_id_for(tokenizer) -> int:
+    """The id used to fill padded *inputs*: the tokenizer's pad token, else eos (GPT-2 has no pad).
+
+    Padded positions always get attention 0 and label -100, so reusing eos as filler never hides the
+    real eos after an answer from the loss.
+    """
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def collate(examples: list[dict], pad_id: int) -> dict[str, Any]:
+    """Right-pad a batch for training/loss: attention 0 and label -100 on padding."""
+    import torch
+
+    width = max(len(e["input_ids"]) for e in examples)
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), -100, dtype=torch.long)
+    attention = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, example in enumerate(examples):
+        n = len(example["input_ids"])
+        input_ids[row, :n] = torch.tensor(example["input_ids"])
+        labels[row, :n] = torch.tensor(example["labels"])
+        attention[row, :n] = 1
+    return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+
+
+def collate_prompts(examples: list[dict], pad_id: int) -> dict[str, Any]:
+    """Left-pad the prompts only, for batched generation (new tokens then line up on the right)."""
+    import torch
+
+    prompts = [e["input_ids"][: e["prompt_length"]] for e in examples]
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - len(prompt):] = torch.tensor(prompt)
+        attention[row, width - len(prompt):] = 1
+    return {"input_ids": input_ids, "attention_mask": attention}
+
+
+if __name__ == "__main__":
+    # Child-process entry used by load_pydoc: `python -m llmlab.instruct_data --build-pydoc OUT.jsonl`.
+    if len(sys.argv) == 3 and sys.argv[1] == "--build-pydoc":
+        _write_pydoc_cache(sys.argv[2])
+    else:
+        sys.exit("usage: python -m llmlab.instruct_data --build-pydoc OUT.jsonl")
