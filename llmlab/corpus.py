@@ -1,0 +1,174 @@
+"""Corpus sources: the builtin Wikipedia sample, a hub dataset, or local .txt/.jsonl/.parquet files.
+
+Each source yields a `datasets.Dataset` with one column, "text", plus a fingerprint that changes
+whenever the source's content may have changed (it keys the prepared-data cache).
+"""
+from __future__ import annotations
+
+import bz2
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+from llmlab.errors import UserError
+
+BUILTIN_WIKI = "builtin:wiki"
+LOCAL_SUFFIXES = (".txt", ".jsonl", ".parquet")
+_WIKI_DUMP = "test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+
+
+def builtin_wiki_path() -> Path:
+    try:
+        import gensim
+    except ModuleNotFoundError:
+        raise UserError("builtin:wiki needs gensim (it ships the Wikipedia sample): pip install -r requirements.txt") from None
+    path = Path(gensim.__file__).parent / _WIKI_DUMP
+    if not path.is_file():
+        raise UserError(f"gensim {gensim.__version__} does not ship {_WIKI_DUMP}; install gensim==4.4.0 or pass --dataset FILES")
+    return path
+
+
+def looks_local(source: str) -> bool:
+    """A path-like source is read from disk; anything else is a hub dataset name."""
+    return (
+        os.path.exists(source)
+        or source.endswith(LOCAL_SUFFIXES)
+        or source.startswith((".", "/", "~"))
+        or os.sep in source and not _looks_like_hub_repo(source)
+    )
+
+
+def _looks_like_hub_repo(source: str) -> bool:
+    # "org/name" is a hub repo id; "dir/sub/file" or "dir/" is a path.
+    parts = source.split("/")
+    return len(parts) == 2 and all(parts) and not source.endswith(LOCAL_SUFFIXES)
+
+
+def local_files(source: str) -> list[Path]:
+    """The corpus files a local source names: a file, or every supported file under a folder."""
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise UserError(f"dataset path {source} does not exist; pass an existing .txt/.jsonl/.parquet file or folder")
+    if path.is_file():
+        if path.suffix not in LOCAL_SUFFIXES:
+            raise UserError(f"{source}: unsupported file type {path.suffix!r}; use .txt, .jsonl or .parquet")
+        return [path]
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in LOCAL_SUFFIXES)
+    if not files:
+        raise UserError(f"folder {source} holds no .txt, .jsonl or .parquet files; point --dataset at your corpus")
+    return files
+
+
+def source_fingerprint(source: str, dataset_config: Optional[str], text_field: str) -> dict:
+    """What identifies the raw documents: for local files their paths, sizes and modification times."""
+    if source == BUILTIN_WIKI:
+        path = builtin_wiki_path()
+        return {"source": source, "file": path.name, "size": path.stat().st_size}
+    if looks_local(source):
+        files = local_files(source)
+        return {
+            "source": "local",
+            "text_field": text_field,
+            "files": [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in files],
+        }
+    return {"source": "hub", "name": source, "config": dataset_config, "text_field": text_field}
+
+
+def load_corpus(source: str, dataset_config: Optional[str], text_field: str, max_documents: Optional[int]):
+    """The raw documents of `source` as a Dataset with a "text" column (at most `max_documents` rows)."""
+    from datasets import Dataset
+
+    if source == BUILTIN_WIKI:
+        texts = list(_wiki_articles(builtin_wiki_path(), max_documents))
+        return Dataset.from_dict({"text": texts})
+    if looks_local(source):
+        texts: list[str] = []
+        for path in local_files(source):
+            if max_documents is not None and len(texts) >= max_documents:
+                break
+            texts.extend(_read_local(path, text_field))
+        return Dataset.from_dict({"text": texts[:max_documents] if max_documents else texts})
+    ds = _load_hub(source, dataset_config, text_field)
+    if max_documents is not None:
+        ds = ds.select(range(min(max_documents, len(ds))))
+    return ds
+
+
+def _wiki_articles(path: Path, max_documents: Optional[int]):
+    """Main-namespace articles of the dump, wiki markup removed by gensim's filter; redirects skipped."""
+    from gensim.corpora.wikicorpus import extract_pages, filter_wiki
+
+    count = 0
+    with bz2.open(path, "rb") as f:
+        for _title, text, _pageid in extract_pages(f, filter_namespaces=("0",)):
+            if max_documents is not None and count >= max_documents:
+                return
+            if text.lstrip()[:9].upper() == "#REDIRECT":
+                continue
+            count += 1
+            yield filter_wiki(text)
+
+
+def _read_local(path: Path, text_field: str) -> list[str]:
+    if path.suffix == ".txt":
+        # A .txt file is one document; put many documents in .jsonl (one per line) instead.
+        return [path.read_text(encoding="utf-8", errors="replace")]
+    if path.suffix == ".jsonl":
+        return _read_jsonl(path, text_field)
+    return _read_parquet(path, text_field)
+
+
+def _read_jsonl(path: Path, text_field: str) -> list[str]:
+    texts = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise UserError(f"{path}:{line_no} is not valid JSON ({err.msg}); fix or remove that line") from None
+            if not isinstance(record, dict) or text_field not in record:
+                raise UserError(
+                    f"{path}:{line_no} has no field {text_field!r}; "
+                    f"give every line that field or pass --text_field NAME"
+                )
+            value = record[text_field]
+            if not isinstance(value, str):
+                raise UserError(f"{path}:{line_no} field {text_field!r} is {type(value).__name__}, expected a string")
+            texts.append(value)
+    return texts
+
+
+def _read_parquet(path: Path, text_field: str) -> list[str]:
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+    except Exception as err:  # pyarrow raises several types for a corrupt file
+        raise UserError(f"{path} is not a readable parquet file ({str(err).splitlines()[0][:120]})") from None
+    if text_field not in schema.names:
+        raise UserError(f"{path} has no column {text_field!r} (columns: {', '.join(schema.names)}); pass --text_field NAME")
+    column = pq.read_table(path, columns=[text_field]).column(text_field)
+    return [t for t in column.to_pylist() if t is not None]
+
+
+def _load_hub(name: str, dataset_config: Optional[str], text_field: str):
+    import datasets
+
+    try:
+        loaded = datasets.load_dataset(name, dataset_config)
+    except Exception as err:  # offline, unknown name, bad config: datasets raises many types
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        config = f" (config {dataset_config})" if dataset_config else ""
+        raise UserError(
+            f"cannot load dataset {name!r}{config} from the Hugging Face hub: {reason}; "
+            "connect to the internet (and unset HF_DATASETS_OFFLINE), or pass local .txt/.jsonl/.parquet files or a folder"
+        ) from None
+    split = "train" if "train" in loaded else next(iter(loaded))
+    ds = loaded[split]
+    if text_field not in ds.column_names:
+        raise UserError(f"dataset {name!r} has no column {text_field!r} (columns: {', '.join(ds.column_names)}); pass --text_field NAME")
+    ds = ds.select_columns([text_field]).filter(lambda t: t is not None, input_columns=text_field)
+    return ds.rename_column(text_field, "text") if text_field != "text" else ds

@@ -1,0 +1,344 @@
+"""The data pipeline: corpus -> cleaning -> tokenisation -> packed fixed-length blocks -> Arrow cache.
+
+    cfg = DataConfig(block_size=256)
+    data = prepare_dataset(cfg)          # data.train / data.validation: column "input_ids", rows of 256 ids
+    print(format_prepare_summary(data.report))
+
+The packed splits are saved with `datasets.save_to_disk` under `cache_dir/<name>-<hash>`, where the
+hash covers everything that changes the output (source and file stats, cleaning parameters, tokenizer
+content, block size, split parameters). Later calls load them memory-mapped. A cache folder is built
+under a temp name, gets its COMPLETE marker last, and is renamed into place, so a preparation killed
+half-way never leaves a folder that loads as valid.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from llmlab import cleaning, corpus
+from llmlab.config import opt
+from llmlab.errors import UserError
+from llmlab.io import atomic_write_json, atomic_write_text
+
+COMPLETE_MARKER = "COMPLETE"
+PIPELINE_VERSION = 1  # bump when packing/splitting output changes
+
+
+def default_cache_dir() -> str:
+    root = os.environ.get("LLMLAB_CACHE") or str(Path.home() / ".cache" / "llmlab")
+    return str(Path(root) / "data")
+
+
+@dataclass
+class DataConfig:
+    dataset: str = opt("builtin:wiki", "corpus: builtin:wiki (offline Wikipedia sample), a hub dataset name, "
+                                       "or local .txt/.jsonl/.parquet files or a folder")
+    dataset_config: Optional[str] = opt(None, "hub dataset configuration, e.g. wikitext-103-raw-v1")
+    text_field: str = opt("text", "JSONL field / parquet or hub column holding the document text")
+    tokenizer: Optional[str] = opt(None, "tokenizer name or path; default: the offline GPT-2 BPE")
+    block_size: int = opt(1024, "tokens per packed training block (every block is exactly this long)")
+    min_doc_chars: int = opt(50, "drop documents shorter than this many characters after cleaning")
+    near_dup_threshold: float = opt(0.85, "MinHash Jaccard similarity at or above which a document counts as a "
+                                          "near-duplicate of an earlier one and is dropped; 0 disables")
+    num_proc: int = opt(1, "worker processes for cleaning, MinHash and tokenisation")
+    val_fraction: float = opt(0.05, "share of tokens held out for validation (whole documents, seeded); 0 = none")
+    data_seed: int = opt(1234, "seed of the document shuffle behind the train/validation split")
+    cache_dir: str = opt(default_cache_dir(), "folder for prepared (packed, tokenised) datasets")
+    max_documents: Optional[int] = opt(None, "use only the first N documents of the source (quick runs)")
+
+    def validate(self) -> None:
+        if self.block_size < 2:
+            raise UserError(f"--block_size must be at least 2, got {self.block_size}")
+        if self.min_doc_chars < 0:
+            raise UserError(f"--min_doc_chars must be >= 0, got {self.min_doc_chars}")
+        if not 0 <= self.near_dup_threshold <= 1:
+            raise UserError(f"--near_dup_threshold must be in [0, 1] (0 disables), got {self.near_dup_threshold}")
+        if self.num_proc < 1:
+            raise UserError(f"--num_proc must be >= 1, got {self.num_proc}")
+        if not 0 <= self.val_fraction < 1:
+            raise UserError(f"--val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.max_documents is not None and self.max_documents < 1:
+            raise UserError(f"--max_documents must be >= 1 (or omitted), got {self.max_documents}")
+
+
+@dataclass
+class PreparedData:
+    train: Any  # datasets.Dataset, column "input_ids", each row exactly block_size ids
+    validation: Any  # same layout; zero rows when val_fraction is 0
+    report: dict
+    cache_path: Path
+
+
+def prepare_dataset(cfg: DataConfig, tokenizer=None) -> PreparedData:
+    """Packed train/validation blocks for `cfg`, from the cache when an identical preparation exists."""
+    from datasets import load_from_disk
+
+    start = time.perf_counter()
+    if tokenizer is None:
+        from llmlab.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(cfg.tokenizer)
+        tokenizer_label = cfg.tokenizer or "gpt2 (offline BPE)"
+    else:
+        tokenizer_label = tokenizer.name_or_path
+    check_tokenizer(tokenizer, cfg.block_size)
+    key_inputs = cache_key_inputs(cfg, tokenizer)
+    cache_path = Path(cfg.cache_dir).expanduser() / cache_name(cfg, key_inputs)
+
+    if not (cache_path / COMPLETE_MARKER).is_file():
+        if cache_path.exists():  # left by something other than a finished preparation: never trust it
+            shutil.rmtree(cache_path)
+        _build(cfg, tokenizer, tokenizer_label, key_inputs, cache_path, start)
+        cache_hit = False
+    else:
+        cache_hit = True
+    splits = load_from_disk(str(cache_path))
+    report = json.loads((cache_path / "report.json").read_text())
+    report.update(cache_hit=cache_hit, cache_path=str(cache_path), seconds=round(time.perf_counter() - start, 3))
+    return PreparedData(splits["train"], splits["validation"], report, cache_path)
+
+
+def check_tokenizer(tokenizer, block_size: int) -> None:
+    if tokenizer.eos_token_id is None:
+        raise UserError(f"tokenizer {tokenizer.name_or_path!r} has no eos token; pick a tokenizer that defines one")
+    max_len = getattr(tokenizer, "model_max_length", None)
+    if max_len is not None and block_size > max_len:
+        raise UserError(
+            f"--block_size {block_size} is larger than the tokenizer's model_max_length {max_len}; "
+            f"pass --block_size {max_len} or less"
+        )
+
+
+def tokenizer_identity(tokenizer) -> str:
+    """A hash of the tokenizer's full definition (vocab, merges, normaliser), not just its name."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else json.dumps(
+        [type(tokenizer).__name__, tokenizer.name_or_path, len(tokenizer)]
+    )
+    return hashlib.sha256(f"{text}|eos={tokenizer.eos_token_id}".encode()).hexdigest()[:16]
+
+
+def cache_key_inputs(cfg: DataConfig, tokenizer) -> dict:
+    return {
+        "pipeline_version": PIPELINE_VERSION,
+        "source": corpus.source_fingerprint(cfg.dataset, cfg.dataset_config, cfg.text_field),
+        "max_documents": cfg.max_documents,
+        "cleaning": {
+            "version": cleaning.CLEANING_VERSION,
+            "min_doc_chars": cfg.min_doc_chars,
+            "near_dup_threshold": cfg.near_dup_threshold,
+            "num_perm": cleaning.NUM_PERM,
+            "shingle_words": cleaning.SHINGLE_WORDS,
+        },
+        "tokenizer": tokenizer_identity(tokenizer),
+        "block_size": cfg.block_size,
+        "val_fraction": cfg.val_fraction,
+        "data_seed": cfg.data_seed,
+    }
+
+
+def cache_name(cfg: DataConfig, key_inputs: dict) -> str:
+    digest = hashlib.sha256(json.dumps(key_inputs, sort_keys=True).encode()).hexdigest()[:16]
+    stem = re.sub(r"[^A-Za-z0-9]+", "-", Path(cfg.dataset.rstrip("/")).name).strip("-")[:40] or "data"
+    return f"{stem}-b{cfg.block_size}-{digest}"
+
+
+def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, cache_path: Path, start: float) -> None:
+    """Run the pipeline into a temp folder, mark it complete, then rename it to `cache_path`."""
+    from datasets import DatasetDict
+
+    num_proc = cfg.num_proc if cfg.num_proc > 1 else None
+    docs = corpus.load_corpus(cfg.dataset, cfg.dataset_config, cfg.text_field, cfg.max_documents)
+    loaded = len(docs)
+    characters_in = sum(len(t) for t in docs["text"])
+    steps = [{"step": "loaded", "in": loaded, "out": loaded}]
+
+    docs = docs.map(cleaning.clean_batch, batched=True, num_proc=num_proc, desc="Cleaning")
+    docs = _filter_short(docs, cfg.min_doc_chars)
+    steps.append(_step(f"shorter than {cfg.min_doc_chars} chars", loaded, len(docs)))
+
+    before = len(docs)
+    docs = _drop(docs, cleaning.exact_duplicate_indices(docs["exact_hash"]))
+    steps.append(_step("exact duplicates", before, len(docs)))
+
+    before = len(docs)
+    if cfg.near_dup_threshold > 0:
+        signed = docs.map(cleaning.minhash_batch, batched=True, num_proc=num_proc, desc="MinHash")
+        docs = _drop(docs, cleaning.near_duplicate_indices(signed["minhash"], cfg.near_dup_threshold))
+        steps.append(_step(f"near duplicates (Jaccard >= {cfg.near_dup_threshold})", before, len(docs)))
+    else:
+        steps.append(_step("near duplicates (disabled)", before, before))
+    if len(docs) == 0:
+        raise UserError(
+            f"corpus {cfg.dataset} is empty after cleaning ({loaded} documents loaded); "
+            "pass more text or lower --min_doc_chars"
+        )
+
+    tokenize_start = time.perf_counter()
+    tokenized = docs.map(_tokenize_batch, batched=True, num_proc=num_proc, remove_columns=docs.column_names,
+                         fn_kwargs={"tokenizer": tokenizer, "eos_id": tokenizer.eos_token_id}, desc="Tokenizing")
+    tokenize_seconds = time.perf_counter() - tokenize_start
+
+    values, offsets = _flat_token_ids(tokenized)
+    train_docs, val_docs = split_documents(np.diff(offsets), cfg.val_fraction, cfg.data_seed)
+    train_blocks = pack_blocks(values, offsets, train_docs, cfg.block_size)
+    val_blocks = pack_blocks(values, offsets, val_docs, cfg.block_size)
+    if len(train_blocks) == 0 or (cfg.val_fraction > 0 and len(val_blocks) == 0):
+        side = "training" if len(train_blocks) == 0 else "validation"
+        raise UserError(
+            f"the {side} split holds fewer than --block_size {cfg.block_size} tokens ({len(values)} tokens in "
+            f"{len(offsets) - 1} documents); lower --block_size, add documents or change --val_fraction"
+        )
+
+    total_seconds = time.perf_counter() - start
+    report = {
+        "dataset": cfg.dataset,
+        "dataset_config": cfg.dataset_config,
+        "tokenizer": tokenizer_label,
+        "block_size": cfg.block_size,
+        "num_proc": cfg.num_proc,
+        "steps": steps,
+        "documents": len(docs),
+        "characters_loaded": characters_in,
+        "train_documents": len(train_docs),
+        "validation_documents": len(val_docs),
+        "tokens": int(len(values)),
+        "train_tokens": int(train_blocks.size),
+        "validation_tokens": int(val_blocks.size),
+        "dropped_tail_tokens": int(len(values) - train_blocks.size - val_blocks.size),
+        "train_blocks": len(train_blocks),
+        "validation_blocks": len(val_blocks),
+        "tokenize_seconds": round(tokenize_seconds, 3),
+        "tokenize_tokens_per_second": round(len(values) / max(tokenize_seconds, 1e-9), 1),
+        "prepare_seconds": round(total_seconds, 3),
+        "documents_per_second": round(loaded / max(total_seconds, 1e-9), 2),
+        "tokens_per_second": round(len(values) / max(total_seconds, 1e-9), 1),
+        "cache_key": key_inputs,
+    }
+
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_temp_dirs(cache_path)
+    tmp = cache_path.with_name(f".{cache_path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        DatasetDict({"train": _blocks_dataset(train_blocks), "validation": _blocks_dataset(val_blocks)}).save_to_disk(str(tmp))
+        atomic_write_json(tmp / "report.json", report)
+        atomic_write_text(tmp / COMPLETE_MARKER, "ok\n")  # written last: only finished folders carry it
+        try:
+            os.replace(tmp, cache_path)
+        except OSError:
+            if not (cache_path / COMPLETE_MARKER).is_file():  # not a concurrent finished build of the same key
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _step(name: str, before: int, after: int) -> dict:
+    return {"step": name, "in": before, "out": after}
+
+
+def _filter_short(docs, min_chars: int):
+    keep = [i for i, text in enumerate(docs["text"]) if len(text) >= max(min_chars, 1)]
+    return docs.select(keep) if len(keep) < len(docs) else docs
+
+
+def _drop(docs, indices: list[int]):
+    if not indices:
+        return docs
+    drop = set(indices)
+    return docs.select([i for i in range(len(docs)) if i not in drop])
+
+
+def _tokenize_batch(batch: dict, tokenizer, eos_id: int) -> dict:
+    ids = tokenizer(batch["text"], add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
+    return {"input_ids": [doc + [eos_id] for doc in ids]}
+
+
+def _flat_token_ids(tokenized) -> tuple[np.ndarray, np.ndarray]:
+    """All documents' ids as one flat array plus offsets (document i is values[offsets[i]:offsets[i+1]])."""
+    column = tokenized.data.column("input_ids").combine_chunks()
+    offsets = np.asarray(column.offsets, dtype=np.int64)
+    values = np.asarray(column.values, dtype=np.int64)
+    return values[offsets[0] : offsets[-1]], offsets - offsets[0]
+
+
+def split_documents(doc_lengths: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded document-level split: shuffled documents go to validation until it holds val_fraction of tokens.
+
+    Whole documents, so no text is shared between the splits. Returns (train, validation) document
+    indices, each in shuffled order.
+    """
+    order = np.random.default_rng(seed).permutation(len(doc_lengths))
+    if val_fraction <= 0:
+        return order, order[:0]
+    target = val_fraction * float(np.sum(doc_lengths))
+    n_val = int(np.searchsorted(np.cumsum(doc_lengths[order]), target)) + 1
+    n_val = min(n_val, len(order) - 1) if len(order) > 1 else len(order)
+    return order[n_val:], order[:n_val]
+
+
+def pack_blocks(values: np.ndarray, offsets: np.ndarray, doc_indices: np.ndarray, block_size: int) -> np.ndarray:
+    """Concatenate the documents (each already ending in eos) and cut full blocks; the tail is dropped."""
+    if len(doc_indices) == 0:
+        return np.zeros((0, block_size), dtype=np.int64)
+    stream = np.concatenate([values[offsets[i] : offsets[i + 1]] for i in doc_indices])
+    n_blocks = len(stream) // block_size
+    return stream[: n_blocks * block_size].reshape(n_blocks, block_size)
+
+
+def _blocks_dataset(blocks: np.ndarray):
+    import pyarrow as pa
+    from datasets import Dataset
+
+    flat = pa.array(blocks.reshape(-1), type=pa.int64())
+    column = pa.FixedSizeListArray.from_arrays(flat, blocks.shape[1])
+    return Dataset(pa.table({"input_ids": column}))
+
+
+def _remove_abandoned_temp_dirs(cache_path: Path) -> None:
+    """Delete temp folders of this key left by killed preparations (their process is gone)."""
+    for tmp in cache_path.parent.glob(f".{cache_path.name}.tmp-*"):
+        pid = tmp.name.rsplit(".tmp-", 1)[1].split("-")[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def format_prepare_summary(report: dict) -> str:
+    """The human-readable summary that `train_pretrain.py --prepare_only` prints."""
+    lines = [f"dataset {report['dataset']}" + (f" ({report['dataset_config']})" if report.get("dataset_config") else "")
+             + f", tokenizer {report['tokenizer']}, block_size {report['block_size']}"]
+    lines.append(f"{'cleaning step':<42}{'docs in':>10}{'docs out':>10}{'removed':>10}")
+    for step in report["steps"]:
+        lines.append(f"{step['step']:<42}{step['in']:>10}{step['out']:>10}{step['in'] - step['out']:>10}")
+    lines.append(f"documents kept: {report['documents']} (train {report['train_documents']}, "
+                 f"validation {report['validation_documents']})")
+    lines.append(f"tokens: {report['tokens']:,} (incl. one eos per document); dropped tail remainder: "
+                 f"{report['dropped_tail_tokens']:,}")
+    lines.append(f"blocks of {report['block_size']}: train {report['train_blocks']:,}, "
+                 f"validation {report['validation_blocks']:,}")
+    lines.append(f"tokenisation: {report['tokenize_tokens_per_second']:,.0f} tokens/s "
+                 f"({report['tokenize_seconds']:.2f} s, num_proc {report['num_proc']}); whole preparation "
+                 f"{report['prepare_seconds']:.2f} s, {report['documents_per_second']:,.1f} documents/s, "
+                 f"{report['tokens_per_second']:,.0f} tokens/s")
+    origin = "reused from cache" if report.get("cache_hit") else "written to cache"
+    lines.append(f"{origin}: {report.get('cache_path', '?')}")
+    return "\n".join(lines)
