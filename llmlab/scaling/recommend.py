@@ -1,0 +1,225 @@
+"""`sweep.py recommend`: turn an lr_bs sweep's fits into a training config for a given memory budget.
+
+Memory model (stated, deliberately conservative): activations grow with tokens per micro batch, so a run at
+sequence length L and batch B is read off the measured fit at batch B * L / L_swept; a larger target model
+(--params N) multiplies the whole prediction by N / N_swept. Weights, gradients and Adam states (~16 bytes
+per parameter) scale exactly so; activations grow more slowly than params when a model is made wider, and
+runtime overhead does not grow at all, so the scaled prediction errs on the high side. The prediction used
+is the upper edge of the fit's bootstrap band, with a further `memory_headroom` kept free.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import yaml
+
+from llmlab.config import add_dataclass_args, config_from_namespace, opt
+from llmlab.errors import UserError
+from llmlab.io import atomic_write_text
+from llmlab.scaling.fits import predict_band
+from llmlab.scaling.report import FITS_FILE
+
+DEFAULT_SEQ_LEN = 1024  # train_pretrain.py's default block size, used when the sweep did not record one
+MB_PER_GB = 1024  # peak memory is recorded in MiB; --memory-gb is GiB, as nvidia-smi and torch report it
+
+
+@dataclass
+class RecommendConfig:
+    from_dir: str = opt("", "output folder of `sweep.py --grid lr_bs` (holds scaling_fits.json); also --from")
+    memory_gb: Optional[float] = opt(None, "memory of the target device in GiB (required); also --memory-gb")
+    params: Optional[int] = opt(None, "parameter count of the target model; predicted memory is scaled by "
+                                "params / swept params (default: the swept model)")
+    tokens: Optional[int] = opt(None, "training tokens of the target run; sets max_steps and warmup "
+                                "(default: tokens_per_param x params, the Chinchilla ratio)")
+    seq_len: Optional[int] = opt(None, "sequence length of the target run (default: the sweep's)")
+    output: Optional[str] = opt(None, "YAML file to write (default: FROM/recommended_config.yaml)")
+    memory_headroom: float = opt(0.05, "fraction of --memory-gb kept free on top of the band's upper edge")
+    max_extrapolation: float = opt(4.0, "never recommend a batch above this multiple of the largest swept "
+                                   "batch: the fits are not trusted far outside their data")
+    tokens_per_param: float = opt(20.0, "tokens per parameter when --tokens is not given")
+
+    def validate(self) -> None:
+        if not self.from_dir:
+            raise UserError("--from is required: pass the output folder of `python sweep.py --grid lr_bs`")
+        if self.memory_gb is None or self.memory_gb <= 0:
+            raise UserError("--memory-gb is required and must be > 0 (the target device's memory in GiB)")
+        for name in ("params", "tokens", "seq_len"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise UserError(f"--{name} must be > 0, got {value}")
+        if not 0 <= self.memory_headroom < 1:
+            raise UserError(f"--memory_headroom must be in [0, 1), got {self.memory_headroom}")
+        if self.max_extrapolation < 1 or self.tokens_per_param <= 0:
+            raise UserError("--max_extrapolation must be >= 1 and --tokens_per_param > 0")
+
+
+def load_fits(from_dir: str) -> dict:
+    folder = Path(from_dir)
+    if not folder.is_dir():
+        raise UserError(f"--from {folder}: folder not found; pass the output folder of `python sweep.py --grid lr_bs`")
+    path = folder / FITS_FILE
+    if not path.is_file():
+        raise UserError(f"--from {folder}: no {FITS_FILE} (no finished lr_bs sweep there); run "
+                        f"`python sweep.py --grid lr_bs --output_dir {folder}` first")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path} is not valid JSON ({err}); rerun the lr_bs sweep to rewrite it") from None
+
+
+def _require(fits: dict, name: str) -> dict:
+    fit = fits["fits"].get(name, {})
+    if fit.get("status") != "ok":
+        raise UserError(
+            f"too few feasible trials to fit {name}: {fit.get('reason', 'missing')}; {fits['n_feasible']} of "
+            f"{fits['n_trials']} trials were feasible -- rerun the lr_bs sweep with more batch sizes / lrs "
+            f"(>= 3 batch sizes, >= 2 lrs each) or see the dropped trials in scaling_report.md")
+    return fit
+
+
+def _nearest_grad_norm(fits: dict, batch: int, lr: float) -> Optional[dict]:
+    """The feasible trial closest to (batch, lr) in log space that recorded a mean grad norm."""
+    trials = {t.get("trial_id"): t for t in fits["trials"]}
+    candidates = [trials[i] for i in fits["feasible_ids"]
+                  if isinstance(trials[i].get("grad_norm_mean"), (int, float))
+                  and math.isfinite(trials[i]["grad_norm_mean"]) and trials[i]["grad_norm_mean"] > 0]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda t: math.log(float(t["batch_size"]) / batch) ** 2
+               + math.log(float(t["lr"]) / lr) ** 2)
+
+
+def recommend(cfg: RecommendConfig) -> dict:
+    fits = load_fits(cfg.from_dir)
+    lr_fit, memory_fit = _require(fits, "lr_opt"), _require(fits, "peak_memory_mb")
+    confidence = fits["options"]["confidence"]
+    swept_params, swept_seq = fits["measured"].get("params"), fits["measured"].get("seq_len")
+    notes: list[str] = []
+
+    if cfg.params is not None and not swept_params:
+        raise UserError("--params needs the swept model's parameter count, which this sweep did not record; "
+                        "drop --params to plan for the swept model itself")
+    if cfg.seq_len is not None and not swept_seq:
+        raise UserError("--seq_len needs the sweep's sequence length, which it did not record; drop --seq_len")
+    param_scale = cfg.params / swept_params if cfg.params else 1.0
+    seq_len = cfg.seq_len or int(swept_seq or DEFAULT_SEQ_LEN)
+    token_scale = seq_len / swept_seq if swept_seq else 1.0
+
+    budget_mb = cfg.memory_gb * MB_PER_GB * (1 - cfg.memory_headroom)
+    cap = int(cfg.max_extrapolation * memory_fit["x_range"][1])
+    batches = np.arange(1, cap + 1)
+    _, _, upper = predict_band(memory_fit, np.log(batches * token_scale)[:, None], confidence)
+    upper_mb = param_scale * np.exp(upper)
+    fitting = batches[upper_mb <= budget_mb]
+    if len(fitting) == 0:
+        raise UserError(f"even batch 1 is predicted to need {upper_mb[0] / MB_PER_GB:.2f} GiB (upper band) > "
+                        f"{budget_mb / MB_PER_GB:.2f} GiB usable of --memory-gb {cfg.memory_gb:g}; use a smaller "
+                        f"model or --seq_len, gradient checkpointing or ZeRO-2 offload")
+    batch = int(fitting.max())
+    if batch >= 8:
+        batch -= batch % 8  # multiples of 8 suit GPU kernels; costs at most 7 sequences
+    limited_by = "extrapolation cap" if upper_mb[cap - 1] <= budget_mb else "memory"
+    if limited_by == "extrapolation cap":
+        notes.append(f"batch capped at {cfg.max_extrapolation:g} x the largest swept batch; memory would allow more")
+    predicted_mb = float(upper_mb[batch - 1])
+    lo_m, hi_m = memory_fit["x_range"]
+    if not lo_m <= batch * token_scale <= hi_m:
+        notes.append(f"memory extrapolated: {batch * token_scale:g} swept-length sequences per micro batch is "
+                     f"outside the swept {lo_m:g}-{hi_m:g}")
+
+    center, low, high = predict_band(lr_fit, np.array([[math.log(batch)]]), confidence)
+    lr, lr_low, lr_high = (float(math.exp(v[0])) for v in (center, low, high))
+    lo_b, hi_b = lr_fit["x_range"]
+    if not lo_b <= batch <= hi_b:
+        notes.append(f"lr extrapolated: batch {batch} is outside the swept {lo_b:g}-{hi_b:g}")
+    if cfg.params:
+        notes.append("lr fitted on the swept model; larger models usually want a smaller lr -- start at the low end")
+
+    if cfg.tokens:
+        tokens, tokens_basis = cfg.tokens, "--tokens"
+    elif cfg.params or swept_params:
+        tokens = int(cfg.tokens_per_param * (cfg.params or swept_params))
+        tokens_basis = f"{cfg.tokens_per_param:g} tokens/param (Chinchilla) x {int(cfg.params or swept_params):,} params"
+    else:
+        raise UserError("the sweep did not record its model's parameter count, so there is no default token "
+                        "budget; pass --tokens D (training tokens)")
+    total_steps = max(1, math.ceil(tokens / (batch * seq_len)))
+    warmup = max(50, round(0.03 * total_steps * batch / 32))
+    if warmup > total_steps // 2:
+        warmup = max(1, total_steps // 2)
+        notes.append("warmup capped at half of the run (the formula asked for more than the run has)")
+
+    nearest = _nearest_grad_norm(fits, batch, lr)
+    clip = round(1.5 * float(nearest["grad_norm_mean"]), 4) if nearest else None
+    if nearest is None:
+        notes.append("no grad norms recorded: clip left to the trainer's default")
+
+    return {
+        "learning_rate": lr, "learning_rate_interval": [lr_low, lr_high], "confidence": confidence,
+        "batch_size": batch, "effective_batch_size": batch, "limited_by": limited_by,
+        "predicted_memory_gb": predicted_mb / MB_PER_GB, "usable_memory_gb": budget_mb / MB_PER_GB,
+        "seq_len": seq_len, "tokens": tokens, "tokens_basis": tokens_basis, "max_steps": total_steps,
+        "warmup_steps": warmup, "clip": clip,
+        "clip_basis": (f"1.5 x mean grad norm {float(nearest['grad_norm_mean']):.4g} of trial {nearest['trial_id']} "
+                       f"(lr {float(nearest['lr']):.3g}, batch {nearest['batch_size']})") if nearest else None,
+        "param_scale": param_scale, "notes": notes,
+    }
+
+
+def config_yaml(rec: dict, cfg: RecommendConfig) -> str:
+    """The YAML train_pretrain.py --config reads; comments keep the intervals and where each value came from."""
+    low, high = rec["learning_rate_interval"]
+    header = [
+        f"# Recommended by `sweep.py recommend --from {cfg.from_dir} --memory-gb {cfg.memory_gb:g}`",
+        f"# learning_rate {rec['confidence']:.0%} interval: [{low:.3g}, {high:.3g}]",
+        f"# batch limited by {rec['limited_by']}: predicted {rec['predicted_memory_gb']:.2f} GiB (upper band) "
+        f"of {rec['usable_memory_gb']:.2f} GiB usable",
+        f"# max_steps from {rec['tokens']:,} tokens ({rec['tokens_basis']}) at seq_len {rec['seq_len']}",
+    ] + [f"# note: {n}" for n in rec["notes"]]
+    values = {"learning_rate": float(f"{rec['learning_rate']:.4g}"), "effective_batch_size": rec["effective_batch_size"],
+              "batch_size": rec["batch_size"], "warmup_steps": rec["warmup_steps"], "max_steps": rec["max_steps"]}
+    if rec["clip"] is not None:
+        values["clip"] = rec["clip"]
+    if cfg.seq_len is not None:
+        values["block_size"] = rec["seq_len"]
+    return "\n".join(header) + "\n" + yaml.safe_dump(values, sort_keys=False)
+
+
+def summary_table(rec: dict) -> str:
+    low, high = rec["learning_rate_interval"]
+    rows = [
+        ("batch_size", str(rec["batch_size"]), f"largest batch (a multiple of 8 from 8 up) whose upper-band memory fits "
+         f"({rec['predicted_memory_gb']:.2f} of {rec['usable_memory_gb']:.2f} GiB); limited by {rec['limited_by']}"),
+        ("effective_batch_size", str(rec["effective_batch_size"]), "= batch_size (no accumulation needed)"),
+        ("learning_rate", f"{rec['learning_rate']:.3g}", f"lr_opt fit, {rec['confidence']:.0%} interval "
+         f"[{low:.3g}, {high:.3g}]"),
+        ("max_steps", str(rec["max_steps"]), f"{rec['tokens']:,} tokens / (batch x {rec['seq_len']})"),
+        ("warmup_steps", str(rec["warmup_steps"]), "max(50, 0.03 x max_steps x batch / 32)"),
+        ("clip", "-" if rec["clip"] is None else f"{rec['clip']:.4g}", rec["clip_basis"] or "not measured"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    value_width = max(len(r[1]) for r in rows)
+    lines = [f"{'option':<{width}}  {'value':<{value_width}}  basis", "-" * (width + value_width + 60)]
+    lines += [f"{name:<{width}}  {value:<{value_width}}  {basis}" for name, value, basis in rows]
+    lines += [f"note: {n}" for n in rec["notes"]]
+    return "\n".join(lines)
+
+
+def recommend_main(argv: list[str]) -> dict:
+    parser = argparse.ArgumentParser(prog="sweep.py recommend", description=__doc__.split("\n")[0])
+    add_dataclass_args(parser, RecommendConfig)
+    parser.add_argument("--from", dest="from_dir", default=argparse.SUPPRESS, help="same as --from_dir")
+    parser.add_argument("--memory-gb", dest="memory_gb", default=argparse.SUPPRESS, help="same as --memory_gb")
+    cfg = config_from_namespace(RecommendConfig, parser.parse_args(argv))
+    rec = recommend(cfg)
+    output = Path(cfg.output) if cfg.output else Path(cfg.from_dir) / "recommended_config.yaml"
+    atomic_write_text(output, config_yaml(rec, cfg))
+    print(summary_table(rec))
+    print(f"wrote {output}  (use: accelerate launch train_pretrain.py --config {output})")
+    return rec

@@ -1,0 +1,200 @@
+"""The lr_bs sweep's scaling report: scaling_fits.json, scaling_report.md and plots/*.png in the sweep folder."""
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from llmlab.io import atomic_write_json, atomic_write_text
+from llmlab.scaling.fits import ScalingOptions, analyse, predict_band
+
+FITS_FILE = "scaling_fits.json"
+REPORT_FILE = "scaling_report.md"
+
+
+def write_lr_bs_report(out_dir: str | os.PathLike, rows: list[dict], options: Optional[ScalingOptions] = None) -> dict:
+    """Analyse an lr x batch-size sweep and write its fits, report and plots; returns the analysis."""
+    out_dir = Path(out_dir)
+    analysis = analyse(rows, options or ScalingOptions())
+    atomic_write_json(out_dir / FITS_FILE, analysis)
+    plots = write_plots(out_dir / "plots", analysis)
+    atomic_write_text(out_dir / REPORT_FILE, report_markdown(analysis, plots))
+    return analysis
+
+
+def _fmt(value, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def _interval(ci: list[float]) -> str:
+    return f"[{_fmt(ci[0])}, {_fmt(ci[1])}]"
+
+
+def report_markdown(analysis: dict, plots: list[str]) -> str:
+    level = f"{analysis['options']['confidence']:.0%}"
+    thresholds = analysis["thresholds"]
+    lines = [
+        "# lr x batch-size scaling report", "",
+        f"{analysis['n_trials']} trials, {analysis['n_feasible']} feasible. A trial is dropped when it did not "
+        f"finish (status other than ok: OOM, crashed, failed), diverged (final loss > "
+        f"{_fmt(thresholds['diverged_loss'], 4)} or not finite) or was unstable (early loss std > "
+        f"{_fmt(thresholds['unstable_std'], 4)}: {thresholds['unstable_rule']}).", "",
+        "## Dropped trials", "",
+    ]
+    if analysis["dropped"]:
+        lines += ["| trial | lr | batch | reason |", "|---|---|---|---|"]
+        lines += [f"| {d['trial_id']} | {_fmt(d['lr'])} | {_fmt(d['batch_size'])} | {d['reason']} |"
+                  for d in analysis["dropped"]]
+    else:
+        lines.append("None.")
+    lines += ["", "## Best learning rate per batch size", "",
+              "lr_opt is the vertex of a parabola in ln(lr) through the grid's lowest final loss and its two "
+              "neighbours; at the edge of the lr grid it is the grid value itself (widen the grid there).", "",
+              "| batch | lr_opt | method | grid best lr | best final loss | feasible lrs | in fit |",
+              "|---|---|---|---|---|---|---|"]
+    for point in analysis["lr_opt_per_batch"]:
+        method = point["method"] + (" (at grid edge)" if point["at_edge"] else "")
+        used = {True: "yes", False: "outlier (RANSAC)"}.get(point.get("inlier"), "no")
+        lines.append(f"| {_fmt(point['batch_size'])} | {_fmt(point['lr_opt'])} | {method} | {_fmt(point['grid_lr'])} "
+                     f"| {_fmt(point['best_final_loss'], 4)} | {point['n_lrs']} | {used} |")
+    lines += ["", f"## Fits ({level} bootstrap intervals, RANSAC outlier rejection in log space)", "",
+              "| fit | estimate | interval | points (inliers) | R^2 (log) |", "|---|---|---|---|---|"]
+    for name, fit in analysis["fits"].items():
+        if fit["status"] != "ok":
+            lines.append(f"| {name} | not fitted: {fit['reason']} | | | |")
+            continue
+        if name == "loss_std":
+            keys = ["k0", "k1", "k2"]
+        else:
+            keys = ["a", "b"] if name == "lr_opt" else ["c", "d"]
+        estimate = f"{fit['formula']}: " + ", ".join(f"{k} = {_fmt(fit[k])}" for k in keys)
+        interval = ", ".join(f"{k} {_interval(fit[f'{k}_ci'])}" for k in keys)
+        note = f" ({fit['note']})" if fit.get("note") else ""
+        lines.append(f"| {name} | {estimate}{note} | {interval} | {fit['n_points']} ({fit['n_inliers']}) "
+                     f"| {_fmt(fit['r2_log'])} |")
+    lines += ["", "## Plots", ""] + [f"![{Path(p).stem}](plots/{Path(p).name})" for p in plots]
+    lines += ["", "## Next step", "",
+              "`python sweep.py recommend --from THIS_FOLDER --memory-gb 24` turns these fits into a training "
+              "config (YAML for `train_pretrain.py --config`).", ""]
+    return "\n".join(lines)
+
+
+def _save(fig, path: Path) -> None:
+    """savefig to a temp name, then rename: a crash never leaves a truncated PNG."""
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _power_law_plot(ax, fit: dict, xs: np.ndarray, confidence: float, label: str) -> None:
+    grid = np.geomspace(xs.min() / 1.3, xs.max() * 1.3, 60)
+    center, low, high = predict_band(fit, np.log(grid)[:, None], confidence)
+    ax.plot(grid, np.exp(center), color="C0", label=label)
+    ax.fill_between(grid, np.exp(low), np.exp(high), color="C0", alpha=0.2, label=f"{confidence:.0%} band")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+
+
+def write_plots(plot_dir: Path, analysis: dict) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    confidence = analysis["options"]["confidence"]
+    trials = {t.get("trial_id"): t for t in analysis["trials"]}
+    feasible = [trials[i] for i in analysis["feasible_ids"]]
+    fits = analysis["fits"]
+    written = []
+
+    batches = sorted({float(t["batch_size"]) for t in feasible})
+    if batches:
+        fig, ax = plt.subplots(figsize=(6.5, 4.5))
+        colours = plt.cm.viridis(np.linspace(0, 0.9, len(batches)))
+        for colour, batch in zip(colours, batches):
+            at_batch = sorted((t for t in feasible if float(t["batch_size"]) == batch), key=lambda t: t["lr"])
+            ax.plot([t["lr"] for t in at_batch], [t["final_loss"] for t in at_batch], "o-", color=colour,
+                    label=f"batch {batch:g}")
+        for point in analysis["lr_opt_per_batch"]:
+            ax.axvline(point["lr_opt"], color="grey", lw=0.5, ls=":")
+        ax.set_xscale("log")
+        ax.set(xlabel="learning rate", ylabel="final loss", title="Final loss vs lr (feasible trials; dotted: lr_opt)")
+        ax.legend(fontsize=8)
+        _save(fig, plot_dir / "loss_vs_lr.png")
+        written.append(str(plot_dir / "loss_vs_lr.png"))
+
+    fit = fits["lr_opt"]
+    if fit["status"] == "ok":
+        points = [p for p in analysis["lr_opt_per_batch"] if "inlier" in p]
+        xs = np.array([p["batch_size"] for p in points])
+        fig, ax = plt.subplots(figsize=(6.5, 4.5))
+        _power_law_plot(ax, fit, xs, confidence, f"lr_opt = {fit['a']:.3g} * batch^{fit['b']:.3f}")
+        for p in points:
+            marker = "x" if not p["inlier"] else ("o" if not p["at_edge"] else "s")
+            ax.scatter(p["batch_size"], p["lr_opt"], marker=marker, color="C1" if p["inlier"] else "red", zorder=3)
+        ax.scatter([], [], marker="x", color="red", label="RANSAC outlier")
+        ax.set(xlabel="batch size (sequences)", ylabel="best learning rate", title="lr_opt vs batch size")
+        ax.legend(fontsize=8)
+        _save(fig, plot_dir / "lr_opt_fit.png")
+        written.append(str(plot_dir / "lr_opt_fit.png"))
+
+    fit = fits["peak_memory_mb"]
+    if fit["status"] == "ok":
+        used = [trials[i] for i in fit["trial_ids"]]
+        from llmlab.scaling.fits import memory_batch
+
+        xs = np.array([memory_batch(t) for t in used])
+        ys = np.array([float(t["peak_memory_mb"]) for t in used])
+        inliers = np.array(fit["inliers"])
+        fig, ax = plt.subplots(figsize=(6.5, 4.5))
+        _power_law_plot(ax, fit, xs, confidence, f"peak = {fit['c']:.3g} * batch^{fit['d']:.3f} MB")
+        ax.scatter(xs[inliers], ys[inliers], color="C1", zorder=3, label="trials")
+        ax.scatter(xs[~inliers], ys[~inliers], marker="x", color="red", zorder=3, label="RANSAC outlier")
+        ax.set(xlabel="micro batch size (sequences)", ylabel="peak memory (MB)", title="Peak memory vs batch size")
+        ax.legend(fontsize=8)
+        _save(fig, plot_dir / "peak_memory_fit.png")
+        written.append(str(plot_dir / "peak_memory_fit.png"))
+
+    fit = fits["loss_std"]
+    if fit["status"] == "ok":
+        used = [trials[i] for i in fit["trial_ids"]]
+        inliers = np.array(fit["inliers"])
+        fig, ax = plt.subplots(figsize=(6.5, 4.5))
+        std_batches = sorted({float(t["batch_size"]) for t in used})
+        colours = plt.cm.viridis(np.linspace(0, 0.9, len(std_batches)))
+        inv_lr = np.array([1 / float(t["lr"]) for t in used])
+        grid = np.geomspace(inv_lr.min() / 1.3, inv_lr.max() * 1.3, 40)
+        for colour, batch in zip(colours, std_batches):
+            center, low, high = predict_band(fit, np.column_stack([np.log(grid), np.full_like(grid, math.log(batch))]),
+                                             confidence)
+            ax.plot(grid, np.exp(center), color=colour, label=f"batch {batch:g}")
+            ax.fill_between(grid, np.exp(low), np.exp(high), color=colour, alpha=0.15)
+            mask = np.array([float(t["batch_size"]) == batch for t in used])
+            ys = np.array([float(t["early_loss_std"]) for t in used])
+            ax.scatter(inv_lr[mask & inliers], ys[mask & inliers], color=colour, zorder=3)
+            ax.scatter(inv_lr[mask & ~inliers], ys[mask & ~inliers], color="red", marker="x", zorder=3)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set(xlabel="1 / learning rate", ylabel="early loss std",
+               title=f"Early loss std: ln std = {fit['k0']:.2f} + {fit['k1']:.2f} ln(1/lr) + {fit['k2']:.2f} ln(batch)")
+        ax.title.set_fontsize(9)
+        ax.legend(fontsize=8)
+        _save(fig, plot_dir / "loss_std_fit.png")
+        written.append(str(plot_dir / "loss_std_fit.png"))
+    return written
