@@ -158,7 +158,7 @@ def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, c
     from datasets import DatasetDict
 
     num_proc = cfg.num_proc if cfg.num_proc > 1 else None
-    docs = corpus.load_corpus(cfg.dataset, cfg.dataset_config, cfg.text_field, cfg.max_documents)
+    docs = corpus.load_corpus(cfg.dataset, cfg.dataset_config, cfg.text_field, cfg.max_documents, num_proc)
     loaded = len(docs)
     characters_in = sum(len(t) for t in docs["text"])
     steps = [{"step": "loaded", "in": loaded, "out": loaded}]
