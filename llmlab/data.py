@@ -81,7 +81,7 @@ class PreparedData:
 
 def prepare_dataset(cfg: DataConfig, tokenizer=None) -> PreparedData:
     """Packed train/validation blocks for `cfg`, from the cache when an identical preparation exists."""
-    from datasets import load_from_disk
+    from datasets import Dataset, load_from_disk
 
     start = time.perf_counter()
     if tokenizer is None:
@@ -105,7 +105,9 @@ def prepare_dataset(cfg: DataConfig, tokenizer=None) -> PreparedData:
     splits = load_from_disk(str(cache_path))
     report = json.loads((cache_path / "report.json").read_text())
     report.update(cache_hit=cache_hit, cache_path=str(cache_path), seconds=round(time.perf_counter() - start, 3))
-    return PreparedData(splits["train"], splits["validation"], report, cache_path)
+    train = splits["train"]
+    validation = splits["validation"] if "validation" in splits else Dataset.from_dict({"input_ids": []}, features=train.features)
+    return PreparedData(train, validation, report, cache_path)
 
 
 def check_tokenizer(tokenizer, block_size: int) -> None:
@@ -122,9 +124,13 @@ def check_tokenizer(tokenizer, block_size: int) -> None:
 def tokenizer_identity(tokenizer) -> str:
     """A hash of the tokenizer's full definition (vocab, merges, normaliser), not just its name."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    text = backend.to_str() if backend is not None else json.dumps(
-        [type(tokenizer).__name__, tokenizer.name_or_path, len(tokenizer)]
-    )
+    if backend is not None:
+        definition = json.loads(backend.to_str())
+        for call_state in ("truncation", "padding"):  # set per call by transformers; not part of the vocabulary
+            definition.pop(call_state, None)
+        text = json.dumps(definition, sort_keys=True)
+    else:
+        text = json.dumps([type(tokenizer).__name__, tokenizer.name_or_path, len(tokenizer)])
     return hashlib.sha256(f"{text}|eos={tokenizer.eos_token_id}".encode()).hexdigest()[:16]
 
 
@@ -166,6 +172,11 @@ def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, c
     docs = docs.map(cleaning.clean_batch, batched=True, num_proc=num_proc, desc="Cleaning")
     docs = _filter_short(docs, cfg.min_doc_chars)
     steps.append(_step(f"shorter than {cfg.min_doc_chars} chars", loaded, len(docs)))
+    if len(docs) == 0:
+        raise UserError(
+            f"corpus {cfg.dataset} is empty after cleaning ({loaded} documents loaded, none with "
+            f">= {cfg.min_doc_chars} characters); pass more text or lower --min_doc_chars"
+        )
 
     before = len(docs)
     docs = _drop(docs, cleaning.exact_duplicate_indices(docs["exact_hash"]))
@@ -178,11 +189,6 @@ def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, c
         steps.append(_step(f"near duplicates (Jaccard >= {cfg.near_dup_threshold})", before, len(docs)))
     else:
         steps.append(_step("near duplicates (disabled)", before, before))
-    if len(docs) == 0:
-        raise UserError(
-            f"corpus {cfg.dataset} is empty after cleaning ({loaded} documents loaded); "
-            "pass more text or lower --min_doc_chars"
-        )
 
     tokenize_start = time.perf_counter()
     tokenized = docs.map(_tokenize_batch, batched=True, num_proc=num_proc, remove_columns=docs.column_names,
@@ -230,7 +236,10 @@ def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, c
     _remove_abandoned_temp_dirs(cache_path)
     tmp = cache_path.with_name(f".{cache_path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
-        DatasetDict({"train": _blocks_dataset(train_blocks), "validation": _blocks_dataset(val_blocks)}).save_to_disk(str(tmp))
+        splits = {"train": _blocks_dataset(train_blocks)}
+        if len(val_blocks):  # datasets cannot load a saved zero-row split; an empty one is rebuilt on load
+            splits["validation"] = _blocks_dataset(val_blocks)
+        DatasetDict(splits).save_to_disk(str(tmp))
         atomic_write_json(tmp / "report.json", report)
         atomic_write_text(tmp / COMPLETE_MARKER, "ok\n")  # written last: only finished folders carry it
         try:
@@ -305,8 +314,8 @@ def _blocks_dataset(blocks: np.ndarray):
 
 
 def _remove_abandoned_temp_dirs(cache_path: Path) -> None:
-    """Delete temp folders of this key left by killed preparations (their process is gone)."""
-    for tmp in cache_path.parent.glob(f".{cache_path.name}.tmp-*"):
+    """Delete temp folders left by killed preparations (their process is gone)."""
+    for tmp in cache_path.parent.glob(".*.tmp-*"):
         pid = tmp.name.rsplit(".tmp-", 1)[1].split("-")[0]
         if pid.isdigit() and not _pid_alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)

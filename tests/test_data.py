@@ -1,0 +1,270 @@
+"""The data pipeline on small real corpora: cleaning, packing, split, cache, bad input."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llmlab import data as data_mod
+from llmlab.cleaning import clean_text
+from llmlab.data import DataConfig, format_prepare_summary, pack_blocks, prepare_dataset, split_documents
+from llmlab.errors import UserError
+
+WORDS = ("river stone garden window market letter engine harbor winter silver forest lantern village "
+         "thunder meadow copper bridge candle orchard valley mirror falcon ribbon castle pepper canyon "
+         "marble anchor violet saddle walnut compass glacier tunnel feather basket plaster comet willow "
+         "ladder shadow quartz timber oyster sparrow granite pillow harvest beacon").split()
+
+
+def random_doc(rng: random.Random, n_words: int = 120) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n_words)) + "."
+
+
+def write_jsonl(path: Path, texts: list[str], field: str = "text") -> Path:
+    path.write_text("".join(json.dumps({field: t, "id": i}) + "\n" for i, t in enumerate(texts)))
+    return path
+
+
+def cfg_for(tmp_path: Path, dataset, **kw) -> DataConfig:
+    defaults = dict(dataset=str(dataset), cache_dir=str(tmp_path / "cache"), block_size=32, val_fraction=0.0)
+    return DataConfig(**{**defaults, **kw})
+
+
+def decoded_documents(prepared, tokenizer) -> list[str]:
+    """All blocks of both splits, joined and cut at eos back into document texts."""
+    ids = [i for split in (prepared.train, prepared.validation) for row in split["input_ids"] for i in row]
+    text = tokenizer.decode(ids)
+    return [d for d in text.split(tokenizer.eos_token)]
+
+
+@pytest.fixture()
+def planted(tmp_path):
+    """A JSONL corpus with known HTML, short, exact-duplicate and near-duplicate documents."""
+    rng = random.Random(0)
+    distinct = [random_doc(rng) for _ in range(6)]
+    words = distinct[0].split()
+    words[60] = "zeppelin"  # one word changed out of 120: 5-gram Jaccard ~0.92
+    near_dup = " ".join(words).upper().replace(".", "!")
+    half_shared = " ".join(distinct[1].split()[:60] + random_doc(rng).split()[60:])  # Jaccard ~0.33: kept
+    html_doc = "<html><body><p>Ｆｕｌｌ　ｗｉｄｔｈ &amp; <b>bold</b></p><script>var x = 1;</script> " + random_doc(rng) + "</body></html>"
+    texts = [
+        *distinct,
+        "too short",  # under 50 characters
+        distinct[2],  # exact duplicate
+        "<div>" + distinct[3] + "</div>",  # exact duplicate once the markup is stripped
+        near_dup,
+        half_shared,
+        html_doc,
+    ]
+    return write_jsonl(tmp_path / "corpus.jsonl", texts), distinct, half_shared
+
+
+def test_clean_text_strips_markup_and_normalises():
+    raw = ("<p class='x'>Ｈｅｌｌｏ　ＷＯＲＬＤ １２３</p><!-- hidden --><style>p {}</style>"
+           "<script>alert(1)</script>&lt;kept&gt; &amp; '''bold''' ''it'' [[Target page|link text]] {{cite web}}\n"
+           "== Heading ==\n\n\n\ntext")
+    assert clean_text(raw) == "Hello WORLD 123 <kept> & bold it link text \nHeading\n\ntext".replace(" \n", "\n")
+
+
+def test_cleaning_removes_planted_documents_and_keeps_distinct(tmp_path, planted, gpt2_tokenizer):
+    path, distinct, half_shared = planted
+    prepared = prepare_dataset(cfg_for(tmp_path, path, block_size=16), gpt2_tokenizer)
+    removed = {s["step"].split(" (")[0]: s["in"] - s["out"] for s in prepared.report["steps"]}
+    assert removed == {"loaded": 0, "shorter than 50 chars": 1, "exact duplicates": 2, "near duplicates": 1}
+    assert prepared.report["documents"] == 8
+    text = "".join(decoded_documents(prepared, gpt2_tokenizer))
+    for doc in distinct:  # first occurrences survive (tail remainder aside, checked via substrings)
+        assert doc[:80] in text
+    assert half_shared[-80:] in text
+    assert "ZEPPELIN" not in text and "too short" not in text
+    assert "<" not in text and "&amp;" not in text and "alert" not in text and "var x" not in text
+    assert "Full width & bold" in text  # NFKC turned full-width letters and the ideographic space into ASCII
+    assert "removed" in format_prepare_summary(prepared.report)
+
+
+def test_near_dup_threshold_zero_disables(tmp_path, planted, gpt2_tokenizer):
+    path, _, _ = planted
+    prepared = prepare_dataset(cfg_for(tmp_path, path, near_dup_threshold=0.0), gpt2_tokenizer)
+    assert prepared.report["steps"][-1]["in"] == prepared.report["steps"][-1]["out"]
+    assert prepared.report["documents"] == 9
+
+
+def test_packing_conserves_tokens_and_eos(tmp_path, gpt2_tokenizer):
+    rng = random.Random(1)
+    texts = [random_doc(rng, rng.randint(15, 90)) for _ in range(12)]
+    cfg = cfg_for(tmp_path, write_jsonl(tmp_path / "c.jsonl", texts), block_size=37, near_dup_threshold=0.0)
+    prepared = prepare_dataset(cfg, gpt2_tokenizer)
+    eos = gpt2_tokenizer.eos_token_id
+    doc_ids = [gpt2_tokenizer(t)["input_ids"] + [eos] for t in texts]
+    order = split_documents(np.array([len(d) for d in doc_ids]), 0.0, cfg.data_seed)[0]
+    stream = [i for d in order for i in doc_ids[d]]
+    blocks = prepared.train["input_ids"]
+    assert all(len(b) == 37 for b in blocks)
+    flat = [i for b in blocks for i in b]
+    assert flat == stream[: len(flat)]  # every token, in document order, eos after each document
+    assert len(stream) - len(flat) < 37 == cfg.block_size  # only a partial tail block is dropped
+    assert prepared.report["dropped_tail_tokens"] == len(stream) - len(flat)
+    assert flat.count(eos) == stream[: len(flat)].count(eos) >= len(texts) - 1
+
+
+def test_pack_blocks_unit():
+    values = np.arange(10, dtype=np.int64)
+    offsets = np.array([0, 3, 7, 10])
+    blocks = pack_blocks(values, offsets, np.array([2, 0, 1]), 4)
+    assert blocks.tolist() == [[7, 8, 9, 0], [1, 2, 3, 4]]  # 10 tokens -> 2 full blocks, 2 dropped
+    assert pack_blocks(values, offsets, np.array([], dtype=int), 4).shape == (0, 4)
+
+
+def test_split_is_deterministic_disjoint_and_sized(tmp_path, gpt2_tokenizer):
+    rng = random.Random(2)
+    texts = [random_doc(rng, 60) for _ in range(40)]
+    path = write_jsonl(tmp_path / "c.jsonl", texts)
+    base = dict(block_size=16, val_fraction=0.2, near_dup_threshold=0.0)
+    a = prepare_dataset(cfg_for(tmp_path, path, **base, cache_dir=str(tmp_path / "a")), gpt2_tokenizer)
+    b = prepare_dataset(cfg_for(tmp_path, path, **base, cache_dir=str(tmp_path / "b")), gpt2_tokenizer)
+    assert a.report["cache_hit"] is False and b.report["cache_hit"] is False
+    assert a.train["input_ids"] == b.train["input_ids"] and a.validation["input_ids"] == b.validation["input_ids"]
+    c = prepare_dataset(cfg_for(tmp_path, path, **base, data_seed=99), gpt2_tokenizer)
+    assert c.validation["input_ids"] != a.validation["input_ids"]
+    total = a.report["train_tokens"] + a.report["validation_tokens"] + a.report["dropped_tail_tokens"]
+    assert total == a.report["tokens"]
+    assert 0.15 < a.report["validation_tokens"] / a.report["tokens"] < 0.3
+    train_docs, val_docs = split_documents(np.array([5] * 40), 0.2, 7)
+    assert set(train_docs).isdisjoint(val_docs) and len(train_docs) + len(val_docs) == 40 and len(val_docs) == 8
+
+
+def test_cache_reuse_and_invalidation(tmp_path, gpt2_tokenizer, monkeypatch):
+    rng = random.Random(3)
+    path = write_jsonl(tmp_path / "c.jsonl", [random_doc(rng) for _ in range(5)])
+    cfg = cfg_for(tmp_path, path)
+    first = prepare_dataset(cfg, gpt2_tokenizer)
+    assert first.report["cache_hit"] is False and (first.cache_path / data_mod.COMPLETE_MARKER).is_file()
+
+    def forbidden(*a, **k):
+        raise AssertionError("a cache hit must not load or tokenise the corpus again")
+
+    with monkeypatch.context() as m:
+        m.setattr(data_mod, "_tokenize_batch", forbidden)
+        m.setattr(data_mod.corpus, "load_corpus", forbidden)
+        again = prepare_dataset(cfg, gpt2_tokenizer)
+    assert again.report["cache_hit"] is True and again.cache_path == first.cache_path
+    assert again.train["input_ids"] == first.train["input_ids"]
+    assert again.train.cache_files  # memory-mapped from the Arrow files on disk
+
+    paths = {first.cache_path}
+    for change in (dict(block_size=16), dict(min_doc_chars=10), dict(near_dup_threshold=0.5),
+                   dict(val_fraction=0.2), dict(data_seed=5)):
+        other = prepare_dataset(cfg_for(tmp_path, path, **change), gpt2_tokenizer)
+        assert other.report["cache_hit"] is False, change
+        paths.add(other.cache_path)
+    assert len(paths) == 6
+    write_jsonl(path, [random_doc(rng) for _ in range(6)])  # new content (and size / mtime)
+    changed = prepare_dataset(cfg, gpt2_tokenizer)
+    assert changed.report["cache_hit"] is False and changed.cache_path not in paths
+
+
+def test_partial_cache_dir_is_rebuilt(tmp_path, gpt2_tokenizer):
+    rng = random.Random(4)
+    cfg = cfg_for(tmp_path, write_jsonl(tmp_path / "c.jsonl", [random_doc(rng) for _ in range(4)]))
+    first = prepare_dataset(cfg, gpt2_tokenizer)
+    expected = first.train["input_ids"]
+    (first.cache_path / data_mod.COMPLETE_MARKER).unlink()  # as if the marker was never written
+    arrow = first.cache_path / "train" / "data-00000-of-00001.arrow"
+    arrow.unlink()  # unlink, not truncate in place: `first` still memory-maps the old file
+    arrow.write_bytes(b"truncated")
+    rebuilt = prepare_dataset(cfg, gpt2_tokenizer)
+    assert rebuilt.report["cache_hit"] is False and rebuilt.train["input_ids"] == expected
+    assert (rebuilt.cache_path / data_mod.COMPLETE_MARKER).is_file()
+
+
+KILL_SCRIPT = """
+import os, signal, sys
+from llmlab import data
+real_write = data.atomic_write_text
+def die_before_marker(path, text):
+    if str(path).endswith(data.COMPLETE_MARKER):
+        os.kill(os.getpid(), signal.SIGKILL)  # killed after the Arrow files, before the marker
+    real_write(path, text)
+data.atomic_write_text = die_before_marker
+data.prepare_dataset(data.DataConfig(dataset=sys.argv[1], cache_dir=sys.argv[2], block_size=32, val_fraction=0))
+"""
+
+
+def test_killed_preparation_never_loads_as_valid(tmp_path, gpt2_tokenizer, repo_root):
+    rng = random.Random(5)
+    path = write_jsonl(tmp_path / "c.jsonl", [random_doc(rng) for _ in range(4)])
+    cache = tmp_path / "cache"
+    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(path), str(cache)], cwd=repo_root,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    leftovers = list(cache.iterdir())
+    assert leftovers and all(p.name.startswith(".") and ".tmp-" in p.name for p in leftovers)  # never published
+    prepared = prepare_dataset(cfg_for(tmp_path, path, cache_dir=str(cache)), gpt2_tokenizer)
+    assert prepared.report["cache_hit"] is False and len(prepared.train) > 0
+    assert [p.name for p in cache.iterdir()] == [prepared.cache_path.name]  # the dead run's temp dir is gone
+
+
+def test_local_txt_parquet_and_folder(tmp_path, gpt2_tokenizer):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = random.Random(6)
+    folder = tmp_path / "corpus"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.txt").write_text(random_doc(rng))
+    pq.write_table(pa.table({"body": [random_doc(rng), random_doc(rng)]}), folder / "sub" / "b.parquet")
+    write_jsonl(folder / "c.jsonl", [random_doc(rng)], field="body")
+    prepared = prepare_dataset(cfg_for(tmp_path, folder, text_field="body"), gpt2_tokenizer)
+    assert prepared.report["steps"][0]["out"] == 4 and prepared.report["documents"] == 4
+    with pytest.raises(UserError, match="no column 'text'"):
+        prepare_dataset(cfg_for(tmp_path, folder / "sub" / "b.parquet"), gpt2_tokenizer)
+
+
+def test_builtin_wiki_sample(tmp_path, gpt2_tokenizer):
+    cfg = DataConfig(cache_dir=str(tmp_path), max_documents=3, block_size=256)
+    assert cfg.dataset == "builtin:wiki" and cfg.val_fraction == 0.05 and cfg.min_doc_chars == 50
+    prepared = prepare_dataset(cfg, gpt2_tokenizer)
+    text = "".join(decoded_documents(prepared, gpt2_tokenizer))
+    assert "Anarchism" in text and "[[" not in text and "'''" not in text and "<ref" not in text
+    assert prepared.report["train_blocks"] > 10 and prepared.report["validation_blocks"] >= 1
+
+
+@pytest.mark.parametrize("texts, kwargs, message", [
+    (None, {}, "does not exist"),
+    (["short", "tiny"], {}, "empty after cleaning"),
+    ([], dict(block_size=2048), "larger than the tokenizer's model_max_length 1024"),
+])
+def test_bad_inputs(tmp_path, gpt2_tokenizer, texts, kwargs, message):
+    path = tmp_path / "missing.jsonl" if texts is None else write_jsonl(tmp_path / "c.jsonl", texts)
+    with pytest.raises(UserError, match=message):
+        prepare_dataset(cfg_for(tmp_path, path, **kwargs), gpt2_tokenizer)
+
+
+def test_jsonl_line_without_field_names_file_and_line(tmp_path, gpt2_tokenizer):
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps({"text": "a" * 80}) + "\n\n" + json.dumps({"body": "b" * 80}) + "\n")
+    with pytest.raises(UserError, match=rf"{path}:3 has no field 'text'"):
+        prepare_dataset(cfg_for(tmp_path, path), gpt2_tokenizer)
+
+
+def test_unknown_hub_dataset_offline(tmp_path, gpt2_tokenizer):
+    assert os.environ.get("HF_DATASETS_OFFLINE") == "1"
+    with pytest.raises(UserError, match="connect to the internet.*local .txt/.jsonl/.parquet") as err:
+        prepare_dataset(cfg_for(tmp_path, "no-such-org/no-such-dataset-xyz"), gpt2_tokenizer)
+    assert "\n" not in str(err.value)
+
+
+def test_config_validation():
+    from llmlab.config import build_config
+
+    with pytest.raises(UserError, match="val_fraction"):
+        build_config(DataConfig, {"val_fraction": 1.5})
+    with pytest.raises(UserError, match="near_dup_threshold"):
+        build_config(DataConfig, {"near_dup_threshold": -0.1})
+    assert build_config(DataConfig, {"block_size": "256"}).block_size == 256
