@@ -30,7 +30,7 @@ class ScalingOptions:
                                         "(default: unstable_factor x the median early loss std of the ok trials)")
     unstable_factor: float = opt(3.0, "used when unstable_std is not set: unstable = early loss std above this "
                                  "multiple of the median over the ok trials")
-    ransac_threshold: Optional[float] = opt(None, "RANSAC inlier threshold on ln-space residuals (default: 2.5 x "
+    ransac_threshold: Optional[float] = opt(None, "RANSAC inlier threshold on ln-space residuals (default: 3 x "
                                             "the MAD residual scale of a Theil-Sen fit, at least 0.05)")
     n_bootstrap: int = opt(100, "bootstrap resamples for the confidence intervals")
     confidence: float = opt(0.95, "confidence level of the intervals and bands")
@@ -131,7 +131,7 @@ def fit_loglinear(features: np.ndarray, target: np.ndarray, options: ScalingOpti
     else:
         robust = TheilSenRegressor(random_state=options.seed).fit(features, target)
         scale = 1.4826 * float(np.median(np.abs(target - robust.predict(features))))
-        threshold = max(2.5 * scale, MIN_RANSAC_THRESHOLD)
+        threshold = max(3.0 * scale, MIN_RANSAC_THRESHOLD)
     note = ""
     try:
         ransac = RANSACRegressor(LinearRegression(), min_samples=p + 1, residual_threshold=threshold,
@@ -143,6 +143,12 @@ def fit_loglinear(features: np.ndarray, target: np.ndarray, options: ScalingOpti
     if inliers.sum() < p + 2:
         inliers[:] = True
         note = f"RANSAC kept fewer than {p + 2} inliers; fitted all points"
+    # RANSAC's consensus comes from a noisy minimal-sample model; re-deciding inliers against the refit on
+    # the whole consensus set stops it from trimming honest Gaussian tails (one local-optimisation step).
+    model = LinearRegression().fit(features[inliers], target[inliers])
+    polished = np.abs(target - model.predict(features)) <= threshold
+    if polished.sum() >= p + 2 and not note:
+        inliers = polished
     x_in, y_in = features[inliers], target[inliers]
     model = LinearRegression().fit(x_in, y_in)
     fitted = model.predict(x_in)
