@@ -1,6 +1,37 @@
 #!/usr/bin/env python
-"""sweep: placeholder entry point until its issue lands; --help works."""
-import argparse
+"""sweep: design-of-experiments on the minimal Transformer (or a GPT-2 preset), one process per trial.
+
+  python sweep.py --grid doe20 --budget cpu --workers 2 --output_dir runs/doe20
+  python sweep.py --grid lr_bs --model gpt2-tiny --lrs 1e-5 3e-5 --batch_sizes 8 16
+  python sweep.py --grid my_grid.yaml           # `trials: [...]` or `factorial: {factor: [levels]}`
+  python sweep.py recommend --from runs/lr_bs --memory-gb 24   # scaling-law recommendation (issue 5)
+
+Rerunning the same command resumes: finished trials are skipped, crashed or interrupted ones rerun.
+"""
+from __future__ import annotations
+
+import sys
+
+from llmlab.errors import cli_entry
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "recommend":
+        from llmlab.scaling import recommend_main
+
+        return recommend_main(argv[1:])
+    from llmlab.config import parse_config
+    from llmlab.sweep.config import SweepConfig
+    from llmlab.sweep.runner import run_sweep
+
+    cfg = parse_config(SweepConfig, argv, description=__doc__.split("\n\n")[0]
+                       + " Subcommand: `sweep.py recommend --help`.")
+    rows = run_sweep(cfg)
+    statuses = {s: sum(r.get("status") == s for r in rows) for s in {r.get("status") for r in rows}}
+    print(f"sweep done: {statuses}; report: {cfg.output_dir}/report.md")
+
 
 if __name__ == "__main__":
-    argparse.ArgumentParser(description="sweep (not implemented yet)").parse_args()
+    main()

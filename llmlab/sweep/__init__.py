@@ -1,0 +1,1 @@
+"""Subprocess-isolated hyperparameter sweeps: designs, trial process, runner, report (see sweep.py)."""

@@ -1,0 +1,117 @@
+"""The sweep's typed config and its three budgets (smoke / cpu / full)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from llmlab.config import opt
+from llmlab.errors import UserError
+
+
+@dataclass(frozen=True)
+class Budget:
+    steps: Optional[int]  # None: derived from the data (epochs x blocks / batch)
+    batch_size: int
+    block_size: int
+    max_documents: Optional[int]
+    max_train_tokens: Optional[int]
+    epochs: int
+    eval_batches: int
+    log_every: int
+    trial_timeout: int  # seconds
+
+
+# Warmup levels (100 / 500 / 1000) are steps of the full protocol; smaller budgets scale them by
+# steps / FULL_NOMINAL_STEPS so warmup keeps the same share of training. 10 MB of text is about
+# 2.4M GPT-2 tokens = 4,600 blocks of 512; 3 epochs at batch 8 is about 1,800 steps.
+FULL_NOMINAL_STEPS = 1800
+
+BUDGETS: dict[str, Budget] = {
+    # The plumbing only: a doe20 of 20 trials with 2 workers in ~2-3 minutes on 2 cores.
+    "smoke": Budget(steps=16, batch_size=2, block_size=32, max_documents=40, max_train_tokens=None, epochs=1,
+                    eval_batches=2, log_every=4, trial_timeout=180),
+    # A doe20 in about an hour on 2 cores (2 workers of one core, ~5 minutes a trial).
+    "cpu": Budget(steps=300, batch_size=4, block_size=128, max_documents=None, max_train_tokens=None, epochs=1,
+                  eval_batches=8, log_every=10, trial_timeout=1200),
+    # The reference protocol for a GPU: ~10 MB of text, sequences of 512, 3 epochs.
+    "full": Budget(steps=None, batch_size=8, block_size=512, max_documents=None, max_train_tokens=2_400_000,
+                   epochs=3, eval_batches=20, log_every=20, trial_timeout=7200),
+}
+
+
+@dataclass
+class SweepConfig:
+    grid: str = opt("doe20", "doe20 (control + 19 balanced Latin-hypercube points), lr_bs (learning rate x "
+                             "batch size), or a YAML file with `trials:` or `factorial:`")
+    output_dir: str = opt("runs/sweep", "sweep folder: design, trials/, results.csv, report.md, plots/")
+    budget: Literal["smoke", "cpu", "full"] = opt("cpu", "smoke: seconds per trial (tests); cpu: doe20 in ~1 h "
+                                                         "on 2 cores; full: ~10 MB text, seq 512, 3 epochs (GPU)")
+    workers: int = opt(1, "trials run at once, each in its own subprocess (one GPU each when GPUs exist)")
+    model: str = opt("minimal", "minimal (the lab's minimal Transformer) or a GPT-2 preset: gpt2-tiny, gpt2, ...")
+    position_encoding: Literal["sinusoidal", "learned", "rope"] = opt("sinusoidal", "minimal model's positions")
+    gradient_checkpointing: bool = opt(False, "recompute each block in backward to save memory")
+    lr: Optional[float] = opt(None, "peak learning rate of AdamW/Adafactor (Lion uses lr/3, weight decay x3); "
+                                    "default 1e-3 for the minimal model, 2e-5 for GPT-2 presets")
+    lrs: Optional[list[float]] = opt(None, "lr_bs: learning rates to scan (default 1e-4 3e-4 1e-3 3e-3 for the "
+                                           "minimal model, 5e-6 1e-5 2e-5 3e-5 for GPT-2 presets)")
+    batch_sizes: list[int] = opt([8, 16, 32, 64, 128], "lr_bs: effective batch sizes to scan")
+    micro_batch_size: Optional[int] = opt(None, "largest batch per forward pass; bigger batches use gradient "
+                                                "accumulation (default: the budget's batch size)")
+    steps: Optional[int] = opt(None, "optimizer steps per trial (default: the budget's; lr_bs: 200, smoke: 16)")
+    batch_size: Optional[int] = opt(None, "batch size of doe20/YAML trials (default: the budget's)")
+    block_size: Optional[int] = opt(None, "tokens per sequence (default: the budget's: 32 / 128 / 512)")
+    label_smoothing: float = opt(0.0, "label smoothing of the cross-entropy loss")
+    clip: Optional[str] = opt(None, "lr_bs: max grad norm (number, 0 = off, or 'adaptive'); default 1.0")
+    scale_warmup: bool = opt(True, "scale warmup levels (steps of the full protocol) to the budget's steps")
+    seed: int = opt(42, "seed of every trial (model init, data order) and of the Latin hypercube")
+    trial_timeout: Optional[int] = opt(None, "seconds before a trial is killed (default: the budget's)")
+    rerun_crashed: bool = opt(True, "on resume, rerun trials recorded as crashed or timed out")
+    fail_loss: float = opt(10.0, "fail-safe: stop when the loss exceeds this (or initial loss + 1 before it "
+                                 "ever got below; an untrained 50257-way model starts at ln 50257 = 10.8)")
+    fail_grad_norm: float = opt(1000.0, "fail-safe: stop when the pre-clip gradient norm exceeds this")
+    flat_tolerance: float = opt(1e-5, "fail-safe: stop when the probe-batch loss moved less than this ...")
+    flat_window: int = opt(100, "... over this many steps")
+    precheck_steps: int = opt(10, "steps of the pre-check (finite loss/gradients, projected time within timeout)")
+    retry: bool = opt(True, "retry a failed trial once with a fallback (clip - 0.1 or warmup 100)")
+    target_loss: Optional[float] = opt(None, "loss for 'steps to target' (default: 90% of the control's loss drop)")
+    dataset: str = opt("builtin:wiki", "corpus (see llmlab.data): builtin:wiki, local files or a hub dataset")
+    max_documents: Optional[int] = opt(None, "use only the first N documents (default: the budget's)")
+    data_cache_dir: Optional[str] = opt(None, "prepared-data cache folder (default: llmlab's cache)")
+    device: Literal["auto", "cpu", "cuda"] = opt("auto", "where trials run; auto = CUDA when available")
+    report_only: bool = opt(False, "only rebuild report.md, results.csv and plots from finished trials")
+
+    def validate(self) -> None:
+        if self.workers < 1:
+            raise UserError(f"--workers must be >= 1, got {self.workers}")
+        for name in ("steps", "batch_size", "block_size", "micro_batch_size", "trial_timeout", "max_documents"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UserError(f"--{name} must be >= 1, got {value}")
+        if any(b < 1 for b in self.batch_sizes) or not self.batch_sizes:
+            raise UserError("--batch_sizes must be one or more whole numbers >= 1")
+        if self.lrs is not None and (not self.lrs or any(lr <= 0 for lr in self.lrs)):
+            raise UserError("--lrs must be one or more learning rates > 0")
+        if self.lr is not None and self.lr < 0:
+            raise UserError(f"--lr must be >= 0, got {self.lr}")
+        if self.clip is not None:
+            from llmlab.training_utils import parse_clip
+
+            parse_clip(self.clip)
+        if not 0 <= self.label_smoothing < 1:
+            raise UserError(f"--label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.flat_window < 2 or self.precheck_steps < 1:
+            raise UserError("--flat_window must be >= 2 and --precheck_steps >= 1")
+        if self.model != "minimal":
+            from llmlab.models import GPT2_PRESETS
+
+            if self.model not in GPT2_PRESETS:
+                raise UserError(f"--model {self.model!r} is unknown; use minimal or one of {', '.join(GPT2_PRESETS)}")
+
+    @property
+    def budget_spec(self) -> Budget:
+        return BUDGETS[self.budget]
+
+    def default_lr(self) -> float:
+        if self.lr is not None:
+            return self.lr
+        return 1e-3 if self.model == "minimal" else 2e-5

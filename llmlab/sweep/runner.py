@@ -1,0 +1,334 @@
+"""The sweep parent: prepare data once, write the design, run each trial in its own process, resume, report.
+
+Launchers: `forkserver` (default) forks each trial from a server that imported torch/transformers once,
+so a trial starts in a fraction of a second yet still gets its own process and CUDA context; `spawn`
+runs `python -m llmlab.sweep.trial spec.json` from scratch. bench/sweep_overhead.py compares them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from llmlab.errors import UserError
+from llmlab.io import atomic_write_json, atomic_write_text
+from llmlab.sweep.config import BUDGETS, FULL_NOMINAL_STEPS, SweepConfig
+from llmlab.sweep.design import FACTORS, build_design, design_table
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FINISHED = ("ok", "failed", "oom")
+LOG_TAIL_LINES = 30
+_FORKSERVER = None
+
+
+# ---------------------------------------------------------------- data
+def prepare_data(cfg: SweepConfig, out_dir: Path) -> dict:
+    """Tokenise and pack once (llmlab.data cache), then export token arrays the trials memory-map."""
+    from llmlab.data import DataConfig, prepare_dataset
+    from llmlab.tokenizer import load_tokenizer
+
+    budget = cfg.budget_spec
+    block = cfg.block_size or budget.block_size
+    key = {"dataset": cfg.dataset, "block_size": block, "max_documents": cfg.max_documents or budget.max_documents,
+           "max_train_tokens": budget.max_train_tokens}
+    data_dir = out_dir / "data"
+    info_path = data_dir / "data.json"
+    if info_path.is_file() and json.loads(info_path.read_text()).get("key") == key:
+        return json.loads(info_path.read_text())
+    extra = {"cache_dir": cfg.data_cache_dir} if cfg.data_cache_dir else {}
+    data_cfg = DataConfig(dataset=cfg.dataset, block_size=block, max_documents=key["max_documents"], **extra)
+    prepared = prepare_dataset(data_cfg, load_tokenizer())
+    arrays = {}
+    for split, dataset in (("train", prepared.train), ("validation", prepared.validation)):
+        tokens = np.asarray(dataset.with_format("numpy")["input_ids"]).reshape(len(dataset), block)
+        if split == "train" and budget.max_train_tokens:
+            tokens = tokens[: max(1, budget.max_train_tokens // block)]
+        if not len(tokens):
+            raise UserError(f"the {split} split of {cfg.dataset} has no block of {block} tokens; use more "
+                            "documents (--max_documents) or a smaller --block_size")
+        arrays[split] = tokens.astype(np.uint16 if tokens.max() < 2**16 else np.int32)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for split, tokens in arrays.items():
+        tmp = data_dir / f".{split}.{os.getpid()}.npy"
+        np.save(tmp, tokens)
+        os.replace(tmp, data_dir / f"{split}.npy")
+    info = {"key": key, "cache_path": str(prepared.cache_path), "block_size": block,
+            "train_rows": len(arrays["train"]), "validation_rows": len(arrays["validation"]),
+            "train_tokens": int(arrays["train"].size)}
+    atomic_write_json(info_path, info)
+    return info
+
+
+# ---------------------------------------------------------------- specs
+def trial_specs(cfg: SweepConfig, design: list[dict], data_info: dict, out_dir: Path) -> list[dict]:
+    budget = cfg.budget_spec
+    device = resolve_device(cfg.device)
+    specs = []
+    for trial in design:
+        batch = trial.get("batch_size") or cfg.batch_size or budget.batch_size
+        clip = trial["clip"]
+        if cfg.grid == "lr_bs" and cfg.clip is not None:
+            from llmlab.training_utils import parse_clip
+
+            clip = parse_clip(cfg.clip)
+        steps = cfg.steps or (200 if cfg.grid == "lr_bs" and cfg.budget != "smoke" else budget.steps)
+        if steps is None:
+            steps = max(1, budget.epochs * data_info["train_rows"] // batch)
+        hp = {"scheduler": trial["scheduler"], "clip": clip, "warmup": trial["warmup"],
+              "weight_decay": trial["weight_decay"], "optimizer": trial["optimizer"],
+              "lr": trial.get("lr", cfg.default_lr()), "batch_size": batch}
+        trial_dir = out_dir / "trials" / trial["trial_id"]
+        specs.append({
+            "trial_id": trial["trial_id"], "trial_dir": str(trial_dir), "data_dir": str(out_dir / "data"),
+            "hparams": hp, "model": cfg.model, "position_encoding": cfg.position_encoding,
+            "gradient_checkpointing": cfg.gradient_checkpointing, "steps": steps,
+            "block_size": data_info["block_size"], "micro_batch_size": cfg.micro_batch_size or budget.batch_size,
+            "eval_batch_size": budget.batch_size, "eval_batches": budget.eval_batches, "log_every": budget.log_every,
+            "seed": cfg.seed, "label_smoothing": cfg.label_smoothing,
+            "warmup_scale": steps / FULL_NOMINAL_STEPS if cfg.scale_warmup and cfg.budget != "full" else 1.0,
+            "fail_loss": cfg.fail_loss, "fail_grad_norm": cfg.fail_grad_norm, "flat_tolerance": cfg.flat_tolerance,
+            "flat_window": cfg.flat_window, "precheck_steps": cfg.precheck_steps, "retry": cfg.retry,
+            "timeout_s": cfg.trial_timeout or budget.trial_timeout, "device": device,
+        })
+    return specs
+
+
+def resolve_device(choice: str) -> str:
+    import torch
+
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for but CUDA is not available; use --device cpu or auto")
+    return "cuda" if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()) else "cpu"
+
+
+def settings_fingerprint(cfg: SweepConfig, design: list[dict]) -> str:
+    """What must match for a rerun to resume rather than mix two different sweeps in one folder."""
+    ignore = {"output_dir", "workers", "trial_timeout", "device", "rerun_crashed", "report_only", "data_cache_dir",
+              "target_loss", "config"}
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ignore}
+    return hashlib.sha256(json.dumps([settings, design], sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- launching
+def _forkserver_context():
+    global _FORKSERVER
+    if _FORKSERVER is None:
+        _FORKSERVER = multiprocessing.get_context("forkserver")
+        _FORKSERVER.set_forkserver_preload(["llmlab.sweep.trial"])
+    return _FORKSERVER
+
+
+def worker_env(slot: int, workers: int, device: str) -> dict[str, str]:
+    env = {"TOKENIZERS_PARALLELISM": "false"}
+    if device == "cuda":
+        import torch
+
+        env["CUDA_VISIBLE_DEVICES"] = str(slot % max(1, torch.cuda.device_count()))
+    return env
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    if not path.is_file():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class TrialLauncher:
+    """Starts trials in their own processes, enforces the timeout, and records crashes."""
+
+    def __init__(self, launcher: str = "forkserver", workers: int = 1):
+        self.launcher, self.workers = launcher, workers
+        self.active: dict[str, Any] = {}
+        self.lock = threading.Lock()
+        self.stopping = False
+
+    def run(self, spec: dict, slot: int) -> dict:
+        trial_dir = Path(spec["trial_dir"])
+        shutil.rmtree(trial_dir, ignore_errors=True)  # a rerun must not mix curves with a killed attempt
+        trial_dir.mkdir(parents=True)
+        spec = {**spec, "threads": max(1, (os.cpu_count() or 1) // self.workers)}
+        spec_path = trial_dir / "spec.json"
+        atomic_write_json(spec_path, spec)
+        log_path = trial_dir / "log.txt"
+        env = worker_env(slot, self.workers, spec["device"])
+        started = time.time()
+        if self.launcher == "spawn":
+            full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen([sys.executable, "-m", "llmlab.sweep.trial", str(spec_path)], stdout=log,
+                                        stderr=subprocess.STDOUT, env=full_env, cwd=REPO_ROOT, start_new_session=True)
+            pid = proc.pid
+        else:
+            proc = _forkserver_context().Process(target=_child, args=(str(spec_path), str(log_path), env),
+                                                 name=f"trial-{spec['trial_id']}")
+            proc.start()
+            pid = proc.pid
+        atomic_write_text(trial_dir / "pid", f"{pid}\n")
+        with self.lock:
+            self.active[spec["trial_id"]] = proc
+        code, timed_out = self._wait(proc, spec["timeout_s"])
+        with self.lock:
+            self.active.pop(spec["trial_id"], None)
+        (trial_dir / "pid").unlink(missing_ok=True)
+        result_path = trial_dir / "result.json"
+        if result_path.is_file():
+            return json.loads(result_path.read_text())
+        if timed_out:
+            status, reason = "timeout", f"killed after the {spec['timeout_s']} s trial timeout"
+        else:
+            status = "crashed"
+            reason = (f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0
+                      else f"exited with code {code} without a result")
+            if code == -signal.SIGKILL:
+                reason += " (SIGKILL: killed by a user or the out-of-memory killer)"
+        result = {"trial_id": spec["trial_id"], "hparams": spec["hparams"], "model": spec["model"],
+                  "steps": spec["steps"], "status": status, "failures": [reason],
+                  "boundary": False, "attempts": 1, "exit_code": code, "log_tail": log_tail(log_path),
+                  "wall_time_s": round(time.time() - started, 3)}
+        atomic_write_json(result_path, result)
+        return result
+
+    def _wait(self, proc, timeout: float) -> tuple[Optional[int], bool]:
+        if isinstance(proc, subprocess.Popen):
+            try:
+                return proc.wait(timeout=timeout), False
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                return proc.wait(), True
+        proc.join(timeout)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+            return proc.exitcode, True
+        return proc.exitcode, False
+
+    def kill_all(self) -> None:
+        with self.lock:
+            self.stopping = True
+            for proc in self.active.values():
+                try:
+                    os.kill(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def _child(spec_path: str, log_path: str, env: dict) -> None:
+    from llmlab.sweep.trial import child_main
+
+    child_main(spec_path, log_path, env)
+
+
+# ---------------------------------------------------------------- the sweep
+def load_results(out_dir: Path, design: list[dict]) -> list[dict]:
+    rows = []
+    for trial in design:
+        path = out_dir / "trials" / trial["trial_id"] / "result.json"
+        if path.is_file():
+            rows.append(json.loads(path.read_text()))
+    return rows
+
+
+def run_sweep(cfg: SweepConfig, launcher: str = "forkserver") -> list[dict]:
+    from tqdm.auto import tqdm
+
+    from llmlab.runinfo import write_run_info
+    from llmlab.sweep import report
+
+    out_dir = Path(cfg.output_dir)
+    design = build_design(cfg.grid, lrs=cfg.lrs, batch_sizes=cfg.batch_sizes, model=cfg.model, seed=cfg.seed)
+    fingerprint = settings_fingerprint(cfg, design)
+    state_path = out_dir / "sweep.json"
+    if state_path.is_file() and json.loads(state_path.read_text()).get("fingerprint") != fingerprint:
+        raise UserError(f"{out_dir} holds a sweep with different settings; rerun with its original options to "
+                        "resume, or pick a new --output_dir")
+    if cfg.report_only:
+        rows = load_results(out_dir, design)
+        if not rows:
+            raise UserError(f"{out_dir} has no finished trials to report on; run the sweep first")
+        report.write_report(out_dir, design, rows, cfg)
+        return rows
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"design ({cfg.grid}, {len(design)} trials):\n{design_table(design)}", flush=True)
+    atomic_write_text(out_dir / "design.md", design_table(design) + "\n")
+    atomic_write_json(out_dir / "design.json", design)
+    atomic_write_json(state_path, {"fingerprint": fingerprint, "grid": cfg.grid, "budget": cfg.budget})
+    write_run_info(out_dir, cfg)
+    _print_parameters(cfg)
+    data_info = prepare_data(cfg, out_dir)
+    specs = trial_specs(cfg, design, data_info, out_dir)
+    done = {r["trial_id"]: r for r in load_results(out_dir, design)
+            if r.get("status") in FINISHED or (r.get("status") in ("crashed", "timeout") and not cfg.rerun_crashed)}
+    pending = [s for s in specs if s["trial_id"] not in done]
+    if done:
+        print(f"resuming: {len(done)} finished trial(s) skipped ({', '.join(sorted(done))}); "
+              f"{len(pending)} to run", flush=True)
+    launch = TrialLauncher(launcher, cfg.workers)
+    slots = list(range(cfg.workers))
+    slot_lock = threading.Lock()
+    bar = tqdm(total=len(specs), initial=len(done), desc="trials", unit="trial")
+
+    def work(spec: dict) -> dict:
+        with slot_lock:
+            slot = slots.pop(0)
+        try:
+            result = launch.run(spec, slot)
+        finally:
+            with slot_lock:
+                slots.append(slot)
+        bar.update(1)
+        bar.write(f"{spec['trial_id']}: {result['status']}"
+                  + (f" final_loss={result['final_loss']:.4f}" if result.get("final_loss") is not None else "")
+                  + (f" ({'; '.join(result['failures'])})" if result.get("failures") else ""))
+        return result
+
+    pool = ThreadPoolExecutor(max_workers=cfg.workers)
+    try:
+        list(pool.map(work, pending))
+    except KeyboardInterrupt:
+        launch.kill_all()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise UserError("interrupted; rerun the same command to resume (finished trials are kept)") from None
+    finally:
+        pool.shutdown(wait=True)
+        bar.close()
+    rows = load_results(out_dir, design)
+    report.write_report(out_dir, design, rows, cfg)
+    if cfg.grid == "lr_bs":
+        _scaling_hook(out_dir, rows)
+    return rows
+
+
+def _print_parameters(cfg: SweepConfig) -> None:
+    if cfg.model != "minimal":
+        return
+    from llmlab.minimal_transformer import MinimalTransformer, MinimalTransformerConfig, parameter_table
+
+    block = cfg.block_size or cfg.budget_spec.block_size
+    table, trainable, frozen = parameter_table(MinimalTransformer(MinimalTransformerConfig(
+        max_seq_len=block, position_encoding=cfg.position_encoding)))
+    print(f"minimal Transformer ({cfg.position_encoding} positions): {trainable:,} trainable, "
+          f"{frozen:,} frozen parameters\n{table}", flush=True)
+
+
+def _scaling_hook(out_dir: Path, rows: list[dict]) -> None:
+    """Hand lr_bs results to the scaling analysis (issue 5) when that module is installed."""
+    try:
+        from llmlab.scaling import write_lr_bs_report
+    except ImportError:
+        return
+    from llmlab.sweep import report
+
+    write_lr_bs_report(out_dir, [report.flat_row(r) for r in rows])

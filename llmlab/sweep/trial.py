@@ -1,0 +1,358 @@
+"""One sweep trial, run in its own process: `python -m llmlab.sweep.trial TRIAL_DIR/spec.json`.
+
+Reads the spec the runner wrote, trains with the fail-safes (10-step pre-check; loss, grad-norm and
+flat-loss stops; one retry with a fallback), evaluates, and writes TRIAL_DIR/result.json atomically.
+No result.json after the process ends means it crashed or was killed; the runner records that.
+Heavy imports sit at module level so a forkserver can preload them once for every trial.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from lion_pytorch import Lion
+from torch.utils.tensorboard.summary import hparams as hparams_summary
+from transformers.optimization import Adafactor, get_scheduler
+
+from llmlab.io import atomic_write_json
+from llmlab.minimal_transformer import MinimalTransformer, MinimalTransformerConfig, parameter_table
+from llmlab.runinfo import seed_everything
+from llmlab.sweep import metrics as M
+from llmlab.tracking import MetricsLogger
+from llmlab.training_utils import GradClipper, causal_lm_loss
+
+RESULT_NAME = "result.json"
+LION_LR_DIVISOR = 3.0  # lion-pytorch README: lr 3-10x smaller than AdamW, weight decay 3-10x larger
+
+
+class TrialStop(Exception):
+    """A fail-safe tripped; `reason` names which one and `kind` picks the fallback."""
+
+    def __init__(self, kind: str, reason: str):
+        super().__init__(reason)
+        self.kind, self.reason = kind, reason
+
+
+def build_model(spec: dict) -> torch.nn.Module:
+    if spec["model"] == "minimal":
+        cfg = MinimalTransformerConfig(max_seq_len=spec["block_size"], position_encoding=spec["position_encoding"],
+                                       gradient_checkpointing=spec["gradient_checkpointing"])
+        return MinimalTransformer(cfg)
+    from llmlab.models import build_gpt2_model
+
+    model = build_gpt2_model(spec["model"], vocab_size=50257, n_positions=spec["block_size"])
+    if spec["gradient_checkpointing"]:
+        model.gradient_checkpointing_enable()
+    return model
+
+
+def forward_logits(model, input_ids):
+    out = model(input_ids)
+    return out.logits if hasattr(out, "logits") else out
+
+
+def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float, weight_decay: float):
+    decay = [p for p in params if p.ndim >= 2]  # matrices decay; LayerNorm gains do not
+    rest = [p for p in params if p.ndim < 2]
+    if name == "lion":
+        lr, weight_decay = lr / LION_LR_DIVISOR, weight_decay * LION_LR_DIVISOR
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    if name == "adamw":
+        return torch.optim.AdamW(groups, lr=lr)
+    if name == "lion":
+        return Lion(groups, lr=lr)
+    if name == "adafactor":  # fixed lr (no relative step) so the scheduler factor applies to it too
+        return Adafactor(groups, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+def warmup_steps(spec: dict, hp: dict) -> int:
+    return max(0, round(hp["warmup"] * spec["warmup_scale"]))
+
+
+class Batches:
+    """Seeded, epoch-wise shuffled training rows from the memory-mapped token array."""
+
+    def __init__(self, tokens: np.ndarray, seed: int):
+        self.tokens, self.rng, self.order, self.cursor = tokens, np.random.default_rng(seed), np.array([], int), 0
+
+    def take(self, count: int) -> torch.Tensor:
+        rows = []
+        while len(rows) < count:
+            if self.cursor >= len(self.order):
+                self.order, self.cursor = self.rng.permutation(len(self.tokens)), 0
+            take = min(count - len(rows), len(self.order) - self.cursor)
+            rows.extend(self.order[self.cursor:self.cursor + take])
+            self.cursor += take
+        return torch.from_numpy(np.asarray(self.tokens[np.sort(rows)], dtype=np.int64))
+
+
+def update_ratios(model, before: dict[str, torch.Tensor]) -> dict[str, float]:
+    """|update| / |param| per layer group, from a snapshot taken just before optimizer.step()."""
+    sums: dict[str, list[float]] = {}
+    for name, param in model.named_parameters():
+        if name in before:
+            group = sums.setdefault(M.layer_group(name), [0.0, 0.0])
+            group[0] += float((param.detach() - before[name]).float().pow(2).sum())
+            group[1] += float(before[name].float().pow(2).sum())
+    return {g: math.sqrt(u) / math.sqrt(p) for g, (u, p) in sums.items() if p > 0}
+
+
+def train_attempt(spec: dict, hp: dict, data: dict, device: torch.device, log_dir: Path, started: float) -> dict:
+    """Train once with hyperparameters `hp`; returns the curves and metrics, or raises TrialStop."""
+    seed_everything(spec["seed"])
+    model = build_model(spec).to(device)
+    if spec.get("print_parameters"):
+        print(parameter_table(model)[0], flush=True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(hp["optimizer"], params, hp["lr"], hp["weight_decay"])
+    steps, warmup = spec["steps"], warmup_steps(spec, hp)
+    kwargs = {"power": 2.0} if hp["scheduler"] == "polynomial" else None  # power 1 would equal linear
+    scheduler = get_scheduler(hp["scheduler"], optimizer, num_warmup_steps=warmup, num_training_steps=steps,
+                              scheduler_specific_kwargs=kwargs)
+    clipper = GradClipper(hp["clip"], warmup_steps=warmup)
+    amp = device.type == "cuda"
+    scaler = torch.amp.GradScaler("cuda", init_scale=1024, enabled=amp)
+    batch, micro = hp["batch_size"], min(spec["micro_batch_size"] or hp["batch_size"], hp["batch_size"])
+    accumulation = math.ceil(batch / micro)
+    batches = Batches(data["train"], spec["seed"])
+    probe = torch.from_numpy(np.asarray(data["validation"][: min(4, len(data["validation"]))], dtype=np.int64)).to(device)
+    logger = MetricsLogger(log_dir)
+    curves: dict[str, list] = {"loss": [], "grad_norm": [], "lr": []}
+    ratios: dict[str, list[float]] = {}
+    step_times, clipped, skipped, probe_history = [], 0, 0, []
+    initial_loss, best_loss = None, math.inf
+    if amp:
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def probe_loss() -> float:
+        model.eval()
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.float16, enabled=amp):
+            value = float(causal_lm_loss(forward_logits(model, probe), probe))
+        model.train()
+        return value
+
+    try:
+        model.train()
+        for step in range(steps):
+            tick = time.perf_counter()
+            rows = batches.take(batch).to(device)
+            loss_sum = 0.0
+            for chunk in rows.split(micro):
+                with torch.autocast(device.type, dtype=torch.float16, enabled=amp):
+                    loss = causal_lm_loss(forward_logits(model, chunk), chunk, spec["label_smoothing"])
+                scaler.scale(loss * len(chunk) / batch).backward()
+                loss_sum += float(loss.detach()) * len(chunk) / batch
+            scaler.unscale_(optimizer)
+            max_norm = clipper.max_norm(step)
+            norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf")))
+            clipper.observe(norm)
+            clipped += int(max_norm is not None and norm > max_norm)
+            snapshot = ({n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+                        if step % spec["log_every"] == 0 else None)
+            lr_now = scheduler.get_last_lr()[0]
+            scale_before = scaler.get_scale() if amp else None
+            scaler.step(optimizer)
+            scaler.update()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step_times.append(time.perf_counter() - tick)
+            curves["loss"].append(loss_sum)
+            curves["grad_norm"].append(norm)
+            curves["lr"].append(lr_now)
+            overflow = amp and scaler.get_scale() < scale_before  # fp16 overflow: step skipped by the scaler
+            skipped += int(overflow)
+            if snapshot is not None and not overflow:
+                for group, value in update_ratios(model, snapshot).items():
+                    ratios.setdefault(group, []).append(value)
+            if step % spec["log_every"] == 0 or step == steps - 1:
+                logger.log({"train/loss": loss_sum, "train/grad_norm": norm, "train/lr": lr_now}, step)
+            # --- fail-safes ---
+            if initial_loss is None:
+                initial_loss = loss_sum
+            if not math.isfinite(loss_sum):
+                raise TrialStop("diverged", f"loss is {loss_sum} at step {step}")
+            limit = spec["fail_loss"] if best_loss < spec["fail_loss"] else max(spec["fail_loss"], initial_loss + 1.0)
+            if loss_sum > limit:
+                raise TrialStop("diverged", f"loss {loss_sum:.3f} > {limit:.3f} at step {step}")
+            best_loss = min(best_loss, loss_sum)
+            if not overflow and not math.isfinite(norm):
+                raise TrialStop("diverged", f"gradient norm is {norm} at step {step}")
+            if math.isfinite(norm) and norm > spec["fail_grad_norm"]:
+                raise TrialStop("diverged", f"gradient norm {norm:.1f} > {spec['fail_grad_norm']:g} at step {step}")
+            if step % spec["flat_window"] == 0:
+                probe_history.append(probe_loss())
+                if len(probe_history) >= 2 and abs(probe_history[-1] - probe_history[-2]) < spec["flat_tolerance"]:
+                    raise TrialStop("flat", f"probe loss moved {abs(probe_history[-1] - probe_history[-2]):.2e} "
+                                            f"< {spec['flat_tolerance']:g} over {spec['flat_window']} steps "
+                                            f"(step {step})")
+            if step + 1 == spec["precheck_steps"]:
+                projected = (time.time() - started) + (steps - step - 1) * float(np.mean(step_times))
+                if projected > spec["timeout_s"]:
+                    raise TrialStop("slow", f"pre-check: projected {projected:.0f} s exceeds the trial timeout "
+                                            f"{spec['timeout_s']} s; lower --steps or raise --trial_timeout")
+        evaluation = evaluate(model, data["validation"], spec, device, amp)
+        logger.log({"eval/loss": evaluation["val_loss"], "eval/perplexity": evaluation["val_perplexity"]}, steps)
+    finally:
+        logger.flush()
+    peak = (torch.cuda.max_memory_allocated(device) / 2**20 if amp
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    timed = step_times[spec["precheck_steps"]:] or step_times
+    grad_mean, grad_std = M.mean_std(curves["grad_norm"])
+    summary = {
+        "final_train_loss": float(np.mean(curves["loss"][-10:])),
+        "final_loss": evaluation["val_loss"],
+        **evaluation,
+        "stability_index": M.stability_index(curves["loss"]),
+        "initial_loss_slope": M.initial_loss_slope(curves["loss"]),
+        "early_loss_std": M.early_loss_std(curves["loss"]),
+        "grad_norm_mean": grad_mean, "grad_norm_std": grad_std,
+        "clipped_steps": clipped, "skipped_steps": skipped,
+        "update_ratio": {g: float(np.mean(v)) for g, v in ratios.items()},
+        "update_ratio_mean": float(np.mean([np.mean(v) for v in ratios.values()])) if ratios else None,
+        "peak_memory_mb": round(peak, 1),
+        "time_per_step_s": float(np.mean(timed)),
+        "train_tokens": steps * batch * spec["block_size"],
+        "warmup_steps": warmup, "accumulation_steps": accumulation,
+    }
+    write_hparams(logger, hp, summary)
+    logger.close()
+    return {"summary": summary, "curves": curves}
+
+
+def evaluate(model, validation: np.ndarray, spec: dict, device, amp: bool, segments: int = 4) -> dict:
+    """Validation loss / perplexity overall and per position segment, and the last layer's attention entropy."""
+    model.eval()
+    micro = spec["micro_batch_size"] or spec["eval_batch_size"]
+    rows = validation[: spec["eval_batches"] * spec["eval_batch_size"]]
+    token_losses, entropies = [], []
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.float16, enabled=amp):
+        for start in range(0, len(rows), micro):
+            ids = torch.from_numpy(np.asarray(rows[start:start + micro], dtype=np.int64)).to(device)
+            if spec["model"] == "minimal":
+                logits, entropy = model(ids, return_attention_entropy=True)
+                entropies.append(float(entropy))
+            else:
+                logits = forward_logits(model, ids)
+            losses = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")
+            token_losses.append(losses.cpu())
+    model.train()
+    per_token = torch.cat(token_losses)  # [rows, positions]
+    bounds = np.linspace(0, per_token.size(1), segments + 1).astype(int)
+    by_segment = {f"{bounds[i] + 1}-{bounds[i + 1]}": float(per_token[:, bounds[i]:bounds[i + 1]].mean())
+                  for i in range(segments)}
+    val_loss = float(per_token.mean())
+    return {
+        "val_loss": val_loss,
+        "val_perplexity": M.perplexity(val_loss),
+        "val_loss_by_position": by_segment,
+        "val_perplexity_by_position": {k: M.perplexity(v) for k, v in by_segment.items()},
+        "attention_entropy_last_layer": float(np.mean(entropies)) if entropies else None,
+    }
+
+
+def write_hparams(logger: MetricsLogger, hp: dict, summary: dict) -> None:
+    """Record this run in TensorBoard's HParams tab (same run folder as its curves)."""
+    hparam_values = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in hp.items()}
+    metric_values = {f"hparam/{k}": summary[k] for k in ("final_loss", "stability_index", "grad_norm_mean",
+                                                         "time_per_step_s") if summary.get(k) is not None}
+    experiment, start, end = hparams_summary(hparam_values, metric_values)
+    writer = logger.writer.file_writer
+    for part in (experiment, start, end):
+        writer.add_summary(part)
+    for key, value in metric_values.items():
+        logger.writer.add_scalar(key, value)
+
+
+def fallback(hp: dict, stop: TrialStop) -> tuple[dict, str] | None:
+    """The one retry: a flat loss first tries warmup 100 (the lr rises sooner), a divergence clip - 0.1."""
+    if stop.kind == "slow":
+        return None
+    options = []
+    if isinstance(hp["clip"], (int, float)) and hp["clip"] > 0.1:
+        tighter = round(hp["clip"] - 0.1, 6)
+        options.append(({**hp, "clip": tighter}, f"clip {hp['clip']} -> {tighter}"))
+    if hp["warmup"] > 100:
+        options.append(({**hp, "warmup": 100}, f"warmup {hp['warmup']} -> 100"))
+    if stop.kind == "flat":
+        options.reverse()
+    return options[0] if options else None
+
+
+def load_data(data_dir: Path) -> dict:
+    return {split: np.load(data_dir / f"{split}.npy", mmap_mode="r") for split in ("train", "validation")}
+
+
+def run_trial(spec_path: str | Path) -> dict:
+    started = time.time()
+    spec = json.loads(Path(spec_path).read_text())
+    trial_dir = Path(spec["trial_dir"])
+    threads = spec.get("threads")
+    if threads:
+        torch.set_num_threads(threads)
+    device = torch.device("cuda" if spec["device"] == "cuda" else "cpu")
+    data = load_data(Path(spec["data_dir"]))
+    data_loaded = time.time() - started
+    hp = dict(spec["hparams"])
+    result: dict[str, Any] = {"trial_id": spec["trial_id"], "hparams": spec["hparams"], "model": spec["model"],
+                              "steps": spec["steps"], "attempts": 0,
+                              "boundary": False, "failures": [], "fallback": None}
+    for attempt in (1, 2):
+        result["attempts"] = attempt
+        log_dir = trial_dir if attempt == 1 else trial_dir / "retry"
+        try:
+            outcome = train_attempt(spec, hp, data, device, log_dir, started)
+            result.update(status="ok", effective_hparams=hp, **outcome["summary"], curves=outcome["curves"])
+            break
+        except TrialStop as stop:
+            print(f"[{spec['trial_id']}] fail-safe: {stop.reason}", flush=True)
+            result["failures"].append(stop.reason)
+            result.update(status="failed", effective_hparams=hp)
+            plan = fallback(hp, stop) if spec["retry"] and attempt == 1 else None
+            if plan is None:
+                break
+            hp, result["fallback"] = plan
+            result["boundary"] = True
+            print(f"[{spec['trial_id']}] retrying once with {result['fallback']}", flush=True)
+        except torch.cuda.OutOfMemoryError as err:
+            result.update(status="oom", failures=result["failures"] + [f"CUDA out of memory: {str(err)[:200]}"])
+            break
+    result["startup_s"] = round(data_loaded, 3)
+    result["wall_time_s"] = round(time.time() - started, 3)
+    atomic_write_json(trial_dir / RESULT_NAME, result)
+    print(f"[{spec['trial_id']}] {result['status']} in {result['wall_time_s']:.1f} s", flush=True)
+    return result
+
+
+def child_main(spec_path: str, log_path: str, env: dict[str, str]) -> None:
+    """Entry point of a forkserver-launched trial: log to its own file, then run (exit code 0/1)."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    os.environ.update(env)
+    try:
+        run_trial(spec_path)
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m llmlab.sweep.trial TRIAL_DIR/spec.json")
+    run_trial(sys.argv[1])
