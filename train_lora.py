@@ -1,6 +1,24 @@
 #!/usr/bin/env python
-"""train_lora: placeholder entry point until its issue lands; --help works."""
-import argparse
+"""Adapt a pretrained causal LM to a domain with LoRA, and measure it before and after.
+
+    python train_lora.py                                  # runs/pretrain/final -> builtin:pydoc
+    accelerate launch train_lora.py --base_model gpt2 --dataset my_data.jsonl --target_modules c_attn
+
+Writes output_dir (runs/lora): adapter/ (peft save_pretrained, the best adapter by validation loss),
+eval.json (validation perplexity and ROUGE-L before/after), config.yaml, run_info.json, tensorboard/.
+"""
+from llmlab.config import parse_config
+from llmlab.errors import cli_entry
+from llmlab.lora import LoraTrainConfig
+
+
+@cli_entry
+def main(argv=None):
+    cfg = parse_config(LoraTrainConfig, argv, description=__doc__.splitlines()[0])
+    from llmlab.lora import train
+
+    train(cfg)
+
 
 if __name__ == "__main__":
-    argparse.ArgumentParser(description="train_lora (not implemented yet)").parse_args()
+    main()

@@ -20,7 +20,7 @@ from llmlab.errors import UserError
 from llmlab.io import atomic_write_text
 
 REQUIRED_FIELDS = ("instruction", "output")  # "input" may be missing or empty
-PYDOC_BUILDER_VERSION = 1
+PYDOC_BUILDER_VERSION = 2
 
 DEFAULT_PROMPT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
 DEFAULT_PROMPT_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
@@ -70,11 +70,36 @@ def _first_paragraph(doc: str | None, name: str) -> str | None:
     return text
 
 
+class _Shown:
+    """A default value shown by a fixed text in a signature."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _shown_default(value: Any) -> Any:
+    """Literal defaults as written; anything else as `...`: a default such as `environ=os.environ` must
+    not copy this machine's environment (or paths) into the dataset."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, (str, bytes)) and len(value) <= 40 and not value.startswith(("/", b"/")):
+        return value
+    if isinstance(value, tuple) and len(value) <= 4 and all(_shown_default(v) is v for v in value):
+        return value
+    return _Shown("...")
+
+
 def _signature(qualname: str, obj: Any) -> str:
     import inspect
 
     try:
-        return f"{qualname}{inspect.signature(obj)}"
+        signature = inspect.signature(obj)
+        params = [p if p.default is p.empty else p.replace(default=_shown_default(p.default))
+                  for p in signature.parameters.values()]
+        return f"{qualname}{signature.replace(parameters=params)}"
     except Exception:  # C text signatures can name unresolvable defaults (AttributeError, NameError, ...)
         return ""  # many C builtins have no introspectable signature: the input stays empty
 
@@ -153,9 +178,13 @@ def build_pydoc_records(module_names: Iterable[str] | None = None) -> list[dict[
                     obj = getattr(module, attr)
                 except Exception:
                     continue
-                # Only things this module defines (or its C accelerator `_json` for `json`), not imports.
-                home = getattr(obj, "__module__", None)
-                if not (inspect.isclass(obj) or inspect.isroutine(obj)) or home not in (modname, f"_{modname}", *PYDOC_IMPLEMENTED_IN.get(modname, ())):
+                # Only what this module defines (or its C accelerator: `_json` for `json`), or what a
+                # package re-exports from its own submodules in __all__ (`json.JSONDecoder`, not
+                # `json.decoder.JSONDecoder`); never things it merely imports from elsewhere.
+                home = getattr(obj, "__module__", None) or ""
+                own = home in (modname, f"_{modname}", *PYDOC_IMPLEMENTED_IN.get(modname, ()))
+                reexported = isinstance(public, (list, tuple)) and home.startswith(f"{modname}.")
+                if not (inspect.isclass(obj) or inspect.isroutine(obj)) or not (own or reexported):
                     continue
                 if id(obj) in seen_objects:
                     continue
@@ -308,13 +337,15 @@ def load_records(dataset: str, cache_dir: str | os.PathLike = "cache", dataset_c
     return _load_hub(dataset, dataset_config, dataset_split)
 
 
-def split_records(records: list, val_fraction: float, seed: int) -> tuple[list, list]:
-    """Seeded shuffle, then the last `val_fraction` (at least one record) is validation."""
-    if len(records) < 2:
-        raise UserError(f"need at least 2 records to make a train/validation split, got {len(records)}")
+def split_records(records: list, val_fraction: float, seed: int,
+                  max_records: int | None = None) -> tuple[list, list]:
+    """Seeded shuffle (optionally keeping only `max_records`), then the last `val_fraction` is validation."""
     order = list(range(len(records)))
     random.Random(seed).shuffle(order)
-    n_val = min(len(records) - 1, max(1, round(len(records) * val_fraction)))
+    order = order[:max_records] if max_records else order
+    if len(order) < 2:
+        raise UserError(f"need at least 2 records to make a train/validation split, got {len(order)}")
+    n_val = min(len(order) - 1, max(1, round(len(order) * val_fraction)))
     return [records[i] for i in order[:-n_val]], [records[i] for i in order[-n_val:]]
 
 

@@ -1,0 +1,120 @@
+"""Evaluation for LoRA runs: validation loss/perplexity, greedy answers scored with ROUGE-L, and reports.
+
+Perplexity is exp(mean token loss on the answer tokens + eos) over the whole validation split, summed
+exactly across processes. ROUGE-L is rouge_score's F-measure with stemming (works offline), averaged
+over a bounded number of validation examples whose answers are generated greedily on the main process.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from llmlab.instruct_data import collate_prompts
+
+
+def perplexity(loss: float) -> float:
+    return math.exp(min(loss, 700.0))  # exp overflows a float past ~709
+
+
+@torch.no_grad()
+def validation_loss(model, val_loader, accelerator) -> float:
+    """Mean next-token cross-entropy over every labelled token of the validation split."""
+    model.eval()
+    loss_sums, token_counts = [], []
+    for batch in val_loader:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+        labels = batch["labels"][:, 1:]
+        token_loss = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none")
+        # Per-example sums so gather_for_metrics can drop the padding samples a sharded loader adds.
+        per_example = torch.stack([token_loss.sum(1), (labels != -100).sum(1).float()], dim=1)
+        gathered = accelerator.gather_for_metrics(per_example)
+        loss_sums.append(gathered[:, 0])
+        token_counts.append(gathered[:, 1])
+    return float(torch.cat(loss_sums).sum() / torch.cat(token_counts).sum().clamp(min=1))
+
+
+@torch.no_grad()
+def generate_answers(model, tokenizer, examples: list[dict], pad_id: int, batch_size: int,
+                     max_new_tokens: int) -> list[str]:
+    """Greedy answers to the examples' prompts (left-padded batches); stops at eos."""
+    from llmlab.models import context_length
+
+    model.eval()
+    device = next(model.parameters()).device
+    limit = context_length(model)
+    answers = []
+    for start in range(0, len(examples), batch_size):
+        batch = collate_prompts(examples[start: start + batch_size], pad_id)
+        width = batch["input_ids"].shape[1]
+        output = model.generate(input_ids=batch["input_ids"].to(device),
+                                attention_mask=batch["attention_mask"].to(device), do_sample=False,
+                                max_new_tokens=max(1, min(max_new_tokens, limit - width)),
+                                eos_token_id=tokenizer.eos_token_id, pad_token_id=pad_id)
+        answers += [text.strip() for text in tokenizer.batch_decode(output[:, width:], skip_special_tokens=True)]
+    return answers
+
+
+def rouge_l(predictions: list[str], references: list[str]) -> float | None:
+    from rouge_score.rouge_scorer import RougeScorer
+
+    if not predictions:
+        return None  # --eval_examples 0
+    scorer = RougeScorer(["rougeL"], use_stemmer=True)
+    return sum(scorer.score(ref, pred)["rougeL"].fmeasure for pred, ref in zip(predictions, references)) / len(predictions)
+
+
+def evaluate(model, *, accelerator, tokenizer, val_loader, rouge_examples: list[dict], pad_id: int,
+             batch_size: int, max_new_tokens: int) -> dict:
+    """val_loss, val_perplexity (all processes) and rougeL + generations (main process, then shared)."""
+    from accelerate.utils import broadcast_object_list
+
+    loss = validation_loss(model, val_loader, accelerator)
+    shared = [None, None]
+    if accelerator.is_main_process:
+        with accelerator.autocast():
+            generations = generate_answers(accelerator.unwrap_model(model), tokenizer, rouge_examples, pad_id,
+                                           batch_size, max_new_tokens)
+        shared = [rouge_l(generations, [e["record"]["output"].strip() for e in rouge_examples]), generations]
+    if accelerator.num_processes > 1:
+        broadcast_object_list(shared)
+    return {"val_loss": loss, "val_perplexity": perplexity(loss), "rougeL": shared[0], "generations": shared[1]}
+
+
+def samples_markdown(accelerator, model, tokenizer, examples: list[dict], pad_id: int, max_new_tokens: int) -> str:
+    """A few prompts with reference and generated answers, as Markdown for TensorBoard's text tab."""
+    if not accelerator.is_main_process:
+        return ""
+    with accelerator.autocast():
+        answers = generate_answers(accelerator.unwrap_model(model), tokenizer, examples, pad_id, len(examples),
+                                   max_new_tokens)
+    blocks = []
+    for example, answer in zip(examples, answers):
+        record = example["record"]
+        prompt = f"{record['instruction']}" + (f"  \n`{record['input']}`" if record["input"] else "")
+        blocks.append(f"**Q:** {prompt}  \n**reference:** {record['output']}  \n**model:** {answer or '(empty)'}")
+    return "\n\n---\n\n".join(blocks)
+
+
+def example_rows(examples: list[dict], before: list[str] | None, after: list[str] | None, limit: int = 5) -> list[dict]:
+    rows = []
+    for i, example in enumerate(examples[:limit]):
+        record = example["record"]
+        rows.append({"instruction": record["instruction"], "input": record["input"], "reference": record["output"],
+                     "before": before[i] if before else None, "after": after[i] if after else None})
+    return rows
+
+
+def before_after_table(report: dict) -> str:
+    lines = [f"{'metric':<16}{'before':>12}{'after':>12}{'change':>12}"]
+    for key in ("val_loss", "val_perplexity", "rougeL"):
+        b, a = report["before"][key], report["after"][key]
+        if b is None or a is None:
+            lines.append(f"{key:<16}{'-':>12}{'-':>12}{'-':>12}")
+        else:
+            lines.append(f"{key:<16}{b:>12.4f}{a:>12.4f}{a - b:>+12.4f}")
+    lines.append(f"(validation: {report['val_examples']} examples, ROUGE-L on {report['rouge_examples']}; "
+                 f"best adapter at step {report['best_step']} of {report['steps']}"
+                 + ("; stopped early)" if report["stopped_early"] else ")"))
+    return "\n".join(lines)
