@@ -1,6 +1,33 @@
 #!/usr/bin/env python
-"""train_pretrain: placeholder entry point until its issue lands; --help works."""
-import argparse
+"""Pretrain GPT-2 (gpt2-tiny by default) on the offline corpus with accelerate / DeepSpeed ZeRO-2.
+
+    accelerate launch train_pretrain.py                      # gpt2-tiny, a few minutes on CPU
+    accelerate launch --config_file accelerate_configs/one_gpu_zero2_offload.yaml train_pretrain.py --model gpt2
+    python train_pretrain.py --prepare_only --dataset corpus.jsonl --output_dir runs/data
+"""
+from llmlab.config import parse_config
+from llmlab.errors import cli_entry
+from llmlab.pretrain import PretrainConfig
+
+
+@cli_entry
+def main(argv=None):
+    cfg = parse_config(PretrainConfig, argv, description=__doc__.splitlines()[0])
+    if cfg.prepare_only:
+        from pathlib import Path
+
+        from llmlab.data import format_prepare_summary, prepare_dataset
+        from llmlab.io import atomic_write_json
+
+        data = prepare_dataset(cfg.data_config())
+        atomic_write_json(Path(cfg.output_dir) / "prepare_report.json", data.report)
+        print(format_prepare_summary(data.report))
+        return
+    from llmlab.pretrain import train
+
+    summary = train(cfg)
+    print(f"done: {summary['step']} steps, validation loss {summary['val_loss']}, model in {summary['final_dir']}")
+
 
 if __name__ == "__main__":
-    argparse.ArgumentParser(description="train_pretrain (not implemented yet)").parse_args()
+    main()

@@ -1,0 +1,146 @@
+"""The pieces the pretraining loop is assembled from: accelerator, model, optimizer, data, schedule, outputs."""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from llmlab.errors import UserError
+
+
+def make_accelerator(cfg):
+    from accelerate import Accelerator
+    from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs
+
+    # Without a GPU, accelerate would run every launched process as a lone rank 0 unless told to use gloo.
+    multi_process = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    handlers = [InitProcessGroupKwargs(backend="gloo")] if multi_process and not torch.cuda.is_available() else []
+    # Accumulation is counted in optimizer steps by the loop itself, across epoch boundaries.
+    plugin = GradientAccumulationPlugin(num_steps=1, sync_with_dataloader=False)
+    try:
+        accelerator = Accelerator(mixed_precision=cfg.mixed_precision, gradient_accumulation_plugin=plugin,
+                                  kwargs_handlers=handlers)
+    except ValueError as err:
+        raise UserError(f"accelerate cannot set up this run ({str(err).splitlines()[0][:200]}); "
+                        "check --mixed_precision and the `accelerate launch` config") from None
+    ds_plugin = accelerator.state.deepspeed_plugin
+    if ds_plugin is not None:
+        from llmlab.training_utils import parse_clip
+
+        clip = parse_clip(cfg.clip)
+        if clip == "adaptive":
+            raise UserError("--clip adaptive is not available under DeepSpeed (it clips inside its own step); "
+                            "pass a number, e.g. --clip 1.0")
+        if ds_plugin.deepspeed_config.get("gradient_clipping", "auto") == "auto":
+            ds_plugin.deepspeed_config["gradient_clipping"] = float(clip)
+    return accelerator
+
+
+def build_model(cfg, tokenizer):
+    from llmlab.models import build_gpt2_model, load_pretrained_model
+
+    if cfg.init_from:
+        model = load_pretrained_model(cfg.init_from)
+        if model.get_input_embeddings().num_embeddings < len(tokenizer):
+            raise UserError(f"--init_from {cfg.init_from} has {model.get_input_embeddings().num_embeddings} "
+                            f"token embeddings but the tokenizer has {len(tokenizer)}; pass its own --tokenizer")
+    else:
+        drop = {"resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.dropout}
+        model = build_gpt2_model(cfg.model, vocab_size=len(tokenizer), n_layer=cfg.n_layer, n_embd=cfg.n_embd,
+                                 n_head=cfg.n_head, **drop)
+    if cfg.gradient_checkpointing:
+        model.config.use_cache = False
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def build_optimizer(cfg, model):
+    """AdamW with weight decay on matrices only: biases and LayerNorm weights (1-D) are not decayed."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                             eps=cfg.adam_eps, fused=torch.cuda.is_available() or None)
+
+
+def make_scheduler(cfg, optimizer):
+    """Linear warmup, cosine decay to min_lr (transformers' schedule). Stepped once per optimizer step."""
+    from transformers import get_cosine_with_min_lr_schedule_with_warmup
+
+    return get_cosine_with_min_lr_schedule_with_warmup(
+        optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.max_steps,
+        min_lr_rate=cfg.min_lr / cfg.learning_rate)
+
+
+def make_dataloaders(cfg, data):
+    """Shuffled training batches (a fixed permutation per epoch from the seed) and in-order validation.
+
+    Loaders get their own generators so that creating an iterator never draws from the global RNG: a
+    resumed run then sees the same dropout masks as an uninterrupted one.
+    """
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    train = data.train.with_format("torch")
+    val = data.validation.with_format("torch")
+    sampler = DistributedSampler(train, num_replicas=1, rank=0, shuffle=True, seed=cfg.seed)
+    train_dl = DataLoader(train, batch_size=cfg.batch_size, sampler=sampler, drop_last=True,
+                          generator=torch.Generator().manual_seed(cfg.seed))
+    val_dl = DataLoader(val, batch_size=cfg.batch_size, shuffle=False, drop_last=len(val) >= cfg.batch_size,
+                        generator=torch.Generator().manual_seed(cfg.seed))
+    return train_dl, val_dl
+
+
+def batch_stream(accelerator, train_dl, position: int):
+    """Endless micro-batches starting at data position `position` (micro-batches consumed so far)."""
+    epoch, offset = divmod(position, len(train_dl))
+    while True:
+        train_dl.set_epoch(epoch)
+        loader = accelerator.skip_first_batches(train_dl, offset) if offset else train_dl
+        yield from loader
+        epoch, offset = epoch + 1, 0
+
+
+@torch.no_grad()
+def evaluate(accelerator, model, val_dl, max_batches: int) -> float:
+    from llmlab.training_utils import causal_lm_loss
+
+    model.eval()
+    losses = []
+    for i, batch in enumerate(val_dl):
+        if i >= max_batches:
+            break
+        input_ids = batch["input_ids"]
+        loss = causal_lm_loss(model(input_ids=input_ids).logits, input_ids)
+        losses.append(accelerator.gather_for_metrics(loss.detach().reshape(1)))
+    return torch.cat(losses).float().mean().item() if losses else math.nan
+
+
+def loss_scale(accelerator, optimizer) -> float | None:
+    """The fp16 dynamic loss scale (None when not training in fp16)."""
+    if accelerator.mixed_precision != "fp16":
+        return None
+    if accelerator.scaler is not None:
+        return float(accelerator.scaler.get_scale())
+    inner = getattr(optimizer, "optimizer", None)  # DeepSpeed's ZeRO optimizer keeps its own scaler
+    scale = getattr(inner, "loss_scale", None)
+    return float(scale) if scale is not None else None
+
+
+def save_final(accelerator, model, tokenizer, output_dir: Path) -> Path:
+    """output_dir/final: save_pretrained model + tokenizer, published only when complete."""
+    from llmlab.io import publish_dir
+
+    final = output_dir / "final"
+    tmp = output_dir / ".final.tmp"
+    accelerator.wait_for_everyone()
+    state_dict = accelerator.get_state_dict(model)  # gathers ZeRO shards; every process must call it
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        publish_dir(tmp, final)
+    accelerator.wait_for_everyone()
+    return final
