@@ -164,13 +164,17 @@ def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, c
     from datasets import DatasetDict
 
     num_proc = cfg.num_proc if cfg.num_proc > 1 else None
+    stage_seconds: dict[str, float] = {}
+    lap = _Lap(stage_seconds)
     docs = corpus.load_corpus(cfg.dataset, cfg.dataset_config, cfg.text_field, cfg.max_documents, num_proc)
+    lap("load")
     loaded = len(docs)
-    characters_in = sum(len(t) for t in docs["text"])
+    characters_in = int(_text_lengths(docs).sum())
     steps = [{"step": "loaded", "in": loaded, "out": loaded}]
 
     docs = docs.map(cleaning.clean_batch, batched=True, num_proc=num_proc, desc="Cleaning")
     docs = _filter_short(docs, cfg.min_doc_chars)
+    lap("clean")
     steps.append(_step(f"shorter than {cfg.min_doc_chars} chars", loaded, len(docs)))
     if len(docs) == 0:
         raise UserError(
@@ -185,15 +189,16 @@ def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, c
     before = len(docs)
     if cfg.near_dup_threshold > 0:
         signed = docs.map(cleaning.minhash_batch, batched=True, num_proc=num_proc, desc="MinHash")
-        docs = _drop(docs, cleaning.near_duplicate_indices(signed["minhash"], cfg.near_dup_threshold))
+        signatures = _fixed_rows(signed, "minhash", cleaning.NUM_PERM)
+        docs = _drop(docs, cleaning.near_duplicate_indices(signatures, cfg.near_dup_threshold))
         steps.append(_step(f"near duplicates (Jaccard >= {cfg.near_dup_threshold})", before, len(docs)))
     else:
         steps.append(_step("near duplicates (disabled)", before, before))
 
-    tokenize_start = time.perf_counter()
+    lap("dedup")
     tokenized = docs.map(_tokenize_batch, batched=True, num_proc=num_proc, remove_columns=docs.column_names,
                          fn_kwargs={"tokenizer": tokenizer, "eos_id": tokenizer.eos_token_id}, desc="Tokenizing")
-    tokenize_seconds = time.perf_counter() - tokenize_start
+    tokenize_seconds = lap("tokenize")
 
     values, offsets = _flat_token_ids(tokenized)
     train_docs, val_docs = split_documents(np.diff(offsets), cfg.val_fraction, cfg.data_seed)
@@ -206,7 +211,7 @@ def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, c
             f"{len(offsets) - 1} documents); lower --block_size, add documents or change --val_fraction"
         )
 
-    total_seconds = time.perf_counter() - start
+    lap("pack")
     report = {
         "dataset": cfg.dataset,
         "dataset_config": cfg.dataset_config,
@@ -224,11 +229,9 @@ def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, c
         "dropped_tail_tokens": int(len(values) - train_blocks.size - val_blocks.size),
         "train_blocks": len(train_blocks),
         "validation_blocks": len(val_blocks),
+        "stage_seconds": stage_seconds,
         "tokenize_seconds": round(tokenize_seconds, 3),
         "tokenize_tokens_per_second": round(len(values) / max(tokenize_seconds, 1e-9), 1),
-        "prepare_seconds": round(total_seconds, 3),
-        "documents_per_second": round(loaded / max(total_seconds, 1e-9), 2),
-        "tokens_per_second": round(len(values) / max(total_seconds, 1e-9), 1),
         "cache_key": key_inputs,
     }
 
@@ -240,6 +243,10 @@ def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, c
         if len(val_blocks):  # datasets cannot load a saved zero-row split; an empty one is rebuilt on load
             splits["validation"] = _blocks_dataset(val_blocks)
         DatasetDict(splits).save_to_disk(str(tmp))
+        lap("save")
+        report["prepare_seconds"] = round(time.perf_counter() - start, 3)
+        report["documents_per_second"] = round(loaded / max(report["prepare_seconds"], 1e-9), 2)
+        report["tokens_per_second"] = round(len(values) / max(report["prepare_seconds"], 1e-9), 1)
         atomic_write_json(tmp / "report.json", report)
         atomic_write_text(tmp / COMPLETE_MARKER, "ok\n")  # written last: only finished folders carry it
         try:
@@ -251,12 +258,44 @@ def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, c
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+class _Lap:
+    """Seconds per pipeline stage, for the report."""
+
+    def __init__(self, into: dict):
+        self.into, self.last = into, time.perf_counter()
+
+    def __call__(self, stage: str) -> float:
+        now = time.perf_counter()
+        self.into[stage] = round(now - self.last, 3)
+        self.last = now
+        return self.into[stage]
+
+
 def _step(name: str, before: int, after: int) -> dict:
     return {"step": name, "in": before, "out": after}
 
 
+def _text_lengths(docs) -> np.ndarray:
+    """Characters per document, computed in Arrow without building Python strings."""
+    import pyarrow.compute as pc
+
+    if len(docs) == 0:
+        return np.zeros(0, dtype=np.int64)
+    table = docs.with_format("arrow")[:]  # respects a previous select()
+    return pc.utf8_length(table.column("text")).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _fixed_rows(ds, column: str, width: int) -> np.ndarray:
+    """A list column whose rows all have `width` numbers, as an (n, width) array."""
+    import pyarrow as pa
+
+    chunked = ds.with_format("arrow")[:].column(column)
+    array = pa.concat_arrays(chunked.chunks) if chunked.num_chunks else pa.array([], pa.list_(pa.uint32()))
+    return np.asarray(array.flatten().to_numpy(zero_copy_only=False)).reshape(len(ds), width)
+
+
 def _filter_short(docs, min_chars: int):
-    keep = [i for i, text in enumerate(docs["text"]) if len(text) >= max(min_chars, 1)]
+    keep = np.flatnonzero(_text_lengths(docs) >= max(min_chars, 1))
     return docs.select(keep) if len(keep) < len(docs) else docs
 
 
@@ -348,6 +387,8 @@ def format_prepare_summary(report: dict) -> str:
                  f"({report['tokenize_seconds']:.2f} s, num_proc {report['num_proc']}); whole preparation "
                  f"{report['prepare_seconds']:.2f} s, {report['documents_per_second']:,.1f} documents/s, "
                  f"{report['tokens_per_second']:,.0f} tokens/s")
+    if report.get("stage_seconds"):
+        lines.append("seconds per stage: " + ", ".join(f"{k} {v:.2f}" for k, v in report["stage_seconds"].items()))
     origin = "reused from cache" if report.get("cache_hit") else "written to cache"
     lines.append(f"{origin}: {report.get('cache_path', '?')}")
     return "\n".join(lines)

@@ -268,3 +268,24 @@ def test_config_validation():
     with pytest.raises(UserError, match="near_dup_threshold"):
         build_config(DataConfig, {"near_dup_threshold": -0.1})
     assert build_config(DataConfig, {"block_size": "256"}).block_size == 256
+
+
+def test_hub_dataset_columns_split_and_missing_field(tmp_path, gpt2_tokenizer, monkeypatch):
+    """The hub path's own logic (split choice, column check, empty rows) on an in-memory stand-in for the hub."""
+    import datasets
+
+    rng = random.Random(7)
+    train_texts = [random_doc(rng) for _ in range(4)] + [None]
+    fake_hub = datasets.DatasetDict({
+        "validation": datasets.Dataset.from_dict({"body": [random_doc(rng)], "n": [0]}),
+        "train": datasets.Dataset.from_dict({"body": train_texts, "n": list(range(5))}),
+    })
+    calls = []
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, config=None: calls.append((name, config)) or fake_hub)
+    prepared = prepare_dataset(cfg_for(tmp_path, "someorg/somecorpus", dataset_config="v1", text_field="body"),
+                               gpt2_tokenizer)
+    assert calls == [("someorg/somecorpus", "v1")]
+    assert prepared.report["steps"][0]["out"] == 4  # the train split, None row dropped
+    assert prepared.cache_path.name.startswith("somecorpus-b32-")
+    with pytest.raises(UserError, match="has no column 'text'"):
+        prepare_dataset(cfg_for(tmp_path, "someorg/somecorpus", dataset_config="v1"), gpt2_tokenizer)
