@@ -154,11 +154,12 @@ def test_recommend_picks_largest_batch_that_fits_and_writes_yaml(sweep_dir, tmp_
     rec = recommend_main(["--from", str(sweep_dir), "--memory-gb", "8", "--output", str(output)])
     fits = json.loads((sweep_dir / "scaling_fits.json").read_text())
     memory_fit, level = fits["fits"]["peak_memory_mb"], fits["options"]["confidence"]
-    budget_mb = 8 * 1024 * 0.95
+    budget_mb = 8 * 1024 * 0.90
     upper = lambda b: math.exp(predict_band(memory_fit, np.array([[math.log(b)]]), level)[2][0])  # noqa: E731
     batch = rec["batch_size"]
     assert batch % 8 == 0 and upper(batch) <= budget_mb < upper(batch + 8)
-    assert batch == pytest.approx((budget_mb / TRUE_C) ** (1 / TRUE_D), rel=0.06)  # agrees with the truth
+    truth = (budget_mb / TRUE_C) ** (1 / TRUE_D)  # the batch the true memory law allows
+    assert 0.94 * truth - 8 <= batch <= 1.02 * truth  # upper band and rounding down to a multiple of 8
     assert rec["limited_by"] == "memory"
     lr_low, lr_high = rec["learning_rate_interval"]
     assert lr_low < rec["learning_rate"] < lr_high
@@ -223,3 +224,43 @@ def test_recommend_bad_inputs(sweep_dir, tmp_path):
     message = error(["--from", str(thin), "--memory-gb", "8"])
     assert "too few feasible trials to fit lr_opt" in message and ">= 3 batch sizes" in message
     assert "not fitted" in (thin / "scaling_report.md").read_text()
+
+
+def test_recommend_cli_bad_input_is_one_line(tmp_path):
+    from tests.conftest import run_script
+
+    result = run_script(["sweep.py", "recommend", "--from", str(tmp_path / "missing"), "--memory-gb", "8"])
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "folder not found" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_smoke_lr_bs_scan_end_to_end(tmp_path):
+    """A real (tiny) lr x batch scan through sweep.py, then `sweep.py recommend` writes a loadable YAML."""
+    from tests.conftest import run_script
+
+    out = tmp_path / "lr_bs"
+    scan = run_script(["sweep.py", "--grid", "lr_bs", "--budget", "smoke", "--lrs", "1e-3", "3e-3",
+                       "--batch_sizes", "1", "2", "4", "--micro_batch_size", "4", "--steps", "6",
+                       "--precheck_steps", "3", "--workers", "2", "--output_dir", str(out)], timeout=900)
+    assert scan.returncode == 0, scan.stderr[-2000:]
+    fits = json.loads((out / "scaling_fits.json").read_text())
+    assert fits["n_trials"] == 6 and fits["measured"]["seq_len"] == 32 and fits["measured"]["params"] > 0
+    assert fits["fits"]["peak_memory_mb"]["status"] == "ok" and fits["fits"]["lr_opt"]["status"] == "ok"
+    assert (out / "scaling_report.md").is_file() and (out / "plots" / "lr_opt_fit.png").is_file()
+
+    output = tmp_path / "recommended.yaml"
+    rec = run_script(["sweep.py", "recommend", "--from", str(out), "--memory-gb", "1", "--output", str(output)])
+    assert rec.returncode == 0, rec.stderr[-2000:]
+    assert "learning_rate" in rec.stdout and "warmup_steps" in rec.stdout
+    values = yaml.safe_load(output.read_text())
+    assert set(values) >= {"learning_rate", "effective_batch_size", "batch_size", "warmup_steps", "clip", "max_steps"}
+    lr_fit = fits["fits"]["lr_opt"]
+    assert values["learning_rate"] == pytest.approx(lr_fit["a"] * values["batch_size"] ** lr_fit["b"], rel=1e-3)
+    assert values["effective_batch_size"] == values["batch_size"] >= 1
+    pretrain = pytest.importorskip("llmlab.pretrain")
+    from llmlab.config import parse_config
+
+    cfg = parse_config(pretrain.PretrainConfig, ["--config", str(output)])
+    assert cfg.batch_size == values["batch_size"] and cfg.warmup_steps == values["warmup_steps"]

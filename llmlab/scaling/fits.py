@@ -35,6 +35,8 @@ class ScalingOptions:
     n_bootstrap: int = opt(100, "bootstrap resamples for the confidence intervals")
     confidence: float = opt(0.95, "confidence level of the intervals and bands")
     seed: int = opt(42, "seed for RANSAC and the bootstrap")
+    keep_boundary: bool = opt(False, "keep trials that only finished after a fail-safe retry with a fallback "
+                              "(clip - 0.1 or warmup 100); by default they are dropped as at the stability edge")
 
     def validate(self) -> None:
         from llmlab.errors import UserError
@@ -57,7 +59,12 @@ def _number(value: Any) -> Optional[float]:
 
 def memory_batch(row: dict) -> Optional[float]:
     """Memory follows the micro batch actually on the device, not the effective (accumulated) batch."""
-    return _number(row.get("micro_batch_size")) or _number(row.get("batch_size"))
+    batch, accumulation = _number(row.get("batch_size")), _number(row.get("accumulation_steps"))
+    if _number(row.get("micro_batch_size")):
+        return min(_number(row["micro_batch_size"]), batch or math.inf)
+    if batch and accumulation:
+        return float(math.ceil(batch / accumulation))
+    return batch
 
 
 def feasible_region(rows: list[dict], options: ScalingOptions) -> tuple[list[dict], list[dict], dict]:
@@ -78,8 +85,12 @@ def feasible_region(rows: list[dict], options: ScalingOptions) -> tuple[list[dic
     for row in rows:
         status = row.get("status")
         final_loss, early_std = _number(row.get("final_loss")), _number(row.get("early_loss_std"))
+        detail = row.get("error") or row.get("failures")
         if status != "ok":
-            reason = f"status {status}" + (f" ({row['error']})" if row.get("error") else "")
+            reason = f"status {status}" + (f" ({str(detail)[:160]})" if detail else "")
+        elif row.get("boundary") and not options.keep_boundary:
+            reason = (f"boundary: finished only after a retry with fallback {row.get('fallback') or '?'}"
+                      + (f" (first attempt: {str(detail)[:120]})" if detail else ""))
         elif _number(row.get("lr")) is None or _number(row.get("batch_size")) is None:
             reason = "no lr or batch size recorded"
         elif final_loss is None:
@@ -180,7 +191,7 @@ def fit_loglinear(features: np.ndarray, target: np.ndarray, options: ScalingOpti
         "n_points": n,
         "n_inliers": int(inliers.sum()),
         "ransac_threshold": threshold,
-        "r2_log": 1 - ss_res / ss_tot if ss_tot > 0 else 1.0,
+        "r2_log": 1 - ss_res / ss_tot if ss_tot > 1e-12 else None,  # None: the data do not vary
         "residual_std_log": float(np.std(y_in - fitted, ddof=p + 1)),
         "note": note,
     }
@@ -221,6 +232,15 @@ def analyse(rows: list[dict], options: ScalingOptions) -> dict:
 
     # One surviving lr says nothing about where the optimum is; such batch sizes are listed but not fitted.
     usable = [p for p in lr_points if p["n_lrs"] >= 2]
+    # An optimum at the edge of the lr grid is only a bound; fit on interior optima when there are enough.
+    interior = [p for p in usable if not p["at_edge"]]
+    edge_batches = [p["batch_size"] for p in usable if p["at_edge"]]
+    lr_warning = ""
+    if len(interior) >= 3:
+        usable = interior
+    elif edge_batches:
+        lr_warning = (f"the best lr is at the edge of the lr grid at batch size(s) {', '.join(f'{b:g}' for b in edge_batches)}: "
+                      f"the fit and its interval only bound lr_opt there; widen --lrs")
     if len(usable) >= 3:
         x = np.log([p["batch_size"] for p in usable])
         y = np.log([p["lr_opt"] for p in usable])
@@ -228,7 +248,7 @@ def analyse(rows: list[dict], options: ScalingOptions) -> dict:
         for point, inlier in zip(usable, fit["inliers"]):
             point["inlier"] = inlier
         fits["lr_opt"] = {"formula": "lr_opt = a * batch^b", **_power_law(fit, "a", "b"),
-                          "x_range": [float(np.exp(x.min())), float(np.exp(x.max()))]}
+                          "x_range": [float(np.exp(x.min())), float(np.exp(x.max()))], "warning": lr_warning}
     else:
         fits["lr_opt"] = _unavailable(
             f"needs feasible trials at >= 3 batch sizes (each with >= 2 learning rates to locate the best one), "
@@ -246,9 +266,12 @@ def analyse(rows: list[dict], options: ScalingOptions) -> dict:
                                   "x_range": [memory_batches[0], memory_batches[-1]],
                                   "trial_ids": [r.get("trial_id") for r in completed]}
     else:
+        single = (f"; every trial ran micro batches of {memory_batches[0]:g} (gradient accumulation), so memory "
+                  f"was never measured at another batch -- rerun with --micro_batch_size >= the largest batch"
+                  if len(memory_batches) == 1 else "")
         fits["peak_memory_mb"] = _unavailable(
-            f"needs >= 3 completed trials with peak memory over >= 2 batch sizes, found {len(completed)} "
-            f"over {len(memory_batches)}")
+            f"needs >= 3 completed trials with peak memory over >= 2 micro batch sizes, found {len(completed)} "
+            f"over {len(memory_batches)}{single}")
 
     with_std = [r for r in feasible if (_number(r.get("early_loss_std")) or 0) > 0]
     if len(with_std) >= 4 and len({r["lr"] for r in with_std}) >= 2 and len({r["batch_size"] for r in with_std}) >= 2:
@@ -266,8 +289,10 @@ def analyse(rows: list[dict], options: ScalingOptions) -> dict:
             f"found {len(with_std)}")
 
     models = sorted({str(r.get("model")) for r in rows if r.get("model") is not None})
-    params = [_number(r.get("n_params") or r.get("params")) for r in rows]
-    seq_lens = [_number(r.get("seq_len") or r.get("block_size")) for r in rows]
+    seq_len = next(filter(None, (_sequence_length(r) for r in rows)), None)
+    params = next(filter(None, (_number(r.get("n_params") or r.get("params")) for r in rows)), None)
+    if params is None and len(models) == 1:
+        params = count_parameters(models[0], int(seq_len or 1024))
     return {
         "options": {**vars(options)},
         "thresholds": thresholds,
@@ -277,8 +302,34 @@ def analyse(rows: list[dict], options: ScalingOptions) -> dict:
         "dropped": dropped,
         "lr_opt_per_batch": lr_points,
         "fits": fits,
-        "measured": {"models": models,
-                     "params": next((p for p in params if p), None),
-                     "seq_len": next((s for s in seq_lens if s), None)},
+        "measured": {"models": models, "params": params, "seq_len": seq_len},
         "trials": rows,
     }
+
+
+def _sequence_length(row: dict) -> Optional[float]:
+    """The trial's tokens per sequence: recorded directly, or train_tokens / (steps x batch)."""
+    direct = _number(row.get("seq_len") or row.get("block_size"))
+    if direct:
+        return direct
+    tokens, steps, batch = (_number(row.get(k)) for k in ("train_tokens", "steps", "batch_size"))
+    return round(tokens / (steps * batch)) if tokens and steps and batch else None
+
+
+def count_parameters(model: str, block_size: int) -> Optional[int]:
+    """All parameters (trainable and frozen: both take memory) of the swept model, built on the meta device."""
+    try:
+        import torch
+
+        with torch.device("meta"):
+            if model == "minimal":
+                from llmlab.minimal_transformer import MinimalTransformer, MinimalTransformerConfig
+
+                net = MinimalTransformer(MinimalTransformerConfig(max_seq_len=block_size))
+            else:
+                from llmlab.models import build_gpt2_model
+
+                net = build_gpt2_model(model, n_positions=block_size)
+        return int(sum(p.numel() for p in net.parameters()))
+    except Exception:  # an unknown model name: the recommendation then asks for --tokens instead
+        return None

@@ -5,7 +5,8 @@ sequence length L and batch B is read off the measured fit at batch B * L / L_sw
 (--params N) multiplies the whole prediction by N / N_swept. Weights, gradients and Adam states (~16 bytes
 per parameter) scale exactly so; activations grow more slowly than params when a model is made wider, and
 runtime overhead does not grow at all, so the scaled prediction errs on the high side. The prediction used
-is the upper edge of the fit's bootstrap band, with a further `memory_headroom` kept free.
+is the upper edge of the fit's bootstrap band, with a further `memory_headroom` (10 %) kept free: on a GPU
+the sweep measures torch.cuda.max_memory_allocated, which leaves out the CUDA context and allocator cache.
 """
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ class RecommendConfig:
                                 "(default: tokens_per_param x params, the Chinchilla ratio)")
     seq_len: Optional[int] = opt(None, "sequence length of the target run (default: the sweep's)")
     output: Optional[str] = opt(None, "YAML file to write (default: FROM/recommended_config.yaml)")
-    memory_headroom: float = opt(0.05, "fraction of --memory-gb kept free on top of the band's upper edge")
+    memory_headroom: float = opt(0.10, "fraction of --memory-gb kept free on top of the band's upper edge "
+                                 "(the measured GPU peak excludes the CUDA context and allocator cache)")
     max_extrapolation: float = opt(4.0, "never recommend a batch above this multiple of the largest swept "
                                    "batch: the fits are not trusted far outside their data")
     tokens_per_param: float = opt(20.0, "tokens per parameter when --tokens is not given")
@@ -138,6 +140,8 @@ def recommend(cfg: RecommendConfig) -> dict:
     lo_b, hi_b = lr_fit["x_range"]
     if not lo_b <= batch <= hi_b:
         notes.append(f"lr extrapolated: batch {batch} is outside the swept {lo_b:g}-{hi_b:g}")
+    if lr_fit.get("warning"):
+        notes.append(lr_fit["warning"])
     if cfg.params:
         notes.append("lr fitted on the swept model; larger models usually want a smaller lr -- start at the low end")
 

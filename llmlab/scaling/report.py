@@ -62,7 +62,8 @@ def report_markdown(analysis: dict, plots: list[str]) -> str:
               "|---|---|---|---|---|---|---|"]
     for point in analysis["lr_opt_per_batch"]:
         method = point["method"] + (" (at grid edge)" if point["at_edge"] else "")
-        used = {True: "yes", False: "outlier (RANSAC)"}.get(point.get("inlier"), "no")
+        used = {True: "yes", False: "outlier (RANSAC)"}.get(point.get("inlier"),
+                                                            "no (grid edge)" if point["at_edge"] else "no")
         lines.append(f"| {_fmt(point['batch_size'])} | {_fmt(point['lr_opt'])} | {method} | {_fmt(point['grid_lr'])} "
                      f"| {_fmt(point['best_final_loss'], 4)} | {point['n_lrs']} | {used} |")
     lines += ["", f"## Fits ({level} bootstrap intervals, RANSAC outlier rejection in log space)", "",
@@ -80,6 +81,13 @@ def report_markdown(analysis: dict, plots: list[str]) -> str:
         note = f" ({fit['note']})" if fit.get("note") else ""
         lines.append(f"| {name} | {estimate}{note} | {interval} | {fit['n_points']} ({fit['n_inliers']}) "
                      f"| {_fmt(fit['r2_log'])} |")
+    warning = analysis["fits"]["lr_opt"].get("warning")
+    if warning:
+        lines += ["", f"**Warning:** {warning}."]
+    lines += ["", "Intervals come from a residual bootstrap on the RANSAC inliers (scipy.stats.bootstrap, "
+              f"{analysis['options']['n_bootstrap']} resamples, widened by t/z for the few points of the lr fit).",
+              "Early loss std is the raw std of the first 100 training losses, so it also grows with how fast "
+              "the loss falls; the default instability threshold is relative to the sweep's median for that reason."]
     lines += ["", "## Plots", ""] + [f"![{Path(p).stem}](plots/{Path(p).name})" for p in plots]
     lines += ["", "## Next step", "",
               "`python sweep.py recommend --from THIS_FOLDER --memory-gb 24` turns these fits into a training "
