@@ -44,6 +44,7 @@ def main() -> None:
 
     datasets.disable_progress_bars()
     tokenizer = load_tokenizer()
+    load_before = os.getloadavg()[0]  # other work on the machine skews the comparison; print it
     with tempfile.TemporaryDirectory() as tmp:
         prepare_dataset(DataConfig(dataset=args.dataset, cache_dir=f"{tmp}/warmup", max_documents=2, block_size=64),
                         tokenizer)
@@ -63,7 +64,8 @@ def main() -> None:
     first = runs[args.num_proc[0]][0]
     print(f"dataset {args.dataset}: {first['steps'][0]['out']} documents loaded, {first['documents']} kept, "
           f"{first['tokens']:,} tokens, block_size {args.block_size}; {os.cpu_count()} CPUs; "
-          f"TOKENIZERS_PARALLELISM={os.environ.get('TOKENIZERS_PARALLELISM', 'unset')}; median of {args.repeats}")
+          f"TOKENIZERS_PARALLELISM={os.environ.get('TOKENIZERS_PARALLELISM', 'unset')}; median of {args.repeats}; "
+          f"load average before/after {load_before:.1f}/{os.getloadavg()[0]:.1f}")
     header = f"{'num_proc':>8} {'seconds':>9} {'docs/s':>9} {'tokens/s':>11} {'tokenize tok/s':>15} {'speed-up':>9}"
     print(header)
     print("-" * len(header))

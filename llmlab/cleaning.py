@@ -15,7 +15,7 @@ import zlib
 import numpy as np
 
 # Bump when the cleaning output changes, so old caches are not reused.
-CLEANING_VERSION = 1
+CLEANING_VERSION = 2
 NUM_PERM = 128  # MinHash permutations: estimator error of a Jaccard similarity is about 1/sqrt(128) = 0.09
 SHINGLE_WORDS = 5  # near-duplicate shingles are word 5-grams (lower-cased)
 MINHASH_SEED = 1
@@ -29,6 +29,9 @@ _WIKI_HEADING = re.compile(r"^[ \t]*(={1,6})[ \t]*(.*?)[ \t]*\1[ \t]*$", re.MULT
 _WIKI_EMPHASIS = re.compile(r"'{2,}")
 _WIKI_LINK = re.compile(r"\[\[(?:[^\[\]|]*\|)?([^\[\]]*)\]\]")
 _WIKI_TEMPLATE = re.compile(r"\{\{[^{}]*\}\}")
+# Image leftovers gensim's filter keeps: gallery lines "File:x.jpg|caption" and "caption|alt=description".
+_WIKI_GALLERY_FILE = re.compile(r"^(?:File|Image):[^|\n]*\|", re.MULTILINE)
+_WIKI_IMAGE_ALT = re.compile(r"\|alt=[^\n]*")
 _SPACES = re.compile(r"[ \t\u00a0]+")
 _SPACE_AROUND_NEWLINE = re.compile(r" *\n *")
 _MANY_NEWLINES = re.compile(r"\n{3,}")
@@ -44,6 +47,8 @@ def clean_text(text: str) -> str:
     text = html.unescape(text)  # after tag removal, so an escaped "&lt;b&gt;" stays literal text
     text = _WIKI_TEMPLATE.sub(" ", text)
     text = _WIKI_LINK.sub(r"\1", text)
+    text = _WIKI_GALLERY_FILE.sub("", text)
+    text = _WIKI_IMAGE_ALT.sub("", text)
     text = _WIKI_HEADING.sub(r"\2", text)
     text = _WIKI_EMPHASIS.sub("", text)
     text = _SPACES.sub(" ", text)

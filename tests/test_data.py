@@ -68,8 +68,8 @@ def planted(tmp_path):
 def test_clean_text_strips_markup_and_normalises():
     raw = ("<p class='x'>Ｈｅｌｌｏ　ＷＯＲＬＤ １２３</p><!-- hidden --><style>p {}</style>"
            "<script>alert(1)</script>&lt;kept&gt; &amp; '''bold''' ''it'' [[Target page|link text]] {{cite web}}\n"
-           "== Heading ==\n\n\n\ntext")
-    assert clean_text(raw) == "Hello WORLD 123 <kept> & bold it link text \nHeading\n\ntext".replace(" \n", "\n")
+           "== Heading ==\n\n\n\ntext\nFile:Snow.jpg|Range in snow\nA grave|alt=Two stones")
+    assert clean_text(raw) == "Hello WORLD 123 <kept> & bold it link text \nHeading\n\ntext\nRange in snow\nA grave".replace(" \n", "\n")
 
 
 def test_cleaning_removes_planted_documents_and_keeps_distinct(tmp_path, planted, gpt2_tokenizer):
