@@ -111,6 +111,10 @@ def check_base_model(cfg: LoraTrainConfig) -> None:
     if cfg.base_model == DEFAULT_BASE_MODEL and not Path(cfg.base_model).is_dir():
         raise UserError(f"no pretrained model at {DEFAULT_BASE_MODEL}: run `accelerate launch train_pretrain.py` "
                         "first, or pass --base_model (any Hugging Face model name or save_pretrained folder)")
+    # Hub names never start like a path; a missing local folder need not wait for the hub lookup.
+    if cfg.base_model.startswith(("/", ".", "~")) and not Path(cfg.base_model).expanduser().exists():
+        raise UserError(f"cannot load --base_model {cfg.base_model!r} (no such folder); pass a save_pretrained "
+                        "folder or a Hugging Face model name")
 
 
 def quiet_optional_backends() -> None:
@@ -255,6 +259,7 @@ def train(cfg: LoraTrainConfig) -> dict:
         f"{trainable:,} trainable of {total:,} parameters ({100 * trainable / total:.3f}%)")
 
     pad_id = pad_id_for(tokenizer)
+    trim = lora_eval.supports_logits_to_keep(model.get_base_model())  # no logits for prompt positions
     loader_seed = torch.Generator().manual_seed(cfg.seed)
     train_loader = DataLoader(train_examples, batch_size=cfg.batch_size, shuffle=True, generator=loader_seed,
                               collate_fn=partial(collate, pad_id=pad_id))
@@ -278,7 +283,7 @@ def train(cfg: LoraTrainConfig) -> dict:
     rouge_examples = val_examples[: cfg.eval_examples]
     sample_examples = val_examples[: cfg.num_samples]
     evaluate = partial(lora_eval.evaluate, accelerator=accelerator, tokenizer=tokenizer, val_loader=val_loader,
-                       pad_id=pad_id, batch_size=cfg.eval_batch_size, max_new_tokens=cfg.max_new_tokens)
+                       pad_id=pad_id, batch_size=cfg.eval_batch_size, max_new_tokens=cfg.max_new_tokens, trim=trim)
 
     say(f"evaluating the base model on {len(val_examples)} validation examples "
         f"(ROUGE-L on {len(rouge_examples)})...")
@@ -298,8 +303,8 @@ def train(cfg: LoraTrainConfig) -> dict:
     for _epoch in range(cfg.epochs):
         for batch in train_loader:
             with accelerator.accumulate(model):
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                loss = causal_lm_loss(logits, batch["labels"], cfg.label_smoothing)
+                logits, labels = lora_eval.answer_logits(model, batch, trim)
+                loss = causal_lm_loss(logits, labels, cfg.label_smoothing)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients:
                     max_norm = clipper.max_norm(step)
@@ -335,7 +340,7 @@ def train(cfg: LoraTrainConfig) -> dict:
                 model.train()
 
             if step % cfg.eval_every == 0 or step == total_steps:
-                val_loss = lora_eval.validation_loss(model, val_loader, accelerator)
+                val_loss = lora_eval.validation_loss(model, val_loader, accelerator, trim)
                 logger.log({"val/loss": val_loss, "val/perplexity": lora_eval.perplexity(val_loss)}, step)
                 if val_loss < best_loss - cfg.min_delta:
                     best_loss, best_step, bad_evals = val_loss, step, 0

@@ -18,14 +18,37 @@ def perplexity(loss: float) -> float:
     return math.exp(min(loss, 700.0))  # exp overflows a float past ~709
 
 
+def supports_logits_to_keep(model) -> bool:
+    import inspect
+
+    return "logits_to_keep" in inspect.signature(type(model).forward).parameters
+
+
+def answer_logits(model, batch: dict, trim: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, labels) for the causal-LM loss, skipping the vocabulary projection of the prompt.
+
+    Prompt positions carry no loss, so with `trim` the model is asked (`logits_to_keep`) for logits
+    only from the position that predicts the batch's first answer token onwards; the labels are cut to
+    match. Same loss, and the often dominant hidden x vocab matmul shrinks by the prompt share.
+    """
+    labels = batch["labels"]
+    if not trim:
+        return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, labels
+    first_labelled = int((labels != -100).any(0).float().argmax())
+    keep = min(labels.shape[1], labels.shape[1] - first_labelled + 1)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   logits_to_keep=keep).logits
+    return logits, labels[:, -keep:]
+
+
 @torch.no_grad()
-def validation_loss(model, val_loader, accelerator) -> float:
+def validation_loss(model, val_loader, accelerator, trim: bool = False) -> float:
     """Mean next-token cross-entropy over every labelled token of the validation split."""
     model.eval()
     loss_sums, token_counts = [], []
     for batch in val_loader:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
-        labels = batch["labels"][:, 1:]
+        logits, labels = answer_logits(model, batch, trim)
+        logits, labels = logits[:, :-1], labels[:, 1:]
         token_loss = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none")
         # Per-example sums so gather_for_metrics can drop the padding samples a sharded loader adds.
         per_example = torch.stack([token_loss.sum(1), (labels != -100).sum(1).float()], dim=1)
@@ -36,24 +59,31 @@ def validation_loss(model, val_loader, accelerator) -> float:
 
 
 @torch.no_grad()
-def generate_answers(model, tokenizer, examples: list[dict], pad_id: int, batch_size: int,
-                     max_new_tokens: int) -> list[str]:
-    """Greedy answers to the examples' prompts (left-padded batches); stops at eos."""
+def generate_ids(model, eos_id: int, examples: list[dict], pad_id: int, batch_size: int,
+                 max_new_tokens: int) -> list[list[int]]:
+    """Greedy continuations of the examples' prompts (left-padded batches), up to and without eos."""
     from llmlab.models import context_length
 
     model.eval()
     device = next(model.parameters()).device
     limit = context_length(model)
-    answers = []
+    continuations = []
     for start in range(0, len(examples), batch_size):
         batch = collate_prompts(examples[start: start + batch_size], pad_id)
         width = batch["input_ids"].shape[1]
         output = model.generate(input_ids=batch["input_ids"].to(device),
                                 attention_mask=batch["attention_mask"].to(device), do_sample=False,
                                 max_new_tokens=max(1, min(max_new_tokens, limit - width)),
-                                eos_token_id=tokenizer.eos_token_id, pad_token_id=pad_id)
-        answers += [text.strip() for text in tokenizer.batch_decode(output[:, width:], skip_special_tokens=True)]
-    return answers
+                                eos_token_id=eos_id, pad_token_id=pad_id)
+        for row in output[:, width:].tolist():
+            continuations.append(row[: row.index(eos_id)] if eos_id in row else row)
+    return continuations
+
+
+def generate_answers(model, tokenizer, examples: list[dict], pad_id: int, batch_size: int,
+                     max_new_tokens: int) -> list[str]:
+    ids = generate_ids(model, tokenizer.eos_token_id, examples, pad_id, batch_size, max_new_tokens)
+    return [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
 
 
 def rouge_l(predictions: list[str], references: list[str]) -> float | None:
@@ -66,11 +96,11 @@ def rouge_l(predictions: list[str], references: list[str]) -> float | None:
 
 
 def evaluate(model, *, accelerator, tokenizer, val_loader, rouge_examples: list[dict], pad_id: int,
-             batch_size: int, max_new_tokens: int) -> dict:
+             batch_size: int, max_new_tokens: int, trim: bool = False) -> dict:
     """val_loss, val_perplexity (all processes) and rougeL + generations (main process, then shared)."""
     from accelerate.utils import broadcast_object_list
 
-    loss = validation_loss(model, val_loader, accelerator)
+    loss = validation_loss(model, val_loader, accelerator, trim)
     shared = [None, None]
     if accelerator.is_main_process:
         with accelerator.autocast():

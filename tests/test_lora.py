@@ -1,0 +1,200 @@
+"""train_lora.py end to end on the tiny GPT-2 and small pydoc subsets, plus the adapter plumbing in-process."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import run_script
+
+# Small enough for two CPU cores shared with other work; lr is high so 12 steps visibly move the loss.
+TINY_RUN = ["--max_examples", "160", "--max_length", "64", "--batch_size", "4", "--gradient_accumulation_steps", "2",
+            "--warmup_steps", "2", "--eval_every", "4", "--log_every", "3", "--eval_batch_size", "16",
+            "--eval_examples", "4", "--max_new_tokens", "6", "--num_samples", "2"]
+
+
+@pytest.fixture(scope="module")
+def pydoc_cache_dir(tmp_path_factory):
+    from llmlab.instruct_data import load_pydoc
+
+    cache = tmp_path_factory.mktemp("lora_pydoc")
+    load_pydoc(cache)  # built once here, reused by every run below
+    return cache
+
+
+def _lora(args, tiny_gpt2_dir, cache, out):
+    result = run_script(["train_lora.py", "--base_model", str(tiny_gpt2_dir), "--cache_dir", str(cache),
+                         "--output_dir", str(out), *TINY_RUN, *args], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, json.loads((out / "eval.json").read_text())
+
+
+@pytest.mark.slow
+def test_tiny_run_lowers_validation_loss_and_writes_a_small_adapter(tiny_gpt2_dir, pydoc_cache_dir, tmp_path):
+    out = tmp_path / "run"
+    result, report = _lora(["--learning_rate", "1e-2", "--max_steps", "12", "--sample_every", "6"],
+                           tiny_gpt2_dir, pydoc_cache_dir, out)
+    before, after = report["before"], report["after"]
+    for key in ("val_loss", "val_perplexity", "rougeL"):
+        assert isinstance(before[key], float) and isinstance(after[key], float), key
+    assert after["val_loss"] < before["val_loss"] - 0.02
+    assert after["val_perplexity"] < before["val_perplexity"]
+    assert report["steps"] == 12 and report["best_step"] > 0 and not report["stopped_early"]
+    assert len(report["examples"]) == 4 and all(isinstance(r["after"], str) for r in report["examples"])
+    assert "before" in result.stdout and "rougeL" in result.stdout and "val_perplexity" in result.stdout
+    assert "4,096 trainable" in result.stdout  # r=8 on c_attn of 2 layers of width 64: 2 * (64*8 + 8*192)
+
+    # The adapter: peft files, LoRA weights only, a tiny fraction of the base model.
+    from safetensors.torch import load_file
+
+    adapter = out / "adapter"
+    weights = load_file(adapter / "adapter_model.safetensors")
+    assert weights and all("lora_" in name for name in weights)
+    assert sum(t.numel() for t in weights.values()) == report["trainable_params"] == 4096
+    assert (adapter / "adapter_model.safetensors").stat().st_size < 0.01 * (tiny_gpt2_dir / "model.safetensors").stat().st_size
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["r"] == 8 and config["lora_alpha"] == 16 and config["lora_dropout"] == 0.1
+    assert config["target_modules"] == ["c_attn"]
+    assert json.loads((adapter / "llmlab_prompt.json").read_text())["eos_after_answer"] is True
+
+    # Run folder: config, run info, metrics as in pretraining, sample generations in TensorBoard text.
+    assert (out / "config.yaml").is_file() and (out / "run_info.json").is_file()
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    keys = set().union(*metrics)
+    assert {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_sec", "val/loss", "val/perplexity"} <= keys
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    assert "samples/text_summary" in events.Tags()["tensors"]
+    samples = events.Tensors("samples/text_summary")
+    assert [s.step for s in samples] == [6, 12]
+    assert "**reference:**" in samples[0].tensor_proto.string_val[0].decode()
+
+
+@pytest.mark.slow
+def test_early_stopping_on_a_stalled_run_keeps_the_best_adapter(tiny_gpt2_dir, pydoc_cache_dir, tmp_path):
+    out = tmp_path / "stalled"
+    result, report = _lora(["--learning_rate", "0", "--eval_every", "1", "--patience", "2", "--max_steps", "30",
+                            "--eval_examples", "2", "--sample_every", "100"], tiny_gpt2_dir, pydoc_cache_dir, out)
+    assert report["stopped_early"] is True
+    assert report["steps"] == 2  # step 0 is the baseline; evaluations at steps 1 and 2 did not improve
+    assert report["best_step"] == 0
+    assert report["after"]["val_loss"] == pytest.approx(report["before"]["val_loss"], abs=1e-6)
+    assert "early stop at step 2" in result.stdout
+    val_losses = [m["val/loss"] for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+                  if "val/loss" in m]
+    assert len(val_losses) == 4  # before, step 1, step 2, after
+
+
+def test_missing_default_base_model_is_a_one_line_error(repo_root, tmp_path):
+    # Run from an empty folder: runs/pretrain/final is relative to the working directory.
+    result = run_script([str(repo_root / "train_lora.py")], cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr
+    assert "runs/pretrain/final" in lines[0] and "accelerate launch train_pretrain.py" in lines[0]
+    assert "--base_model" in lines[0]
+
+
+def test_bad_options_are_one_line_errors(tmp_path):
+    result = run_script(["train_lora.py", "--prompt_template", "no placeholders", "--base_model", "x"])
+    assert result.returncode == 2 and "{instruction}" in result.stderr and "Traceback" not in result.stderr
+    result = run_script(["train_lora.py", "--base_model", str(tmp_path / "nope"), "--output_dir", str(tmp_path)])
+    assert result.returncode == 2 and "cannot load --base_model" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# In-process: adapter placement, gradient checkpointing, trimmed logits, batched generation
+# ---------------------------------------------------------------------------------------------------------
+
+def _tiny_cfg(tiny_gpt2_dir, **overrides):
+    from llmlab.lora import LoraTrainConfig
+
+    return LoraTrainConfig(base_model=str(tiny_gpt2_dir), **overrides)
+
+
+def _batch(tokenizer):
+    from llmlab.instruct_data import collate, format_prompt, tokenize_example
+
+    records = [{"instruction": "What does `len` do?", "input": "len(obj, /)", "output": "Return the number of items."},
+               {"instruction": "Say hi", "input": "", "output": "hi there, friend"}]
+    examples = [tokenize_example(tokenizer, format_prompt(r), r["output"], 64) for r in records]
+    return examples, collate(examples, tokenizer.eos_token_id)
+
+
+def test_only_adapter_weights_train_and_checkpointing_reaches_them(tiny_gpt2_dir, gpt2_tokenizer):
+    from llmlab.lora import add_lora, load_base, parameter_counts
+    from llmlab.training_utils import causal_lm_loss
+
+    torch.manual_seed(0)
+    cfg = _tiny_cfg(tiny_gpt2_dir, gradient_checkpointing=True)
+    model, _ = load_base(cfg)
+    model = add_lora(model, cfg)
+    trainable, total = parameter_counts(model)
+    assert trainable == 4096 and total > 800 * trainable
+    assert all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
+    assert model.get_base_model().is_gradient_checkpointing
+    model.train()
+    _, batch = _batch(gpt2_tokenizer)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    causal_lm_loss(logits, batch["labels"]).backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if "lora_" in n}
+    assert grads and all(g is not None for g in grads.values())
+    # B starts at zero, so only B gets a non-zero gradient on the first step -- through checkpointed blocks.
+    assert all(float(g.abs().sum()) > 0 for n, g in grads.items() if "lora_B" in n)
+
+
+def test_target_modules_follow_the_model_type():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from llmlab.lora import LoraTrainConfig, add_lora
+
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=2))
+    model = add_lora(llama, LoraTrainConfig())
+    assert model.peft_config["default"].target_modules == {"q_proj", "v_proj"}
+    adapted = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in model.named_parameters() if "lora_A" in n}
+    assert adapted == {"q_proj", "v_proj"}
+    llama2 = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                          num_attention_heads=2, num_key_value_heads=2))
+    model2 = add_lora(llama2, LoraTrainConfig(target_modules=["o_proj"]))
+    assert model2.peft_config["default"].target_modules == {"o_proj"}
+    from llmlab.errors import UserError
+
+    with pytest.raises(UserError, match="--target_modules"):
+        add_lora(LlamaForCausalLM(llama2.config), LoraTrainConfig(target_modules=["no_such_layer"]))
+
+
+def test_trimmed_logits_give_the_same_loss(tiny_gpt2_dir, gpt2_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    from llmlab.lora_eval import answer_logits, supports_logits_to_keep
+    from llmlab.training_utils import causal_lm_loss
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir).eval()
+    assert supports_logits_to_keep(model)
+    _, batch = _batch(gpt2_tokenizer)
+    full_logits, full_labels = answer_logits(model, batch, trim=False)
+    trimmed_logits, trimmed_labels = answer_logits(model, batch, trim=True)
+    assert trimmed_logits.shape[1] < full_logits.shape[1]
+    assert torch.allclose(causal_lm_loss(trimmed_logits, trimmed_labels), causal_lm_loss(full_logits, full_labels),
+                          atol=1e-5)
+
+
+def test_batched_left_padded_generation_matches_one_by_one(tiny_gpt2_dir, gpt2_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    from llmlab.lora_eval import generate_ids, rouge_l
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir)
+    examples, _ = _batch(gpt2_tokenizer)
+    assert examples[0]["prompt_length"] != examples[1]["prompt_length"]  # so one row is left-padded
+    eos = gpt2_tokenizer.eos_token_id
+    batched = generate_ids(model, eos, examples, eos, batch_size=2, max_new_tokens=12)
+    single = [generate_ids(model, eos, [e], eos, batch_size=1, max_new_tokens=12)[0] for e in examples]
+    assert batched == single and all(len(ids) == 12 for ids in single)
+    assert rouge_l(["Return the number of items"], ["Return the number of items."]) == pytest.approx(1.0)
+    assert rouge_l(["completely different"], ["Return the number of items."]) == 0.0
