@@ -109,6 +109,8 @@ def test_feasible_region_drops_the_right_rows_with_reasons():
         {**base, "trial_id": "div", "status": "ok", "final_loss": 11.5},
         {**base, "trial_id": "nan", "status": "ok", "final_loss": float("nan")},
         {**base, "trial_id": "shaky", "status": "ok", "early_loss_std": 0.9},
+        {**base, "trial_id": "edge", "status": "ok", "boundary": True, "fallback": "clip 0.9",
+         "failures": "diverged: loss 12.1 > 10"},
     ]
     feasible, dropped, thresholds = feasible_region(rows, ScalingOptions())
     assert [r["trial_id"] for r in feasible] == ["ok1", "ok2"]
@@ -118,7 +120,10 @@ def test_feasible_region_drops_the_right_rows_with_reasons():
     assert reasons["div"].startswith("diverged: final loss 11.5 >")
     assert reasons["nan"].startswith("diverged") and "not finite" in reasons["nan"]
     assert reasons["shaky"].startswith("unstable: early loss std 0.9 >")
-    # default unstable threshold: 3 x the median early std of the ok trials (0.1, 0.12, 0.1, 0.1, 0.9 -> 0.1)
+    assert reasons["edge"] == ("boundary: finished only after a retry with fallback clip 0.9 "
+                               "(first attempt: diverged: loss 12.1 > 10)")
+    assert "edge" in [r["trial_id"] for r in feasible_region(rows, ScalingOptions(keep_boundary=True))[0]]
+    # default unstable threshold: 3 x the median early std of the ok trials (0.1, 0.12, 0.1, 0.1, 0.9, 0.1 -> 0.1)
     assert thresholds["unstable_std"] == pytest.approx(0.3)
     # configurable: a stricter absolute threshold drops ok2 as well
     feasible, _, _ = feasible_region(rows, ScalingOptions(unstable_std=0.11, diverged_loss=5.0))
@@ -264,3 +269,15 @@ def test_smoke_lr_bs_scan_end_to_end(tmp_path):
 
     cfg = parse_config(pretrain.PretrainConfig, ["--config", str(output)])
     assert cfg.batch_size == values["batch_size"] and cfg.warmup_steps == values["warmup_steps"]
+
+
+def test_memory_fit_refuses_a_single_micro_batch_and_degenerate_data_do_not_crash(tmp_path):
+    rows = synthetic_rows(batches=(8, 16, 32), lrs=np.geomspace(1e-5, 1e-2, 7))
+    for row in rows:  # all trials accumulated micro batches of 4: memory says nothing about batch size
+        row["accumulation_steps"] = row["batch_size"] // 4
+    analysis = analyse(rows, SYNTHETIC_OPTIONS)
+    reason = analysis["fits"]["peak_memory_mb"]["reason"]
+    assert "micro batches of 4" in reason and "--micro_batch_size" in reason
+    identical = [{**row, "final_loss": 4.0, "early_loss_std": 0.1, "peak_memory_mb": 500.0} for row in rows]
+    write_lr_bs_report(tmp_path, identical, SYNTHETIC_OPTIONS)  # flat data: fits may degenerate, never crash
+    assert json.loads((tmp_path / "scaling_fits.json").read_text())["n_feasible"] == len(rows)

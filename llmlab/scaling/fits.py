@@ -27,10 +27,10 @@ class ScalingOptions:
     diverged_loss: float = opt(UNIFORM_GUESS_LOSS, "a trial whose final loss is above this (or not finite) is "
                                "dropped as diverged; the default is ln(50257), a uniform guess over the vocab")
     unstable_std: Optional[float] = opt(None, "a trial whose early loss std is above this is dropped as unstable "
-                                        "(default: unstable_factor x the median early loss std of the ok trials)")
+                                        "(unset = unstable_factor x the median early loss std of the ok trials)")
     unstable_factor: float = opt(3.0, "used when unstable_std is not set: unstable = early loss std above this "
                                  "multiple of the median over the ok trials")
-    ransac_threshold: Optional[float] = opt(None, "RANSAC inlier threshold on ln-space residuals (default: 3 x "
+    ransac_threshold: Optional[float] = opt(None, "RANSAC inlier threshold on ln-space residuals (unset = 3 x "
                                             "the MAD residual scale of a Theil-Sen fit, at least 0.05)")
     n_bootstrap: int = opt(100, "bootstrap resamples for the confidence intervals")
     confidence: float = opt(0.95, "confidence level of the intervals and bands")
@@ -220,6 +220,64 @@ def _unavailable(reason: str) -> dict:
     return {"status": "unavailable", "reason": reason}
 
 
+def _lr_fit(lr_points: list[dict], options: ScalingOptions) -> dict:
+    # One surviving lr says nothing about where the optimum is; such batch sizes are listed but not fitted.
+    usable = [p for p in lr_points if p["n_lrs"] >= 2]
+    # An optimum at the edge of the lr grid is only a bound; fit on interior optima when there are enough.
+    interior = [p for p in usable if not p["at_edge"]]
+    edge_batches = [p["batch_size"] for p in usable if p["at_edge"]]
+    warning = ""
+    if len(interior) >= 3:
+        usable = interior
+    elif edge_batches:
+        warning = (f"the best lr is at the edge of the lr grid at batch size(s) "
+                   f"{', '.join(f'{b:g}' for b in edge_batches)}: the fit and its interval only bound lr_opt there; "
+                   f"widen --lrs")
+    if len(usable) < 3:
+        return _unavailable(f"needs feasible trials at >= 3 batch sizes (each with >= 2 learning rates to locate "
+                            f"the best one), found {len(usable)}")
+    x = np.log([p["batch_size"] for p in usable])
+    y = np.log([p["lr_opt"] for p in usable])
+    fit = fit_loglinear(x, y, options, ["ln a", "b"])
+    for point, inlier in zip(usable, fit["inliers"]):
+        point["inlier"] = inlier
+    return {"formula": "lr_opt = a * batch^b", **_power_law(fit, "a", "b"),
+            "x_range": [float(np.exp(x.min())), float(np.exp(x.max()))], "warning": warning}
+
+
+def _memory_fit(rows: list[dict], options: ScalingOptions) -> dict:
+    # Memory does not depend on whether the loss behaved, so every trial that ran to the end counts here.
+    completed = [r for r in rows if r.get("status") == "ok" and memory_batch(r)
+                 and (_number(r.get("peak_memory_mb")) or 0) > 0]
+    batches = sorted({memory_batch(r) for r in completed})
+    if len(completed) < 3 or len(batches) < 2:
+        single = (f"; every trial ran micro batches of {batches[0]:g} (gradient accumulation), so memory was never "
+                  f"measured at another batch -- rerun with --micro_batch_size >= the largest batch"
+                  if len(batches) == 1 else "")
+        return _unavailable(f"needs >= 3 completed trials with peak memory over >= 2 micro batch sizes, found "
+                            f"{len(completed)} over {len(batches)}{single}")
+    x = np.log([memory_batch(r) for r in completed])
+    y = np.log([float(r["peak_memory_mb"]) for r in completed])
+    fit = fit_loglinear(x, y, options, ["ln c", "d"])
+    return {"formula": "peak_mem_mb = c * batch^d", **_power_law(fit, "c", "d"),
+            "x_range": [batches[0], batches[-1]], "trial_ids": [r.get("trial_id") for r in completed]}
+
+
+def _loss_std_fit(feasible: list[dict], options: ScalingOptions) -> dict:
+    with_std = [r for r in feasible if (_number(r.get("early_loss_std")) or 0) > 0]
+    if len(with_std) < 4 or len({r["lr"] for r in with_std}) < 2 or len({r["batch_size"] for r in with_std}) < 2:
+        return _unavailable(f"needs >= 4 feasible trials with an early loss std over >= 2 lrs and >= 2 batch "
+                            f"sizes, found {len(with_std)}")
+    x = np.array([[math.log(1 / float(r["lr"])), math.log(float(r["batch_size"]))] for r in with_std])
+    y = np.log([float(r["early_loss_std"]) for r in with_std])
+    fit = fit_loglinear(x, y, options, ["k0", "k1", "k2"])
+    names = ["k0", "k1", "k2"]
+    return {"formula": "ln loss_std = k0 + k1 * ln(1/lr) + k2 * ln(batch)", "status": "ok", **fit,
+            **{name: fit["params"][i] for i, name in enumerate(names)},
+            **{f"{name}_ci": [fit["ci_low"][i], fit["ci_high"][i]] for i, name in enumerate(names)},
+            "trial_ids": [r.get("trial_id") for r in with_std]}
+
+
 def analyse(rows: list[dict], options: ScalingOptions) -> dict:
     """Feasible region, best lr per batch size and the three fits, as one JSON-ready dict."""
     rows = [{**row, "trial_id": row.get("trial_id") or f"row{i}"} for i, row in enumerate(rows)]
@@ -229,64 +287,13 @@ def analyse(rows: list[dict], options: ScalingOptions) -> dict:
         by_batch.setdefault(float(row["batch_size"]), []).append(row)
     lr_points = [{"batch_size": batch, **lr_optimum(trials)} for batch, trials in sorted(by_batch.items())]
     fits: dict[str, dict] = {}
-
-    # One surviving lr says nothing about where the optimum is; such batch sizes are listed but not fitted.
-    usable = [p for p in lr_points if p["n_lrs"] >= 2]
-    # An optimum at the edge of the lr grid is only a bound; fit on interior optima when there are enough.
-    interior = [p for p in usable if not p["at_edge"]]
-    edge_batches = [p["batch_size"] for p in usable if p["at_edge"]]
-    lr_warning = ""
-    if len(interior) >= 3:
-        usable = interior
-    elif edge_batches:
-        lr_warning = (f"the best lr is at the edge of the lr grid at batch size(s) {', '.join(f'{b:g}' for b in edge_batches)}: "
-                      f"the fit and its interval only bound lr_opt there; widen --lrs")
-    if len(usable) >= 3:
-        x = np.log([p["batch_size"] for p in usable])
-        y = np.log([p["lr_opt"] for p in usable])
-        fit = fit_loglinear(x, y, options, ["ln a", "b"])
-        for point, inlier in zip(usable, fit["inliers"]):
-            point["inlier"] = inlier
-        fits["lr_opt"] = {"formula": "lr_opt = a * batch^b", **_power_law(fit, "a", "b"),
-                          "x_range": [float(np.exp(x.min())), float(np.exp(x.max()))], "warning": lr_warning}
-    else:
-        fits["lr_opt"] = _unavailable(
-            f"needs feasible trials at >= 3 batch sizes (each with >= 2 learning rates to locate the best one), "
-            f"found {len(usable)}")
-
-    # Memory does not depend on whether the loss behaved, so every trial that ran to the end counts here.
-    completed = [r for r in rows if r.get("status") == "ok" and memory_batch(r)
-                 and (_number(r.get("peak_memory_mb")) or 0) > 0]
-    memory_batches = sorted({memory_batch(r) for r in completed})
-    if len(completed) >= 3 and len(memory_batches) >= 2:
-        x = np.log([memory_batch(r) for r in completed])
-        y = np.log([float(r["peak_memory_mb"]) for r in completed])
-        fit = fit_loglinear(x, y, options, ["ln c", "d"])
-        fits["peak_memory_mb"] = {"formula": "peak_mem_mb = c * batch^d", **_power_law(fit, "c", "d"),
-                                  "x_range": [memory_batches[0], memory_batches[-1]],
-                                  "trial_ids": [r.get("trial_id") for r in completed]}
-    else:
-        single = (f"; every trial ran micro batches of {memory_batches[0]:g} (gradient accumulation), so memory "
-                  f"was never measured at another batch -- rerun with --micro_batch_size >= the largest batch"
-                  if len(memory_batches) == 1 else "")
-        fits["peak_memory_mb"] = _unavailable(
-            f"needs >= 3 completed trials with peak memory over >= 2 micro batch sizes, found {len(completed)} "
-            f"over {len(memory_batches)}{single}")
-
-    with_std = [r for r in feasible if (_number(r.get("early_loss_std")) or 0) > 0]
-    if len(with_std) >= 4 and len({r["lr"] for r in with_std}) >= 2 and len({r["batch_size"] for r in with_std}) >= 2:
-        x = np.array([[math.log(1 / float(r["lr"])), math.log(float(r["batch_size"]))] for r in with_std])
-        y = np.log([float(r["early_loss_std"]) for r in with_std])
-        fit = fit_loglinear(x, y, options, ["k0", "k1", "k2"])
-        fits["loss_std"] = {
-            "formula": "ln loss_std = k0 + k1 * ln(1/lr) + k2 * ln(batch)", "status": "ok", **fit,
-            **{name: fit["params"][i] for i, name in enumerate(["k0", "k1", "k2"])},
-            **{f"{name}_ci": [fit["ci_low"][i], fit["ci_high"][i]] for i, name in enumerate(["k0", "k1", "k2"])},
-            "trial_ids": [r.get("trial_id") for r in with_std]}
-    else:
-        fits["loss_std"] = _unavailable(
-            f"needs >= 4 feasible trials with an early loss std over >= 2 lrs and >= 2 batch sizes, "
-            f"found {len(with_std)}")
+    for name, make in (("lr_opt", lambda: _lr_fit(lr_points, options)),
+                       ("peak_memory_mb", lambda: _memory_fit(rows, options)),
+                       ("loss_std", lambda: _loss_std_fit(feasible, options))):
+        try:
+            fits[name] = make()
+        except (ValueError, np.linalg.LinAlgError) as err:  # degenerate data must not sink the sweep's report
+            fits[name] = _unavailable(f"fit failed on these data ({err})")
 
     models = sorted({str(r.get("model")) for r in rows if r.get("model") is not None})
     seq_len = next(filter(None, (_sequence_length(r) for r in rows)), None)

@@ -35,11 +35,11 @@ class RecommendConfig:
     from_dir: str = opt("", "output folder of `sweep.py --grid lr_bs` (holds scaling_fits.json); also --from")
     memory_gb: Optional[float] = opt(None, "memory of the target device in GiB (required); also --memory-gb")
     params: Optional[int] = opt(None, "parameter count of the target model; predicted memory is scaled by "
-                                "params / swept params (default: the swept model)")
+                                "params / swept params; unset = the swept model")
     tokens: Optional[int] = opt(None, "training tokens of the target run; sets max_steps and warmup "
-                                "(default: tokens_per_param x params, the Chinchilla ratio)")
-    seq_len: Optional[int] = opt(None, "sequence length of the target run (default: the sweep's)")
-    output: Optional[str] = opt(None, "YAML file to write (default: FROM/recommended_config.yaml)")
+                                "(unset = tokens_per_param x params, the Chinchilla ratio)")
+    seq_len: Optional[int] = opt(None, "sequence length of the target run; unset = the sweep's")
+    output: Optional[str] = opt(None, "YAML file to write; unset = FROM/recommended_config.yaml")
     memory_headroom: float = opt(0.10, "fraction of --memory-gb kept free on top of the band's upper edge "
                                  "(the measured GPU peak excludes the CUDA context and allocator cache)")
     max_extrapolation: float = opt(4.0, "never recommend a batch above this multiple of the largest swept "
