@@ -178,6 +178,7 @@ def test_recommend_picks_largest_batch_that_fits_and_writes_yaml(sweep_dir, tmp_
     written = yaml.safe_load(output.read_text())
     assert written == {"learning_rate": pytest.approx(rec["learning_rate"], rel=1e-3), "effective_batch_size": batch,
                        "batch_size": batch, "warmup_steps": rec["warmup_steps"], "max_steps": rec["max_steps"],
+                       "block_size": 128, "min_lr": pytest.approx(rec["learning_rate"] / 10, rel=1e-3),
                        "clip": rec["clip"]}
     printed = capsys.readouterr().out
     assert "learning_rate" in printed and str(batch) in printed and str(output) in printed
@@ -209,7 +210,8 @@ def test_recommend_yaml_loads_in_train_pretrain_config(sweep_dir, tmp_path):
     assert cfg.learning_rate == pytest.approx(rec["learning_rate"], rel=1e-3)
     assert cfg.batch_size == cfg.effective_batch_size == rec["batch_size"]
     assert cfg.warmup_steps == rec["warmup_steps"] and cfg.max_steps == rec["max_steps"]
-    assert float(cfg.clip) == pytest.approx(rec["clip"])
+    assert float(cfg.clip) == pytest.approx(rec["clip"]) and cfg.block_size == 128
+    assert cfg.min_lr < cfg.learning_rate  # lrs of the synthetic sweep (~1e-4) sit near the trainer's 1e-5 floor
 
 
 def test_recommend_bad_inputs(sweep_dir, tmp_path):

@@ -184,14 +184,17 @@ def config_yaml(rec: dict, cfg: RecommendConfig) -> str:
         f"# learning_rate {rec['confidence']:.0%} interval: [{low:.3g}, {high:.3g}]",
         f"# batch limited by {rec['limited_by']}: predicted {rec['predicted_memory_gb']:.2f} GiB (upper band) "
         f"of {rec['usable_memory_gb']:.2f} GiB usable",
-        f"# max_steps from {rec['tokens']:,} tokens ({rec['tokens_basis']}) at seq_len {rec['seq_len']}",
+        f"# max_steps from {rec['tokens']:,} tokens ({rec['tokens_basis']}) at block_size {rec['seq_len']}",
     ] + [f"# note: {n}" for n in rec["notes"]]
-    values = {"learning_rate": float(f"{rec['learning_rate']:.4g}"), "effective_batch_size": rec["effective_batch_size"],
-              "batch_size": rec["batch_size"], "warmup_steps": rec["warmup_steps"], "max_steps": rec["max_steps"]}
+    learning_rate = float(f"{rec['learning_rate']:.4g}")
+    values = {"learning_rate": learning_rate, "effective_batch_size": rec["effective_batch_size"],
+              "batch_size": rec["batch_size"], "warmup_steps": rec["warmup_steps"], "max_steps": rec["max_steps"],
+              # The memory prediction and max_steps hold for this sequence length, so the config pins it.
+              "block_size": rec["seq_len"],
+              # Cosine floor lr/10 (nanoGPT/Chinchilla); the trainer's fixed 1e-5 would exceed GPT-2-sized lrs.
+              "min_lr": float(f"{learning_rate / 10:.4g}")}
     if rec["clip"] is not None:
         values["clip"] = rec["clip"]
-    if cfg.seq_len is not None:
-        values["block_size"] = rec["seq_len"]
     return "\n".join(header) + "\n" + yaml.safe_dump(values, sort_keys=False)
 
 
