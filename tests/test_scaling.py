@@ -283,3 +283,17 @@ def test_memory_fit_refuses_a_single_micro_batch_and_degenerate_data_do_not_cras
     identical = [{**row, "final_loss": 4.0, "early_loss_std": 0.1, "peak_memory_mb": 500.0} for row in rows]
     write_lr_bs_report(tmp_path, identical, SYNTHETIC_OPTIONS)  # flat data: fits may degenerate, never crash
     assert json.loads((tmp_path / "scaling_fits.json").read_text())["n_feasible"] == len(rows)
+
+
+def test_recommend_reanalyses_with_new_thresholds(tmp_path):
+    folder = tmp_path / "sweep"
+    write_lr_bs_report(folder, synthetic_rows(), ScalingOptions())  # default thresholds: some trials dropped
+    before = json.loads((folder / "scaling_fits.json").read_text())
+    recommend_main(["--from", str(folder), "--memory-gb", "8", "--diverged_loss", "30", "--unstable_std", "1"])
+    after = json.loads((folder / "scaling_fits.json").read_text())
+    assert before["n_feasible"] < after["n_feasible"] == after["n_trials"]
+    assert after["options"]["unstable_std"] == 1.0
+    assert len(after["trials"]) == len(before["trials"])  # the stored rows survive the rewrite
+    recommend_main(["--from", str(folder), "--memory-gb", "8", "--n_bootstrap", "50"])  # other options kept
+    kept = json.loads((folder / "scaling_fits.json").read_text())["options"]
+    assert kept["unstable_std"] == 1.0 and kept["n_bootstrap"] == 50

@@ -13,25 +13,28 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import yaml
 
-from llmlab.config import add_dataclass_args, config_from_namespace, opt
+from llmlab.config import add_dataclass_args, config_from_namespace, load_yaml, opt
 from llmlab.errors import UserError
 from llmlab.io import atomic_write_text
-from llmlab.scaling.fits import predict_band
-from llmlab.scaling.report import FITS_FILE
+from llmlab.scaling.fits import ScalingOptions, predict_band
+from llmlab.scaling.report import FITS_FILE, write_lr_bs_report
 
 DEFAULT_SEQ_LEN = 1024  # train_pretrain.py's default block size, used when the sweep did not record one
 MB_PER_GB = 1024  # peak memory is recorded in MiB; --memory-gb is GiB, as nvidia-smi and torch report it
 
 
 @dataclass
-class RecommendConfig:
+class RecommendConfig(ScalingOptions):
+    """Recommendation options; the inherited analysis options (thresholds, bootstrap) re-analyse the stored
+    trials, and rewrite the sweep's scaling_fits.json / report / plots, when they differ from the stored ones."""
+
     from_dir: str = opt("", "output folder of `sweep.py --grid lr_bs` (holds scaling_fits.json); also --from")
     memory_gb: Optional[float] = opt(None, "memory of the target device in GiB (required); also --memory-gb")
     params: Optional[int] = opt(None, "parameter count of the target model; predicted memory is scaled by "
@@ -47,6 +50,7 @@ class RecommendConfig:
     tokens_per_param: float = opt(20.0, "tokens per parameter when --tokens is not given")
 
     def validate(self) -> None:
+        super().validate()
         if not self.from_dir:
             raise UserError("--from is required: pass the output folder of `python sweep.py --grid lr_bs`")
         if self.memory_gb is None or self.memory_gb <= 0:
@@ -97,8 +101,19 @@ def _nearest_grad_norm(fits: dict, batch: int, lr: float) -> Optional[dict]:
                + math.log(float(t["lr"]) / lr) ** 2)
 
 
-def recommend(cfg: RecommendConfig) -> dict:
+ANALYSIS_OPTIONS = tuple(f.name for f in fields(ScalingOptions))
+
+
+def recommend(cfg: RecommendConfig, reanalyse: tuple[str, ...] = ()) -> dict:
+    """`reanalyse` names the analysis options the user set; the stored analysis keeps all the others."""
     fits = load_fits(cfg.from_dir)
+    stored = {k: v for k, v in fits.get("options", {}).items() if k in ANALYSIS_OPTIONS}
+    options = ScalingOptions(**{**stored, **{name: getattr(cfg, name) for name in reanalyse}})
+    if reanalyse and vars(options) != fits.get("options"):
+        print(f"re-analysing the {fits['n_trials']} stored trials with the given analysis options "
+              f"(rewrites {FITS_FILE}, the scaling report and plots)")
+        write_lr_bs_report(cfg.from_dir, fits["trials"], options)
+        fits = load_fits(cfg.from_dir)
     lr_fit, memory_fit = _require(fits, "lr_opt"), _require(fits, "peak_memory_mb")
     confidence = fits["options"]["confidence"]
     swept_params, swept_seq = fits["measured"].get("params"), fits["measured"].get("seq_len")
@@ -223,8 +238,10 @@ def recommend_main(argv: list[str]) -> dict:
     add_dataclass_args(parser, RecommendConfig)
     parser.add_argument("--from", dest="from_dir", default=argparse.SUPPRESS, help="same as --from_dir")
     parser.add_argument("--memory-gb", dest="memory_gb", default=argparse.SUPPRESS, help="same as --memory_gb")
-    cfg = config_from_namespace(RecommendConfig, parser.parse_args(argv))
-    rec = recommend(cfg)
+    namespace = parser.parse_args(argv)
+    cfg = config_from_namespace(RecommendConfig, namespace)
+    given = set(vars(namespace)) | set(load_yaml(namespace.config) if namespace.config else {})
+    rec = recommend(cfg, reanalyse=tuple(name for name in ANALYSIS_OPTIONS if name in given))
     output = Path(cfg.output) if cfg.output else Path(cfg.from_dir) / "recommended_config.yaml"
     atomic_write_text(output, config_yaml(rec, cfg))
     print(summary_table(rec))
