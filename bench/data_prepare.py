@@ -1,5 +1,6 @@
 """Throughput of the whole data preparation (load, clean, dedup, tokenise, pack, save): num_proc=1 vs 2.
 
+"CPU s" is the CPU time all processes spent, so worker overhead shows even on a busy machine.
 Every run writes into a fresh temp cache dir, so nothing is reused; a small warm-up run first pays
 the one-off imports. The runs alternate between the settings and the median is reported. The two
 settings must produce identical blocks; the script checks that too.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -29,6 +31,12 @@ def blocks_digest(prepared) -> str:
         for chunk in split.data.column("input_ids").chunks:
             h.update(chunk.values.to_numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def cpu_seconds() -> float:
+    """User+system CPU of this process and its finished children (the map workers)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def main() -> None:
@@ -54,7 +62,9 @@ def main() -> None:
             for n in args.num_proc:
                 cfg = DataConfig(dataset=args.dataset, block_size=args.block_size, num_proc=n,
                                  max_documents=args.max_documents, cache_dir=f"{tmp}/r{repeat}-p{n}")
+                cpu_before = cpu_seconds()
                 prepared = prepare_dataset(cfg, tokenizer)
+                prepared.report["cpu_seconds"] = cpu_seconds() - cpu_before
                 assert not prepared.report["cache_hit"]
                 runs[n].append(prepared.report)
                 digests[n] = blocks_digest(prepared)
@@ -66,7 +76,8 @@ def main() -> None:
           f"{first['tokens']:,} tokens, block_size {args.block_size}; {os.cpu_count()} CPUs; "
           f"TOKENIZERS_PARALLELISM={os.environ.get('TOKENIZERS_PARALLELISM', 'unset')}; median of {args.repeats}; "
           f"load average before/after {load_before:.1f}/{os.getloadavg()[0]:.1f}")
-    header = f"{'num_proc':>8} {'seconds':>9} {'docs/s':>9} {'tokens/s':>11} {'tokenize tok/s':>15} {'speed-up':>9}"
+    header = (f"{'num_proc':>8} {'seconds':>9} {'CPU s':>7} {'docs/s':>9} {'tokens/s':>11} {'tokenize tok/s':>15} "
+              f"{'speed-up':>9}")
     print(header)
     print("-" * len(header))
     base_seconds = None
@@ -74,8 +85,14 @@ def main() -> None:
         seconds = statistics.median(r["prepare_seconds"] for r in runs[n])
         tok_seconds = statistics.median(r["tokenize_seconds"] for r in runs[n])
         base_seconds = base_seconds or seconds
-        print(f"{n:>8} {seconds:>9.2f} {first['steps'][0]['out'] / seconds:>9.1f} {first['tokens'] / seconds:>11,.0f} "
+        cpu = statistics.median(r["cpu_seconds"] for r in runs[n])
+        print(f"{n:>8} {seconds:>9.2f} {cpu:>7.1f} {first['steps'][0]['out'] / seconds:>9.1f} {first['tokens'] / seconds:>11,.0f} "
               f"{first['tokens'] / tok_seconds:>15,.0f} {base_seconds / seconds:>8.2f}x")
+    stages = list(first["stage_seconds"])
+    print("\nmedian seconds per stage")
+    print(f"{'num_proc':>8} " + " ".join(f"{s:>9}" for s in stages))
+    for n in args.num_proc:
+        print(f"{n:>8} " + " ".join(f"{statistics.median(r['stage_seconds'][s] for r in runs[n]):>9.2f}" for s in stages))
     identical = len(set(digests.values())) == 1
     print(f"identical blocks across num_proc settings: {identical}")
     if not identical:

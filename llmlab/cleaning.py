@@ -1,7 +1,7 @@
 """Document cleaning: markup stripping, NFKC, length filter, exact and near-duplicate removal.
 
-Per-document work (normalising text, hashing, MinHash signatures) runs as batched `datasets.map`
-calls so `num_proc` parallelises it; the duplicate decisions are one sequential pass in corpus order,
+Per-document work (normalising text, hashing, MinHash signatures) runs as one batched `datasets.map`
+call so `num_proc` parallelises it; the duplicate decisions are one sequential pass in corpus order,
 so the first copy of a document is the one kept, whatever `num_proc` is.
 """
 from __future__ import annotations
@@ -61,9 +61,21 @@ def exact_hash(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
 
 
-def clean_batch(batch: dict) -> dict:
-    texts = [clean_text(t) for t in batch["text"]]
-    return {"text": texts, "exact_hash": [exact_hash(t) for t in texts]}
+def clean_batch(batch: dict, wikitext: bool = False, with_minhash: bool = True) -> dict:
+    """Cleaned text, its exact-duplicate hash and (optionally) its MinHash signature, for a batch of documents.
+
+    One pass per document, so `datasets.map(num_proc=N)` pays its worker start-up once for all of it.
+    """
+    texts = batch["text"]
+    if wikitext:
+        from gensim.corpora.wikicorpus import filter_wiki  # removes templates, links, tables, refs
+
+        texts = [filter_wiki(t) for t in texts]
+    texts = [clean_text(t) for t in texts]
+    out = {"text": texts, "exact_hash": [exact_hash(t) for t in texts]}
+    if with_minhash:
+        out["minhash"] = minhash_signatures(texts)
+    return out
 
 
 def shingles(text: str) -> set[bytes]:
@@ -73,12 +85,12 @@ def shingles(text: str) -> set[bytes]:
     return {" ".join(words[i : i + SHINGLE_WORDS]).encode() for i in range(len(words) - SHINGLE_WORDS + 1)}
 
 
-def minhash_batch(batch: dict) -> dict:
+def minhash_signatures(texts: list[str]) -> list[np.ndarray]:
     from datasketch import MinHash
 
-    minhashes = MinHash.bulk([list(shingles(t)) for t in batch["text"]], num_perm=NUM_PERM, seed=MINHASH_SEED,
+    minhashes = MinHash.bulk([list(shingles(t)) for t in texts], num_perm=NUM_PERM, seed=MINHASH_SEED,
                              scheme=MINHASH_SCHEME, hashfunc=zlib.crc32)
-    return {"minhash": [m.hashvalues for m in minhashes]}
+    return [m.hashvalues for m in minhashes]
 
 
 def exact_duplicate_indices(hashes: list[str]) -> list[int]:

@@ -75,25 +75,24 @@ def source_fingerprint(source: str, dataset_config: Optional[str], text_field: s
     return {"source": "hub", "name": source, "config": dataset_config, "text_field": text_field}
 
 
-def load_corpus(source: str, dataset_config: Optional[str], text_field: str, max_documents: Optional[int],
-                num_proc: Optional[int] = None):
-    """The raw documents of `source` as a Dataset with a "text" column (at most `max_documents` rows)."""
+def load_corpus(source: str, dataset_config: Optional[str], text_field: str, max_documents: Optional[int]):
+    """The raw documents of `source` as a Dataset with a "text" column (at most `max_documents` rows),
+    and whether that text is wikitext (to be run through gensim's wiki filter during cleaning)."""
     from datasets import Dataset
 
     if source == BUILTIN_WIKI:
-        pages = Dataset.from_dict({"text": list(_wiki_article_markup(builtin_wiki_path(), max_documents))})
-        return pages.map(_filter_wiki_batch, batched=True, batch_size=8, num_proc=num_proc, desc="Wiki filter")
+        return Dataset.from_dict({"text": list(_wiki_article_markup(builtin_wiki_path(), max_documents))}), True
     if looks_local(source):
         texts: list[str] = []
         for path in local_files(source):
             if max_documents is not None and len(texts) >= max_documents:
                 break
             texts.extend(_read_local(path, text_field))
-        return Dataset.from_dict({"text": texts[:max_documents] if max_documents else texts})
+        return Dataset.from_dict({"text": texts[:max_documents] if max_documents else texts}), False
     ds = _load_hub(source, dataset_config, text_field)
     if max_documents is not None:
         ds = ds.select(range(min(max_documents, len(ds))))
-    return ds
+    return ds, False
 
 
 def _wiki_article_markup(path: Path, max_documents: Optional[int]):
@@ -109,12 +108,6 @@ def _wiki_article_markup(path: Path, max_documents: Optional[int]):
                 continue
             count += 1
             yield text
-
-
-def _filter_wiki_batch(batch: dict) -> dict:
-    from gensim.corpora.wikicorpus import filter_wiki  # removes templates, links, tables, refs
-
-    return {"text": [filter_wiki(t) for t in batch["text"]]}
 
 
 def _read_local(path: Path, text_field: str) -> list[str]:

@@ -166,13 +166,15 @@ def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, c
     num_proc = cfg.num_proc if cfg.num_proc > 1 else None
     stage_seconds: dict[str, float] = {}
     lap = _Lap(stage_seconds)
-    docs = corpus.load_corpus(cfg.dataset, cfg.dataset_config, cfg.text_field, cfg.max_documents, num_proc)
+    docs, wikitext = corpus.load_corpus(cfg.dataset, cfg.dataset_config, cfg.text_field, cfg.max_documents)
     lap("load")
     loaded = len(docs)
     characters_in = int(_text_lengths(docs).sum())
     steps = [{"step": "loaded", "in": loaded, "out": loaded}]
 
-    docs = docs.map(cleaning.clean_batch, batched=True, num_proc=num_proc, desc="Cleaning")
+    near_dedup = cfg.near_dup_threshold > 0
+    docs = docs.map(cleaning.clean_batch, batched=True, batch_size=16, num_proc=num_proc, desc="Cleaning",
+                    fn_kwargs={"wikitext": wikitext, "with_minhash": near_dedup})
     docs = _filter_short(docs, cfg.min_doc_chars)
     lap("clean")
     steps.append(_step(f"shorter than {cfg.min_doc_chars} chars", loaded, len(docs)))
@@ -187,15 +189,15 @@ def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, c
     steps.append(_step("exact duplicates", before, len(docs)))
 
     before = len(docs)
-    if cfg.near_dup_threshold > 0:
-        signed = docs.map(cleaning.minhash_batch, batched=True, num_proc=num_proc, desc="MinHash")
-        signatures = _fixed_rows(signed, "minhash", cleaning.NUM_PERM)
+    if near_dedup:
+        signatures = _fixed_rows(docs, "minhash", cleaning.NUM_PERM)
         docs = _drop(docs, cleaning.near_duplicate_indices(signatures, cfg.near_dup_threshold))
         steps.append(_step(f"near duplicates (Jaccard >= {cfg.near_dup_threshold})", before, len(docs)))
     else:
         steps.append(_step("near duplicates (disabled)", before, before))
 
     lap("dedup")
+    docs = docs.select_columns(["text"])
     tokenized = docs.map(_tokenize_batch, batched=True, num_proc=num_proc, remove_columns=docs.column_names,
                          fn_kwargs={"tokenizer": tokenizer, "eos_id": tokenizer.eos_token_id}, desc="Tokenizing")
     tokenize_seconds = lap("tokenize")

@@ -181,8 +181,9 @@ def train(cfg: PretrainConfig) -> dict:
     from llmlab.io import append_jsonl
     from llmlab.mfu import current_device_name, mfu, peak_flops
     from llmlab.models import flops_per_token
-    from llmlab.pretrain_setup import (batch_stream, build_model, build_optimizer, evaluate, loss_scale,
-                                       make_accelerator, make_dataloaders, make_scheduler, save_final)
+    from llmlab.models import count_parameters
+    from llmlab.pretrain_setup import (batch_stream, build_model, build_optimizer, evaluate, innermost_optimizer,
+                                       loss_scale, make_accelerator, make_dataloaders, make_scheduler, save_final)
     from llmlab.runinfo import write_run_info
     from llmlab.spikes import SpikeDetector
     from llmlab.tokenizer import load_tokenizer
@@ -190,6 +191,10 @@ def train(cfg: PretrainConfig) -> dict:
     from llmlab.training_utils import GradClipper, causal_lm_loss
 
     accelerator = make_accelerator(cfg)
+    resume_path = None
+    if cfg.resume_from_checkpoint:  # fail fast, before the data and model are built
+        resume_path = ckpt.resolve_checkpoint(cfg.output_dir, cfg.resume_from_checkpoint)
+        ckpt.read_trainer_state(resume_path)
     set_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.tokenizer)
     with accelerator.main_process_first():
@@ -204,7 +209,11 @@ def train(cfg: PretrainConfig) -> dict:
     model = build_model(cfg, tokenizer)
     optimizer = build_optimizer(cfg, model)
     train_dl, val_dl = make_dataloaders(cfg, data)
-    model, optimizer, train_dl, val_dl = accelerator.prepare(model, optimizer, train_dl, val_dl)
+    try:
+        model, optimizer, train_dl, val_dl = accelerator.prepare(model, optimizer, train_dl, val_dl)
+    except ValueError as err:  # DeepSpeed refuses a precision the device lacks
+        raise UserError(f"cannot prepare the model for this device ({str(err).splitlines()[0][:160]}); "
+                        "on CPU use --mixed_precision bf16 or no") from None
     scheduler = make_scheduler(cfg, optimizer)
     accelerator.register_for_checkpointing(scheduler)
     if len(train_dl) < accelerator.gradient_accumulation_steps:
@@ -233,10 +242,9 @@ def train(cfg: PretrainConfig) -> dict:
         detector.load_state_dict(saved["spike_detector"])
         clipper.load_state_dict(saved["clipper"])
 
-    if cfg.resume_from_checkpoint:
-        path = ckpt.resolve_checkpoint(out, cfg.resume_from_checkpoint)
-        restore(path)
-        accelerator.print(f"resumed from {path} at step {state.step}")
+    if resume_path is not None:
+        restore(resume_path)
+        accelerator.print(f"resumed from {resume_path} at step {state.step}")
 
     def save() -> None:
         ckpt.save_checkpoint(accelerator, out, state.step, {
@@ -278,6 +286,12 @@ def train(cfg: PretrainConfig) -> dict:
         detector.streak = 0
 
     tokens_per_step = cfg.effective_batch_size * cfg.block_size
+    accelerator.print(
+        f"model {cfg.init_from or cfg.model}: {count_parameters(accelerator.unwrap_model(model)) / 1e6:.1f}M params; "
+        f"{cfg.max_steps} steps of {cfg.effective_batch_size} x {cfg.block_size} tokens "
+        f"({cfg.batch_size}/device x {accelerator.gradient_accumulation_steps} accumulation x {world} processes); "
+        f"precision {accelerator.mixed_precision}; optimizer {type(innermost_optimizer(optimizer)).__name__}; "
+        f"{accelerator.distributed_type.value}")
     flops_token = flops_per_token(accelerator.unwrap_model(model), cfg.block_size)
     peak = peak_flops(current_device_name(), accelerator.mixed_precision)
     batches = batch_stream(accelerator, train_dl, state.micro_batches)
@@ -324,7 +338,7 @@ def train(cfg: PretrainConfig) -> dict:
 
         if detector.update(step_loss):
             rollback(step_loss)
-            tick = time.perf_counter()
+            pending_save, tick = False, time.perf_counter()
             continue
         if state.step % cfg.log_every == 0 or state.step == cfg.max_steps:
             metrics = {"train/loss": step_loss, "train/lr": lr, "train/grad_norm": grad_norm,

@@ -26,6 +26,9 @@ def make_accelerator(cfg):
     except ValueError as err:
         raise UserError(f"accelerate cannot set up this run ({str(err).splitlines()[0][:200]}); "
                         "check --mixed_precision and the `accelerate launch` config") from None
+    if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
+        raise UserError("--mixed_precision fp16 needs a GPU (on CPU there is no fp16 loss scaling); "
+                        "use --mixed_precision bf16 or no")
     ds_plugin = accelerator.state.deepspeed_plugin
     if ds_plugin is not None:
         from llmlab.training_utils import parse_clip
@@ -116,6 +119,13 @@ def evaluate(accelerator, model, val_dl, max_batches: int) -> float:
         loss = causal_lm_loss(model(input_ids=input_ids).logits, input_ids)
         losses.append(accelerator.gather_for_metrics(loss.detach().reshape(1)))
     return torch.cat(losses).float().mean().item() if losses else math.nan
+
+
+def innermost_optimizer(optimizer):
+    """The optimizer doing the update (e.g. DeepSpeedCPUAdam under ZeRO offload), through the wrappers."""
+    while hasattr(optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
+    return optimizer
 
 
 def loss_scale(accelerator, optimizer) -> float | None:

@@ -124,10 +124,14 @@ def settings_fingerprint(cfg: SweepConfig, design: list[dict]) -> str:
 
 # ---------------------------------------------------------------- launching
 def _forkserver_context():
+    """Start the fork server now: it imports torch/transformers while the parent prepares the data."""
     global _FORKSERVER
     if _FORKSERVER is None:
+        from multiprocessing import forkserver
+
         _FORKSERVER = multiprocessing.get_context("forkserver")
         _FORKSERVER.set_forkserver_preload(["llmlab.sweep.trial"])
+        forkserver.ensure_running()
     return _FORKSERVER
 
 
@@ -267,6 +271,8 @@ def run_sweep(cfg: SweepConfig, launcher: str = "forkserver") -> list[dict]:
     atomic_write_json(state_path, {"fingerprint": fingerprint, "grid": cfg.grid, "budget": cfg.budget})
     write_run_info(out_dir, cfg)
     _print_parameters(cfg)
+    if launcher == "forkserver":
+        _forkserver_context()
     data_info = prepare_data(cfg, out_dir)
     specs = trial_specs(cfg, design, data_info, out_dir)
     done = {r["trial_id"]: r for r in load_results(out_dir, design)

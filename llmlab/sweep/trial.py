@@ -177,6 +177,8 @@ def train_attempt(spec: dict, hp: dict, data: dict, device: torch.device, log_di
                     ratios.setdefault(group, []).append(value)
             if step % spec["log_every"] == 0 or step == steps - 1:
                 logger.log({"train/loss": loss_sum, "train/grad_norm": norm, "train/lr": lr_now}, step)
+                print(f"step {step:>5}/{steps}  loss {loss_sum:.4f}  grad_norm {norm:.3g}  lr {lr_now:.3g}  "
+                      f"{step_times[-1]:.3f} s/step", flush=True)
             # --- fail-safes ---
             if initial_loss is None:
                 initial_loss = loss_sum
@@ -202,6 +204,9 @@ def train_attempt(spec: dict, hp: dict, data: dict, device: torch.device, log_di
                     raise TrialStop("slow", f"pre-check: projected {projected:.0f} s exceeds the trial timeout "
                                             f"{spec['timeout_s']} s; lower --steps or raise --trial_timeout")
         evaluation = evaluate(model, data["validation"], spec, device, amp)
+    except TrialStop as stop:
+        stop.curves = curves  # kept in result.json so a failed run's curve can still be inspected
+        raise
         logger.log({"eval/loss": evaluation["val_loss"], "eval/perplexity": evaluation["val_perplexity"]}, steps)
     finally:
         logger.flush()
@@ -307,6 +312,7 @@ def run_trial(spec_path: str | Path) -> dict:
     result: dict[str, Any] = {"trial_id": spec["trial_id"], "hparams": spec["hparams"], "model": spec["model"],
                               "steps": spec["steps"], "attempts": 0,
                               "boundary": False, "failures": [], "fallback": None}
+    print(f"[{spec['trial_id']}] {spec['steps']} steps, model {spec['model']}, {hp}", flush=True)
     for attempt in (1, 2):
         result["attempts"] = attempt
         log_dir = trial_dir if attempt == 1 else trial_dir / "retry"
@@ -317,7 +323,7 @@ def run_trial(spec_path: str | Path) -> dict:
         except TrialStop as stop:
             print(f"[{spec['trial_id']}] fail-safe: {stop.reason}", flush=True)
             result["failures"].append(stop.reason)
-            result.update(status="failed", effective_hparams=hp)
+            result.update(status="failed", effective_hparams=hp, curves=stop.curves)
             plan = fallback(hp, stop) if spec["retry"] and attempt == 1 else None
             if plan is None:
                 break
@@ -334,8 +340,19 @@ def run_trial(spec_path: str | Path) -> dict:
     return result
 
 
+def die_with_parent() -> None:
+    """Linux: SIGKILL this trial when its launcher dies, so a killed sweep leaves no orphan writing results."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        pass
+
+
 def child_main(spec_path: str, log_path: str, env: dict[str, str]) -> None:
     """Entry point of a forkserver-launched trial: log to its own file, then run (exit code 0/1)."""
+    die_with_parent()
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -355,4 +372,5 @@ def child_main(spec_path: str, log_path: str, env: dict[str, str]) -> None:
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python -m llmlab.sweep.trial TRIAL_DIR/spec.json")
+    die_with_parent()
     run_trial(sys.argv[1])
