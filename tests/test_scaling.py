@@ -180,6 +180,9 @@ def test_recommend_picks_largest_batch_that_fits_and_writes_yaml(sweep_dir, tmp_
                        "batch_size": batch, "warmup_steps": rec["warmup_steps"], "max_steps": rec["max_steps"],
                        "block_size": 128, "min_lr": pytest.approx(rec["learning_rate"] / 10, rel=1e-3),
                        "clip": rec["clip"]}
+    k0, k1, k2 = (fits["fits"]["loss_std"][k] for k in ("k0", "k1", "k2"))
+    assert rec["expected_early_loss_std"][0] == pytest.approx(
+        math.exp(k0 + k1 * math.log(1 / rec["learning_rate"]) + k2 * math.log(batch)), rel=1e-6)
     printed = capsys.readouterr().out
     assert "learning_rate" in printed and str(batch) in printed and str(output) in printed
 

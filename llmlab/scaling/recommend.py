@@ -174,6 +174,11 @@ def recommend(cfg: RecommendConfig, reanalyse: tuple[str, ...] = ()) -> dict:
         warmup = max(1, total_steps // 2)
         notes.append("warmup capped at half of the run (the formula asked for more than the run has)")
 
+    loss_std = None
+    if fits["fits"].get("loss_std", {}).get("status") == "ok":
+        point = np.array([[math.log(1 / lr), math.log(batch)]])
+        loss_std = [float(math.exp(v[0])) for v in predict_band(fits["fits"]["loss_std"], point, confidence)]
+
     nearest = _nearest_grad_norm(fits, batch, lr)
     clip = round(1.5 * float(nearest["grad_norm_mean"]), 4) if nearest else None
     if nearest is None:
@@ -187,7 +192,7 @@ def recommend(cfg: RecommendConfig, reanalyse: tuple[str, ...] = ()) -> dict:
         "warmup_steps": warmup, "clip": clip,
         "clip_basis": (f"1.5 x mean grad norm {float(nearest['grad_norm_mean']):.4g} of trial {nearest['trial_id']} "
                        f"(lr {float(nearest['lr']):.3g}, batch {nearest['batch_size']})") if nearest else None,
-        "param_scale": param_scale, "notes": notes,
+        "param_scale": param_scale, "expected_early_loss_std": loss_std, "notes": notes,
     }
 
 
@@ -225,6 +230,10 @@ def summary_table(rec: dict) -> str:
         ("warmup_steps", str(rec["warmup_steps"]), "max(50, 0.03 x max_steps x batch / 32)"),
         ("clip", "-" if rec["clip"] is None else f"{rec['clip']:.4g}", rec["clip_basis"] or "not measured"),
     ]
+    if rec["expected_early_loss_std"]:
+        center, low_std, high_std = rec["expected_early_loss_std"]
+        rows.append(("(early loss std)", f"{center:.3g}", f"expected from the loss_std fit at this lr and batch "
+                     f"(swept model), interval [{low_std:.3g}, {high_std:.3g}]; not written to the YAML"))
     width = max(len(r[0]) for r in rows)
     value_width = max(len(r[1]) for r in rows)
     lines = [f"{'option':<{width}}  {'value':<{value_width}}  basis", "-" * (width + value_width + 60)]
