@@ -72,7 +72,8 @@ def load_fits(from_dir: str) -> dict:
     path = folder / FITS_FILE
     if not path.is_file():
         raise UserError(f"--from {folder}: no {FITS_FILE} (no finished lr_bs sweep there); run "
-                        f"`python sweep.py --grid lr_bs --output_dir {folder}` first")
+                        f"`python sweep.py --grid lr_bs --output_dir {folder}` first (rerunning a finished sweep "
+                        f"with its original flags skips its trials and only rewrites the reports)")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as err:
