@@ -289,3 +289,21 @@ def test_hub_dataset_columns_split_and_missing_field(tmp_path, gpt2_tokenizer, m
     assert prepared.cache_path.name.startswith("somecorpus-b32-")
     with pytest.raises(UserError, match="has no column 'text'"):
         prepare_dataset(cfg_for(tmp_path, "someorg/somecorpus", dataset_config="v1"), gpt2_tokenizer)
+
+
+@pytest.mark.slow  # two interpreter start-ups with torch; ~15 s idle, more on a busy machine
+def test_prepare_only_cli_summary_and_one_line_error(tmp_path):
+    from tests.conftest import run_script
+
+    rng = random.Random(8)
+    path = write_jsonl(tmp_path / "c.jsonl", [random_doc(rng) for _ in range(6)])
+    common = ["train_pretrain.py", "--prepare_only", "--output_dir", str(tmp_path / "out"),
+              "--cache_dir", str(tmp_path / "cache"), "--block_size", "32"]
+    ok = run_script([*common, "--dataset", str(path)])
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "exact duplicates" in ok.stdout and "blocks of 32: train" in ok.stdout and "tokens/s" in ok.stdout
+    path.write_text(path.read_text() + json.dumps({"content": "x" * 60}) + "\n")
+    bad = run_script([*common, "--dataset", str(path)])
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {path}:7 has no field 'text'; give every line that field or pass --text_field NAME"]
