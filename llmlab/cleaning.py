@@ -16,7 +16,7 @@ import numpy as np
 
 # Bump when the cleaning output changes, so old caches are not reused.
 CLEANING_VERSION = 2
-NUM_PERM = 128  # MinHash permutations: estimator error of a Jaccard similarity is about 1/sqrt(128) = 0.09
+NUM_PERM = 128  # MinHash permutations: standard error of a Jaccard estimate <= 0.5/sqrt(128) = 0.044
 SHINGLE_WORDS = 5  # near-duplicate shingles are word 5-grams (lower-cased)
 MINHASH_SEED = 1
 MINHASH_SCHEME = "affine32"  # shingles hashed with crc32 (C speed, stable across processes; 3x faster
