@@ -251,6 +251,9 @@ def test_jsonl_line_without_field_names_file_and_line(tmp_path, gpt2_tokenizer):
     path.write_text(json.dumps({"text": "a" * 80}) + "\n\n" + json.dumps({"body": "b" * 80}) + "\n")
     with pytest.raises(UserError, match=rf"{path}:3 has no field 'text'"):
         prepare_dataset(cfg_for(tmp_path, path), gpt2_tokenizer)
+    path.write_text(json.dumps({"text": "a" * 80}) + "\n{not json\n")
+    with pytest.raises(UserError, match=rf"{path}:2 is not valid JSON"):
+        prepare_dataset(cfg_for(tmp_path, path), gpt2_tokenizer)
 
 
 def test_unknown_hub_dataset_offline(tmp_path, gpt2_tokenizer):
