@@ -117,6 +117,19 @@ def _power_law_plot(ax, fit: dict, xs: np.ndarray, confidence: float, label: str
     ax.fill_between(grid, np.exp(low), np.exp(high), color="C0", alpha=0.2, label=f"{confidence:.0%} band")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    from matplotlib.ticker import NullFormatter
+
+    ticks = sorted(set(xs.tolist()))
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])  # the swept batch sizes, not 10^k labels
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _readable_ylim(ax) -> None:
+    """Flat data (e.g. the same best lr at every batch) would collapse a log axis: show a factor 4 around it."""
+    low, high = ax.get_ylim()
+    if low > 0 and high / low < 1.5:
+        middle = math.sqrt(low * high)
+        ax.set_ylim(middle / 2, middle * 2)
 
 
 def write_plots(plot_dir: Path, analysis: dict) -> list[str]:
@@ -157,6 +170,8 @@ def write_plots(plot_dir: Path, analysis: dict) -> list[str]:
             marker = "x" if not p["inlier"] else ("o" if not p["at_edge"] else "s")
             ax.scatter(p["batch_size"], p["lr_opt"], marker=marker, color="C1" if p["inlier"] else "red", zorder=3)
         ax.scatter([], [], marker="x", color="red", label="RANSAC outlier")
+        ax.scatter([], [], marker="s", color="C1", label="optimum at lr grid edge (a bound)")
+        _readable_ylim(ax)
         ax.set(xlabel="batch size (sequences)", ylabel="best learning rate", title="lr_opt vs batch size")
         ax.legend(fontsize=8)
         _save(fig, plot_dir / "lr_opt_fit.png")
@@ -174,6 +189,7 @@ def write_plots(plot_dir: Path, analysis: dict) -> list[str]:
         _power_law_plot(ax, fit, xs, confidence, f"peak = {fit['c']:.3g} * batch^{fit['d']:.3f} MB")
         ax.scatter(xs[inliers], ys[inliers], color="C1", zorder=3, label="trials")
         ax.scatter(xs[~inliers], ys[~inliers], marker="x", color="red", zorder=3, label="RANSAC outlier")
+        _readable_ylim(ax)
         ax.set(xlabel="micro batch size (sequences)", ylabel="peak memory (MB)", title="Peak memory vs batch size")
         ax.legend(fontsize=8)
         _save(fig, plot_dir / "peak_memory_fit.png")
