@@ -234,6 +234,7 @@ def test_recommend_bad_inputs(sweep_dir, tmp_path):
     message = error(["--from", str(thin), "--memory-gb", "8"])
     assert "too few feasible trials to fit lr_opt" in message and ">= 3 batch sizes" in message
     assert "not fitted" in (thin / "scaling_report.md").read_text()
+    assert not (thin / "plots" / "lr_opt_fit.png").exists() and (thin / "plots" / "peak_memory_fit.png").exists()
 
 
 def test_recommend_cli_bad_input_is_one_line(tmp_path):

@@ -14,6 +14,7 @@ from llmlab.scaling.fits import ScalingOptions, analyse, predict_band
 
 FITS_FILE = "scaling_fits.json"
 REPORT_FILE = "scaling_report.md"
+PLOT_NAMES = ("loss_vs_lr.png", "lr_opt_fit.png", "peak_memory_fit.png", "loss_std_fit.png")
 
 
 def write_lr_bs_report(out_dir: str | os.PathLike, rows: list[dict], options: Optional[ScalingOptions] = None) -> dict:
@@ -221,4 +222,7 @@ def write_plots(plot_dir: Path, analysis: dict) -> list[str]:
         ax.legend(fontsize=8)
         _save(fig, plot_dir / "loss_std_fit.png")
         written.append(str(plot_dir / "loss_std_fit.png"))
+    for name in PLOT_NAMES:  # a re-analysis that can no longer fit something must not leave its old plot
+        if str(plot_dir / name) not in written:
+            (plot_dir / name).unlink(missing_ok=True)
     return written
