@@ -230,7 +230,9 @@ def test_recommend_bad_inputs(sweep_dir, tmp_path):
     assert "--memory-gb is required" in error(["--from", str(sweep_dir)])
     assert "even batch 1" in error(["--from", str(sweep_dir), "--memory-gb", "0.1"])
     thin = tmp_path / "thin"
-    write_lr_bs_report(thin, synthetic_rows(batches=(8, 16)), SYNTHETIC_OPTIONS)
+    write_lr_bs_report(thin, synthetic_rows(), SYNTHETIC_OPTIONS)
+    assert (thin / "plots" / "lr_opt_fit.png").exists()
+    write_lr_bs_report(thin, synthetic_rows(batches=(8, 16)), SYNTHETIC_OPTIONS)  # re-analysis of a thinner table
     message = error(["--from", str(thin), "--memory-gb", "8"])
     assert "too few feasible trials to fit lr_opt" in message and ">= 3 batch sizes" in message
     assert "not fitted" in (thin / "scaling_report.md").read_text()
