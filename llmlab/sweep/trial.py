@@ -252,9 +252,9 @@ def evaluate(model, validation: np.ndarray, spec: dict, device, amp: bool, segme
             losses = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")
             token_losses.append(losses.cpu())
     model.train()
-    per_token = torch.cat(token_losses)  # [rows, positions]
+    per_token = torch.cat(token_losses)  # [rows, predicted positions 2..block_size]
     bounds = np.linspace(0, per_token.size(1), segments + 1).astype(int)
-    by_segment = {f"{bounds[i] + 1}-{bounds[i + 1]}": float(per_token[:, bounds[i]:bounds[i + 1]].mean())
+    by_segment = {f"{bounds[i] + 2}-{bounds[i + 1] + 1}": float(per_token[:, bounds[i]:bounds[i + 1]].mean())
                   for i in range(segments)}
     val_loss = float(per_token.mean())
     return {

@@ -1,0 +1,82 @@
+"""The minimal Transformer: the spec's parameter budget, frozen tied head, causality per position encoding."""
+import math
+
+import pytest
+import torch
+
+from llmlab.minimal_transformer import (MinimalTransformer, MinimalTransformerConfig, expected_trainable_parameters,
+                                        parameter_table)
+from llmlab.training_utils import causal_lm_loss
+
+SPEC_TRAINABLE = 1_181_376  # 4 x (4*192^2 + 2*192*384 + 2*192) + 192
+
+
+def small(pe="sinusoidal", **kw):
+    torch.manual_seed(0)
+    return MinimalTransformer(MinimalTransformerConfig(max_seq_len=32, position_encoding=pe, **kw))
+
+
+def test_parameter_table_matches_the_spec():
+    model = small()
+    table, trainable, frozen = parameter_table(model)
+    assert trainable == SPEC_TRAINABLE == expected_trainable_parameters(model.cfg)
+    assert frozen == 50257 * 192
+    assert "token_embedding" in table and "TOTAL" in table and "1,181,376" in table
+    learned = small("learned")
+    assert parameter_table(learned)[1] == SPEC_TRAINABLE + 32 * 192 == expected_trainable_parameters(learned.cfg)
+    # no biases anywhere; LayerNorms hold only a gain
+    assert not [n for n, _ in model.named_parameters() if n.endswith("bias")]
+    assert all(p.ndim == 1 for n, p in model.named_parameters() if ".ln" in n or n.startswith("ln_"))
+
+
+def test_embedding_is_frozen_and_tied_to_the_head():
+    model = small()
+    ids = torch.randint(100, 50257, (2, 16))
+    logits = model(ids)
+    loss = causal_lm_loss(logits, ids)
+    loss.backward()
+    assert model.token_embedding.weight.grad is None
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    with torch.no_grad():  # the head is the embedding matrix: doubling row 7 doubles exactly logit 7
+        model.token_embedding.weight[7].mul_(2)
+        again = model(ids)
+    assert torch.allclose(again[..., 7], 2 * logits[..., 7].detach(), atol=1e-5)
+    assert torch.allclose(again[..., 8], logits[..., 8].detach(), atol=1e-6)
+    assert abs(float(loss) - math.log(50257)) < 0.3  # an untrained model is close to uniform
+
+
+@pytest.mark.parametrize("pe", ["sinusoidal", "learned", "rope"])
+def test_causal_for_every_position_encoding(pe):
+    model = small(pe).eval()
+    ids = torch.randint(0, 50257, (1, 20))
+    changed = ids.clone()
+    changed[0, 12] = (changed[0, 12] + 1) % 50257
+    with torch.no_grad():
+        a, b = model(ids), model(changed)
+    assert torch.allclose(a[:, :12], b[:, :12], atol=1e-5)
+    assert not torch.allclose(a[:, 12:], b[:, 12:], atol=1e-5)
+
+
+def test_positions_matter_and_entropy_is_a_distribution_entropy():
+    model = small("sinusoidal").eval()
+    same = torch.full((1, 16), 42)
+    with torch.no_grad():  # identical tokens: only the position encoding can tell the outputs apart
+        logits = model(same)
+    assert not torch.allclose(logits[0, 3], logits[0, 9], atol=1e-5)
+    model = small("rope").eval()
+    ids = torch.randint(0, 50257, (1, 16))
+    with torch.no_grad():
+        logits, entropy = model(ids, return_attention_entropy=True)
+        plain = model(ids)
+    assert 0 < float(entropy) <= math.log(16)
+    assert torch.allclose(plain, logits, atol=1e-4)  # explicit softmax path == SDPA path
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    ids = torch.randint(0, 50257, (2, 16))
+    grads = []
+    for ckpt in (False, True):
+        model = small(gradient_checkpointing=ckpt)
+        causal_lm_loss(model(ids), ids).backward()
+        grads.append(model.blocks[0].attn.qkv.weight.grad.clone())
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)

@@ -1,0 +1,205 @@
+"""sweep.py end to end on real processes: smoke doe20, a SIGKILLed worker, resume, fail-safes, bad grids."""
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from llmlab.errors import UserError
+from llmlab.sweep.design import (CONTROL, FACTORS, balance_design, doe20_design, grid_from_yaml, latin_hypercube_levels,
+                                 level_counts, lr_bs_design)
+from tests.conftest import REPO, run_script
+
+
+@pytest.fixture(scope="module")
+def data_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("sweep_data_cache")
+
+
+def sweep_args(out, cache, *extra):
+    return ["sweep.py", "--budget", "smoke", "--output_dir", str(out), "--data_cache_dir", str(cache), *extra]
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def write_grid(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+# ------------------------------------------------------------------ design (fast, in-process)
+def test_doe20_is_control_plus_balanced_unique_points():
+    design = doe20_design(42)
+    assert len(design) == 20 and design[0] == {"trial_id": "control", **CONTROL}
+    names = list(FACTORS)
+    points = [[FACTORS[n].index(t[n]) for n in names] for t in design]
+    assert level_counts(points, 5).min() >= 6
+    assert len({tuple(p) for p in points}) == 20
+    assert doe20_design(42) == design  # seeded
+
+
+def test_balance_repair_fixes_a_deficient_latin_hypercube():
+    raw = latin_hypercube_levels(19, 5, seed=0)  # this seed leaves a level with only 5 runs
+    control = [1, 1, 1, 2, 0]
+    assert level_counts([control] + raw, 5).min() < 6
+    repaired = balance_design([control] + raw)
+    assert repaired[0] == control and level_counts(repaired, 5).min() >= 6
+    changed = sum(a != b for p, q in zip(repaired[1:], raw) for a, b in zip(p, q))
+    assert 1 <= changed <= 3  # minimal repair, not a redraw
+    lopsided = balance_design([[0, 0]] * 20)  # worst case: every run on level 0
+    assert level_counts(lopsided, 2).min() >= 6 and lopsided[0] == [0, 0]
+    for seed in range(15):
+        design = doe20_design(seed)
+        points = [[FACTORS[n].index(t[n]) for n in FACTORS] for t in design]
+        assert level_counts(points, 5).min() >= 6 and len({tuple(p) for p in points}) == 20
+
+
+def test_lr_bs_grid_and_yaml_grids(tmp_path):
+    grid = lr_bs_design([1e-4, 1e-3], [8, 16])
+    assert [(t["lr"], t["batch_size"]) for t in grid] == [(1e-4, 8), (1e-3, 8), (1e-4, 16), (1e-3, 16)]
+    explicit = grid_from_yaml(write_grid(tmp_path / "e.yaml", "trials:\n  - {optimizer: lion}\n  - {trial_id: x, clip: adaptive}\n"))
+    assert explicit[0] == {"trial_id": "g01", **{**CONTROL, "optimizer": "lion"}} and explicit[1]["clip"] == "adaptive"
+    factorial = grid_from_yaml(write_grid(tmp_path / "f.yaml", "factorial:\n  optimizer: [adamw, lion]\n  warmup: [100, 500, 1000]\n"))
+    assert len(factorial) == 6 and {(t["optimizer"], t["warmup"]) for t in factorial} == {
+        (o, w) for o in ("adamw", "lion") for w in (100, 500, 1000)}
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("trials: [{optimizer: sgd}]", "optimizer = 'sgd' is invalid"),
+    ("trials: [{learning_rate: 0.1}]", "unknown key(s) learning_rate"),
+    ("trials: []", "non-empty list"),
+    ("factorial: {clip: 1.0}", "non-empty list"),
+    ("factorial: {clip: [-1]}", "clip = -1 is invalid"),
+    ("trials: [{warmup: 1.5}]", "warmup = 1.5 is invalid"),
+    ("grid: [1, 2]", "exactly one key"),
+    ("trials: [{trial_id: a}, {trial_id: a}]", "used more than once"),
+    ("trials: [unclosed", "not valid YAML"),
+])
+def test_bad_grid_files_are_one_line_errors(tmp_path, text, needle):
+    with pytest.raises(UserError, match=None) as err:
+        grid_from_yaml(write_grid(tmp_path / "bad.yaml", text))
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bad_grid_on_the_command_line(tmp_path):
+    for grid, needle in ((write_grid(tmp_path / "bad.yaml", "trials: [{optimizer: sgd}]"), "optimizer = 'sgd'"),
+                         (str(tmp_path / "missing.yaml"), "not found"), ("doe99", "neither a known grid")):
+        proc = run_script(sweep_args(tmp_path / "out", tmp_path / "cache", "--grid", grid))
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0]
+        assert "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------ end to end (real processes)
+@pytest.fixture(scope="module")
+def smoke_doe20(tmp_path_factory, data_cache):
+    out = tmp_path_factory.mktemp("doe20")
+    proc = run_script(sweep_args(out, data_cache, "--grid", "doe20", "--workers", "2"), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+@pytest.mark.slow
+def test_smoke_doe20_end_to_end(smoke_doe20):
+    out, proc = smoke_doe20
+    assert "1,181,376 trainable" in proc.stdout  # parameter table printed at start
+    assert proc.stdout.index("| control | cosine | 1.0 | 500 | 0.01 | adamw |") < proc.stdout.index("sweep done")
+    rows = read_csv(out / "results.csv")
+    assert len(rows) == 20 and {r["status"] for r in rows} == {"ok"}
+    for row in rows:
+        for key in ("final_loss", "val_perplexity", "stability_index", "attention_entropy_last_layer",
+                    "update_ratio_mean", "grad_norm_mean", "grad_norm_std", "peak_memory_mb", "wall_time_s",
+                    "initial_loss_slope", "early_loss_std", "time_per_step_s", "val_loss_pos_2-8", "val_loss_pos_25-32"):
+            assert row[key] not in ("", "None"), (row["trial_id"], key)
+        assert 5 < float(row["final_loss"]) < 12
+    control = next(r for r in rows if r["trial_id"] == "control")
+    assert float(control["delta_loss"]) == 0.0
+    report = (out / "report.md").read_text()
+    for section in ("## Design", "## Main effects", "## Top two-factor interactions", "## Verdict: effective gain",
+                    "plots/loss_curves.png"):
+        assert section in report
+    assert report.count("| t") >= 19
+    for plot in ("loss_curves.png", "main_effects.png"):
+        assert (out / "plots" / plot).stat().st_size > 10_000
+    design = json.loads((out / "design.json").read_text())
+    assert len(design) == 20
+    # TensorBoard: curves and an HParams record in every trial's run folder
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(out / "trials" / "t07" / "tensorboard")).Reload()
+    assert "train/loss" in acc.Tags()["scalars"] and "hparam/final_loss" in acc.Tags()["scalars"]
+    assert any("_hparams_" in tag for tag in acc.summary_metadata)
+
+
+def _wait_for(path: Path, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert time.time() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_killed_worker_is_recorded_and_resume_reruns_only_it(tmp_path, data_cache):
+    grid = write_grid(tmp_path / "g.yaml", "trials:\n  - {optimizer: adamw}\n  - {optimizer: lion}\n")
+    out = tmp_path / "out"
+    args = [sys.executable, *sweep_args(out, data_cache, "--grid", grid, "--workers", "2")]
+    sweep = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    victim = out / "trials" / "g02"
+    _wait_for(victim / "metrics.jsonl")  # it is training
+    os.kill(int((victim / "pid").read_text()), signal.SIGKILL)
+    output, _ = sweep.communicate(timeout=600)
+    assert sweep.returncode == 0, output[-3000:]
+    rows = {r["trial_id"]: r for r in read_csv(out / "results.csv")}
+    assert rows["g02"]["status"] == "crashed" and "SIGKILL" in rows["g02"]["failures"]
+    assert "[g02] 16 steps" in rows["g02"]["log_tail"]  # the crashed worker's log tail is kept
+    assert "ok in" not in rows["g02"]["log_tail"]
+    assert rows["g01"]["status"] == "ok" and len(rows) == 2
+    assert "crashed" in (out / "report.md").read_text()
+    finished = {t: (out / "trials" / t / "result.json").stat().st_mtime_ns for t in ("g01",)}
+
+    proc = run_script(sweep_args(out, data_cache, "--grid", grid, "--workers", "2"), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resuming: 1 finished trial(s) skipped (g01); 1 to run" in proc.stdout
+    for trial, mtime in finished.items():
+        assert (out / "trials" / trial / "result.json").stat().st_mtime_ns == mtime
+    rows = {r["trial_id"]: r for r in read_csv(out / "results.csv")}
+    assert {r["status"] for r in rows.values()} == {"ok"}
+
+    changed = run_script(sweep_args(out, data_cache, "--grid", grid, "--steps", "3"))
+    assert changed.returncode == 2 and "different settings" in changed.stderr
+
+
+@pytest.mark.slow
+def test_each_fail_safe_trips_and_retries_once(tmp_path, data_cache):
+    grid = write_grid(tmp_path / "g.yaml", "trials:\n"
+                      "  - {trial_id: blowup, optimizer: adamw, lr: 50.0, clip: 1.0, warmup: 0}\n"
+                      "  - {trial_id: frozen, lr: 0.0, warmup: 500}\n")
+    out = tmp_path / "a"
+    proc = run_script(sweep_args(out, data_cache, "--grid", grid, "--workers", "2", "--flat_window", "4"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["trial_id"]: json.loads((out / "trials" / r["trial_id"] / "result.json").read_text())
+            for r in read_csv(out / "results.csv")}
+    blowup, frozen = rows["blowup"], rows["frozen"]
+    assert blowup["status"] == "failed" and blowup["boundary"] and blowup["attempts"] == 2
+    assert blowup["fallback"] == "clip 1.0 -> 0.9" and blowup["effective_hparams"]["clip"] == 0.9
+    assert all("loss" in f and "> 11." in f for f in blowup["failures"])  # loss > max(10, initial + 1)
+    assert frozen["status"] == "failed" and frozen["boundary"] and frozen["fallback"] == "warmup 500 -> 100"
+    assert all("probe loss moved 0.00e+00 < 1e-05 over 4 steps" in f for f in frozen["failures"])
+    assert "boundary case" in (out / "report.md").read_text()
+
+    grid = write_grid(tmp_path / "h.yaml", "trials:\n  - {trial_id: spike, optimizer: lion, lr: 50.0, clip: 0, warmup: 0}\n")
+    out = tmp_path / "b"
+    proc = run_script(sweep_args(out, data_cache, "--grid", grid, "--fail_loss", "1e9"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    spike = json.loads((out / "trials" / "spike" / "result.json").read_text())
+    assert spike["status"] == "failed" and "gradient norm" in spike["failures"][0] and "> 1000" in spike["failures"][0]
+    assert spike["attempts"] == 1 and spike["fallback"] is None  # no clip to tighten, warmup already < 100
