@@ -1,6 +1,51 @@
 #!/usr/bin/env python
-"""merge_and_infer: placeholder entry point until its issue lands; --help works."""
+"""Merge a LoRA adapter into its base, generate text at a chosen precision, and benchmark precisions side by side.
+
+  python merge_and_infer.py merge    --base_model BASE --adapter ADAPTER --out merged [--dtype fp16]
+  python merge_and_infer.py generate --model merged --prompt "Once upon a time" [--precision int8]
+  python merge_and_infer.py generate --base_model BASE --adapter ADAPTER --prompts_file prompts.jsonl
+  python merge_and_infer.py bench    --model merged [--base_model BASE --adapter ADAPTER]
+"""
+from __future__ import annotations
+
 import argparse
+import sys
+
+from llmlab.config import add_dataclass_args, config_from_namespace
+from llmlab.errors import cli_entry
+from llmlab.infer_bench import BenchConfig, run_bench
+from llmlab.inference import GenerateConfig, run_generate
+from llmlab.merge import MergeConfig, merge_adapter
+
+COMMANDS = {
+    "merge": (MergeConfig, merge_adapter, "merge a LoRA adapter into its base, verify the logits, save a "
+                                          "standalone safetensors model + tokenizer"),
+    "generate": (GenerateConfig, run_generate, "generate text from a merged model or base + adapter "
+                                               "(streams one prompt; a JSONL of prompts -> JSONL results)"),
+    "bench": (BenchConfig, run_bench, "compare every precision this machine runs: size, load time, prefill/decode "
+                                      "tokens/s, peak memory, held-out perplexity"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{merge,generate,bench}")
+    for name, (cls, _, help_text) in COMMANDS.items():
+        add_dataclass_args(sub.add_parser(name, help=help_text, description=help_text), cls)
+    return parser
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr if message.startswith("note:") else sys.stdout, flush=True)
+
+
+@cli_entry
+def main(argv: list[str] | None = None):
+    ns = build_parser().parse_args(argv)
+    cls, run, _ = COMMANDS[ns.command]
+    cfg = config_from_namespace(cls, ns)
+    return run(cfg, log=log)
+
 
 if __name__ == "__main__":
-    argparse.ArgumentParser(description="merge_and_infer (not implemented yet)").parse_args()
+    main()

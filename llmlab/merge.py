@@ -1,0 +1,175 @@
+"""Merge a LoRA adapter into its base (W' = W + (alpha/r)·B·A, via peft's merge_and_unload) and export a standalone model.
+
+The merge is checked, not trusted: logits of the merged fp32 model must match base+adapter (unmerged) on sample
+inputs within a tolerance, the cast to the export dtype must stay finite and close, and the saved folder is reloaded
+with plain transformers and must reproduce the cast model's logits. Only then is the folder published (temp dir, rename).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Optional
+
+from llmlab.config import opt
+from llmlab.errors import UserError
+from llmlab.io import atomic_write_json, publish_dir
+
+SAMPLE_TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "In 1905 Albert Einstein published four papers that changed physics:",
+    "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
+    "Question: What is the capital of France?\nAnswer:",
+)
+
+# fp32 merged vs unmerged differ only by summation order: 1e-3 of the logit scale is ~100x that rounding noise on
+# the models we tested, yet far below what a wrong scale/transpose/missing layer produces (the adapter's own effect).
+FP32_REL_TOLERANCE = 1e-3
+# Casting to half precision rounds every weight: bf16 keeps 8 mantissa bits, fp16 11; these bounds only catch
+# overflow and gross breakage, the printed difference is the real information.
+CAST_REL_TOLERANCE = {"fp32": 0.0, "fp16": 2e-2, "bf16": 1e-1}
+
+
+@dataclass
+class MergeConfig:
+    base_model: str = opt("", "full-precision base model folder (or hub name) the adapter was trained on")
+    adapter: str = opt("", "LoRA adapter folder written by train_lora.py (adapter_config.json + weights)")
+    out: str = opt("", "output folder for the merged standalone model (written to a temp dir, then renamed)")
+    dtype: Literal["fp16", "bf16", "fp32"] = opt("fp16", "dtype of the saved weights; verification always runs in fp32")
+    tolerance: Optional[float] = opt(None, "max allowed |merged - unmerged| logit difference in fp32 "
+                                           f"(default: {FP32_REL_TOLERANCE} x max |logit|, at least that absolute)")
+    overwrite: bool = opt(False, "replace --out if it already exists")
+    tokenizer: Optional[str] = opt(None, "tokenizer to save alongside (default: the adapter's, else the base's)")
+    device: Literal["cpu", "cuda"] = opt("cpu", "where to merge and verify (fp32 needs 4 bytes per parameter)")
+
+    def validate(self) -> tuple[str, str, Path]:
+        for name in ("base_model", "adapter", "out"):
+            if not getattr(self, name):
+                raise UserError(f"merge needs --{name}; see merge_and_infer.py merge --help")
+        if self.tolerance is not None and self.tolerance <= 0:
+            raise UserError(f"--tolerance must be > 0, got {self.tolerance}")
+        return self.check_paths()
+
+    def check_paths(self) -> tuple[str, str, Path]:
+        """Cheap checks before any model is loaded: folders exist, --out is new, the base is not quantized."""
+        from llmlab.quantize import check_adapter_source, check_model_source, quantization_config_of
+
+        base = check_model_source(self.base_model, "--base_model")
+        adapter = check_adapter_source(self.adapter)
+        out = Path(self.out).expanduser()
+        for name, source in (("--base_model", base), ("--adapter", adapter)):
+            if Path(source).exists() and out.resolve() == Path(source).resolve():
+                raise UserError(f"--out {self.out} is the {name} folder; pick a new folder for the merged model")
+        if out.exists() and not self.overwrite:
+            raise UserError(f"--out {self.out} already exists; pass --overwrite to replace it or choose another folder")
+        quant = quantization_config_of(base) if Path(base).is_dir() else None
+        if quant:
+            raise UserError(f"--base_model {self.base_model} is quantized ({quant.get('quant_method', 'quantized')}); "
+                            "merging into quantized weights loses the adapter's precision: merge into the "
+                            "full-precision base, then quantize at load time (generate --precision int8/int4)")
+        return base, adapter, out
+
+
+def _sample_batch(tokenizer, max_positions: int):
+    tokenizer.padding_side = "right"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer(list(SAMPLE_TEXTS), return_tensors="pt", padding=True, truncation=True,
+                     max_length=min(64, max_positions))
+
+
+def _logits(model, batch):
+    import torch
+
+    with torch.inference_mode():
+        device = next(model.parameters()).device
+        out = model(**{k: v.to(device) for k, v in batch.items()}).logits.float().cpu()
+    return out[batch["attention_mask"].bool()]  # real tokens only: padded positions are meaningless
+
+
+def _max_diff(a, b) -> float:
+    return float((a - b).abs().max())
+
+
+def merge_adapter(cfg: MergeConfig, log=print) -> dict:
+    """Merge, verify, save; returns the report written to <out>/merge_report.json."""
+    import torch
+
+    from llmlab.quantize import (FLOAT_DTYPES, attach_adapter, from_pretrained_or_error, load_tokenizer_for,
+                                 quiet_backend_logs, resolve_device)
+
+    quiet_backend_logs()
+    base, adapter, out = cfg.validate()
+    device = resolve_device(cfg.device)
+
+    log(f"loading {base} (fp32) + adapter {adapter}")
+    model = from_pretrained_or_error(base, dtype=torch.float32).to(device).eval()
+    if getattr(model, "is_quantized", False) or getattr(model.config, "quantization_config", None):
+        raise UserError("the base model loaded quantized; merge into the full-precision base, then quantize")
+    model = attach_adapter(model, adapter)
+    tokenizer = load_tokenizer_for(adapter, base, name=cfg.tokenizer)
+    batch = _sample_batch(tokenizer, getattr(model.config, "n_positions", None) or 1024)
+
+    with model.disable_adapter():
+        base_logits = _logits(model, batch)
+    unmerged = _logits(model, batch)
+    merged_model = model.merge_and_unload()
+    merged = _logits(merged_model, batch)
+    scale = float(unmerged.abs().max())
+    tolerance = cfg.tolerance if cfg.tolerance is not None else FP32_REL_TOLERANCE * max(1.0, scale)
+    adapter_effect = _max_diff(unmerged, base_logits)
+    merge_diff = _max_diff(merged, unmerged)
+    log(f"merge check (fp32, {merged.shape[0]} tokens): max |merged - base+adapter| = {merge_diff:.3e} "
+        f"(tolerance {tolerance:.3e}); the adapter itself moves logits by up to {adapter_effect:.3e}")
+    if not merge_diff <= tolerance:
+        raise UserError(f"merged logits differ from base+adapter by {merge_diff:.3e} > tolerance {tolerance:.3e}; "
+                        "the merge is wrong for this model (nothing was saved)")
+    if adapter_effect == 0.0:
+        log("note: the adapter does not change the logits at all (lora_B still zero: an untrained adapter?)")
+
+    dtype = getattr(torch, FLOAT_DTYPES[cfg.dtype])
+    merged_model = merged_model.to(dtype)
+    cast = _logits(merged_model, batch)
+    cast_diff = _max_diff(cast, merged)
+    cast_tolerance = CAST_REL_TOLERANCE[cfg.dtype] * max(1.0, scale)
+    log(f"cast to {cfg.dtype}: max |{cfg.dtype} - fp32| = {cast_diff:.3e} (tolerance {cast_tolerance:.3e})")
+    if not torch.isfinite(cast).all():
+        raise UserError(f"{cfg.dtype} overflows for this model (non-finite logits); use --dtype bf16 or fp32")
+    if cast_diff > cast_tolerance:
+        raise UserError(f"{cfg.dtype} changes logits by {cast_diff:.3e} > {cast_tolerance:.3e}; "
+                        "use --dtype bf16 or fp32")
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the published model folder should not be
+    try:
+        merged_model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if not list(tmp.glob("*.safetensors")):
+            raise RuntimeError(f"save_pretrained wrote no safetensors file into {tmp}")
+        del merged_model, model
+        reloaded = from_pretrained_or_error(str(tmp), dtype=dtype).to(device).eval()
+        reload_diff = _max_diff(_logits(reloaded, batch), cast)
+        if reload_diff > 1e-6 * max(1.0, scale):
+            raise RuntimeError(f"the saved model does not reproduce the merged logits (max diff {reload_diff:.3e})")
+        del reloaded
+        report = {
+            "base_model": cfg.base_model, "adapter": cfg.adapter, "dtype": cfg.dtype, "sample_tokens": merged.shape[0],
+            "max_abs_diff_merged_vs_unmerged_fp32": merge_diff, "tolerance_fp32": tolerance,
+            "max_abs_adapter_effect": adapter_effect, "max_abs_diff_cast_vs_fp32": cast_diff,
+            "cast_tolerance": cast_tolerance, "max_abs_diff_reloaded_vs_cast": reload_diff,
+            "command": sys.argv,
+        }
+        atomic_write_json(tmp / "merge_report.json", report)
+        publish_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"saved standalone {cfg.dtype} model + tokenizer to {out} (loads with transformers alone; reload check "
+        f"max diff {reload_diff:.1e})")
+    return report
