@@ -11,6 +11,7 @@ from llmlab.config import opt
 from llmlab.errors import UserError
 from llmlab.io import atomic_write_text
 
+PROMPT_FILE = "llmlab_prompt.json"  # train_lora.py saves its prompt template next to the adapter; merge copies it
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_TOP_P = 0.9
 
@@ -58,7 +59,11 @@ class ModelSourceConfig:
 class GenerateConfig(ModelSourceConfig):
     prompt: Optional[str] = opt(None, "one prompt; its completion streams to the terminal")
     prompts_file: Optional[str] = opt(None, "JSONL file, one {\"prompt\": ...} per line; completions go to --output")
-    prompt_field: str = opt("prompt", "field of each --prompts_file record holding the prompt")
+    prompt_field: str = opt("prompt", "field of each --prompts_file record holding the prompt (records may instead "
+                                      "hold instruction/input fields when a prompt template applies)")
+    prompt_format: Literal["auto", "raw", "template"] = opt(
+        "auto", f"auto = wrap prompts in the instruction template train_lora.py saved ({PROMPT_FILE} in the adapter "
+                "or merged folder) when there is one, else feed them as is; raw = always as is; template = require it")
     output: Optional[str] = opt(None, "JSONL results file (default for --prompts_file: <file>.generations.jsonl; "
                                       "for --prompt: none, stream only)")
     precision: Literal["auto", "fp32", "fp16", "bf16", "int8", "int4"] = opt(
@@ -102,6 +107,8 @@ class GenerateConfig(ModelSourceConfig):
             raise UserError(f"--prompts_file {self.prompts_file} not found; pass a JSONL file with one "
                             f"{{\"{self.prompt_field}\": ...}} per line")
         self.validate_source()
+        if self.prompt_format == "template":
+            prompt_template("template", self.adapter, self.model)
 
 
 def generation_config(cfg: GenerateConfig, tokenizer):
@@ -127,12 +134,40 @@ def read_prompts(path: str, field: str) -> list[dict]:
             record = json.loads(line)
         except json.JSONDecodeError:
             raise UserError(f"{path} line {number} is not valid JSON; each line must be {{\"{field}\": ...}}") from None
-        if not isinstance(record, dict) or not isinstance(record.get(field), str):
-            raise UserError(f"{path} line {number} has no string field {field!r}; set --prompt_field or fix the file")
+        if not isinstance(record, dict) or not any(isinstance(record.get(k), str) for k in (field, "instruction")):
+            raise UserError(f"{path} line {number} has no string field {field!r} (or 'instruction'); "
+                            "set --prompt_field or fix the file")
         records.append(record)
     if not records:
         raise UserError(f"{path} holds no prompts")
     return records
+
+
+def prompt_template(prompt_format: str, *folders: str | None) -> dict | None:
+    """The instruction template saved with the adapter / merged model, per --prompt_format."""
+    if prompt_format == "raw":
+        return None
+    for folder in folders:
+        if folder and (Path(folder) / PROMPT_FILE).is_file():
+            return json.loads((Path(folder) / PROMPT_FILE).read_text())
+    if prompt_format == "template":
+        raise UserError(f"--prompt_format template: no {PROMPT_FILE} in {' or '.join(f for f in folders if f)}; "
+                        "it is saved by train_lora.py next to the adapter (use --prompt_format raw otherwise)")
+    return None
+
+
+def model_inputs(records: list[dict], field: str, template: dict | None) -> list[str]:
+    """The text each record feeds the model: as is, or formatted the way train_lora.py trained the adapter."""
+    if template is None:
+        return [r[field] if isinstance(r.get(field), str) else r["instruction"] for r in records]
+    from llmlab.instruct_data import format_prompt
+
+    inputs = []
+    for r in records:
+        fields = {"instruction": r["instruction"], "input": r.get("input") or ""} if isinstance(
+            r.get("instruction"), str) else {"instruction": r[field]}
+        inputs.append(format_prompt(fields, template["prompt_template"], template["prompt_template_no_input"]))
+    return inputs
 
 
 def _max_prompt_tokens(model, max_new_tokens: int) -> int:
@@ -192,19 +227,21 @@ def run_generate(cfg: GenerateConfig, log=print) -> list[dict]:
         "do_sample", "temperature", "top_p", "top_k", "repetition_penalty", "no_repeat_ngram_size", "max_new_tokens")}}
     if not gen_config.do_sample:
         settings.update(temperature=None, top_p=None, top_k=None)
+    template = prompt_template(cfg.prompt_format, cfg.adapter, cfg.model)
     if cfg.prompt is not None:
-        print(cfg.prompt, end="", flush=True)
+        inputs = [{"prompt": cfg.prompt}]
+        texts = model_inputs(inputs, "prompt", template)
+        print(texts[0], end="", flush=True)
         streamer = TextStreamer(loaded.tokenizer, skip_prompt=True, skip_special_tokens=True)
-        records = generate(loaded.model, loaded.tokenizer, [cfg.prompt], gen_config, cfg.seed, 1, streamer)
-        records = [{**r, **settings} for r in records]
+        done = generate(loaded.model, loaded.tokenizer, texts, gen_config, cfg.seed, 1, streamer)
         output = cfg.output
     else:
         inputs = read_prompts(cfg.prompts_file, cfg.prompt_field)
-        done = generate(loaded.model, loaded.tokenizer, [r[cfg.prompt_field] for r in inputs], gen_config, cfg.seed,
-                        cfg.batch_size, progress=True)
-        records = [{**source, **{k: v for k, v in r.items() if k != "prompt"}, **settings}
-                   for source, r in zip(inputs, done)]
+        texts = model_inputs(inputs, cfg.prompt_field, template)
+        done = generate(loaded.model, loaded.tokenizer, texts, gen_config, cfg.seed, cfg.batch_size, progress=True)
         output = cfg.output or str(Path(cfg.prompts_file).with_suffix("")) + ".generations.jsonl"
+    records = [{**source, **({"model_input": r["prompt"]} if template else {}),
+                **{k: v for k, v in r.items() if k != "prompt"}, **settings} for source, r in zip(inputs, done)]
     if output:
         atomic_write_text(output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
         log(f"wrote {len(records)} generation(s) to {output}")

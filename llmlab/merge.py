@@ -16,6 +16,7 @@ from typing import Literal, Optional
 
 from llmlab.config import opt
 from llmlab.errors import UserError
+from llmlab.inference import PROMPT_FILE
 from llmlab.io import atomic_write_json, publish_dir
 
 SAMPLE_TEXTS = (
@@ -150,6 +151,8 @@ def merge_adapter(cfg: MergeConfig, log=print) -> dict:
     try:
         merged_model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        if (Path(adapter) / PROMPT_FILE).is_file():  # the prompt format the adapter was trained with
+            shutil.copyfile(Path(adapter) / PROMPT_FILE, tmp / PROMPT_FILE)
         if not list(tmp.glob("*.safetensors")):
             raise RuntimeError(f"save_pretrained wrote no safetensors file into {tmp}")
         del merged_model, model

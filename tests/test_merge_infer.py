@@ -204,6 +204,34 @@ def test_generate_cli_batch_with_unmerged_adapter(merged, tiny_gpt2_dir, adapter
                                                                                    greedy=True)]
 
 
+def test_prompt_template_saved_by_train_lora_is_used_and_kept_by_merge(tiny_gpt2_dir, adapter_dir, tmp_path):
+    import shutil
+
+    from llmlab.inference import PROMPT_FILE, GenerateConfig, run_generate
+    from llmlab.merge import MergeConfig, merge_adapter
+
+    adapter = tmp_path / "adapter"
+    shutil.copytree(adapter_dir, adapter)
+    (adapter / PROMPT_FILE).write_text(json.dumps({"prompt_template": "Q: {instruction}\nC: {input}\nA:",
+                                                   "prompt_template_no_input": "Q: {instruction}\nA:"}))
+    merged_dir = tmp_path / "merged"
+    merge_adapter(MergeConfig(base_model=str(tiny_gpt2_dir), adapter=str(adapter), out=str(merged_dir),
+                              dtype="fp32"), log=lambda msg: None)
+    assert (merged_dir / PROMPT_FILE).read_text() == (adapter / PROMPT_FILE).read_text()
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"instruction": "Add", "input": "2 and 3"}\n{"prompt": "Name a colour"}\n')
+    common = dict(prompts_file=str(prompts), greedy=True, max_new_tokens=3)
+    templated = run_generate(GenerateConfig(model=str(merged_dir), **common), log=lambda m: None)
+    assert [r["model_input"] for r in templated] == ["Q: Add\nC: 2 and 3\nA:", "Q: Name a colour\nA:"]
+    unmerged = run_generate(GenerateConfig(base_model=str(tiny_gpt2_dir), adapter=str(adapter), **common,
+                                           output=str(tmp_path / "u.jsonl")), log=lambda m: None)
+    assert [r["completion"] for r in unmerged] == [r["completion"] for r in templated]
+    raw = run_generate(GenerateConfig(model=str(merged_dir), prompt_format="raw", **common,
+                                      output=str(tmp_path / "raw.jsonl")), log=lambda m: None)
+    assert "model_input" not in raw[1] and raw[1]["prompt"] == "Name a colour"
+
+
 # ---- INT8 on CPU --------------------------------------------------------------------------------------------------
 
 # Bound: INT8 perplexity within 1% of fp32. Per-tensor int8 rounds each weight by at most scale/2 = max|w|/255
@@ -296,6 +324,7 @@ def _one_line_error(result, *needles):
     (["merge", "--base_model", "{base}", "--adapter", "{missing}", "--out", "{tmp}/m"], ["--adapter", "not found"]),
     (["merge", "--base_model", "{base}", "--adapter", "{adapter}", "--out", "{base}"], ["--out", "base_model"]),
     (["bench", "--model", "{base}", "--precisions", "int3"], ["unknown int3"]),
+    (["generate", "--model", "{base}", "--prompt", "a", "--prompt_format", "template"], ["llmlab_prompt.json"]),
 ])
 def test_cli_bad_input_gives_one_line_error(args, needles, tiny_gpt2_dir, adapter_dir, tmp_path):
     fill = {"base": str(tiny_gpt2_dir), "adapter": str(adapter_dir), "missing": str(tmp_path / "nope"),
