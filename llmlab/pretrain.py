@@ -19,7 +19,8 @@ from llmlab.models import GPT2_PRESETS
 from llmlab.spikes import parse_inject_spike
 from llmlab.training_utils import parse_clip
 
-TINY_MAX_STEPS = 150  # gpt2-tiny default: a few minutes on two CPU cores
+TINY_MAX_STEPS = 150  # gpt2-tiny defaults: 150 steps x 8 x 128 tokens take a few minutes on two CPU cores
+TINY_BLOCK_SIZE = 128
 
 
 @dataclass
@@ -32,7 +33,7 @@ class PretrainConfig(DataConfig):
     n_head: Optional[int] = opt(None, "override the preset's attention heads")
     dropout: float = opt(0.0, "dropout of a fresh preset (0 is usual for pretraining; ignored with --init_from)")
     block_size: Optional[int] = opt(None, "tokens per training sequence; default: the model's context length "
-                                          "(gpt2-tiny 128, gpt2/gpt2-medium 1024)")
+                                          "(up to 1024); gpt2-tiny: 128")
     output_dir: str = opt("runs/pretrain", "run folder: checkpoints/, final/, tensorboard/, metrics.jsonl")
     # optimisation
     learning_rate: float = opt(6e-4, "peak AdamW learning rate")
@@ -84,13 +85,15 @@ class PretrainConfig(DataConfig):
 
     def validate(self) -> None:
         if self.block_size is None:
-            self.block_size = min(model_context_length(self), 1024)
+            self.block_size = TINY_BLOCK_SIZE if self.is_tiny else min(model_context_length(self), 1024)
         super().validate()
         if self.block_size > model_context_length(self):
             raise UserError(f"--block_size {self.block_size} exceeds the model's context length "
                             f"{model_context_length(self)}; lower --block_size")
         if self.prepare_only:
             return
+        if self.batch_size < 1:
+            raise UserError(f"--batch_size must be >= 1, got {self.batch_size}")
         if self.effective_batch_size is None:
             self.effective_batch_size = self.batch_size if self.is_tiny else 512
         if self.max_steps is not None and self.max_steps < 1:
@@ -104,7 +107,6 @@ class PretrainConfig(DataConfig):
             (0 <= self.min_lr <= self.learning_rate, f"--min_lr must be in [0, learning_rate], got {self.min_lr}"),
             (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1, "--adam_beta1/--adam_beta2 must be in [0, 1)"),
             (self.adam_eps > 0 and self.weight_decay >= 0, "--adam_eps must be > 0 and --weight_decay >= 0"),
-            (self.batch_size >= 1, f"--batch_size must be >= 1, got {self.batch_size}"),
             (self.effective_batch_size >= self.batch_size and self.effective_batch_size % self.batch_size == 0,
              f"--effective_batch_size ({self.effective_batch_size}) must be a multiple of --batch_size "
              f"({self.batch_size})"),
@@ -301,68 +303,71 @@ def train(cfg: PretrainConfig) -> dict:
     pending_save = False
     model.train()
     tick = time.perf_counter()
-    while state.step < cfg.max_steps:
-        this_step = state.step + 1
-        drill_factor = 1.0
-        if drill and not state.drill_done and drill[0] <= this_step < drill[0] + cfg.spike_patience:
-            drill_factor = drill[1]
-            state.drill_done = this_step == drill[0] + cfg.spike_patience - 1
-        lr = optimizer.param_groups[0]["lr"]
-        losses, grad_norm = [], None
-        for _ in range(accelerator.gradient_accumulation_steps):
-            batch = next(batches)
-            state.micro_batches += 1
-            with accelerator.accumulate(model):
-                input_ids = batch["input_ids"]
-                loss = causal_lm_loss(model(input_ids=input_ids).logits, input_ids, cfg.label_smoothing)
-                loss = loss * drill_factor
-                accelerator.backward(loss)
-                losses.append(loss.detach())
-                if accelerator.sync_gradients:
-                    max_norm = clipper.max_norm(state.step)
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm or float("inf"))
-                    finite = bool(torch.isfinite(torch.stack(losses)).all())
-                    if finite:  # a NaN/inf loss must not reach the weights; it counts as a spike below
-                        optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
-        state.step = this_step
-        state.tokens_seen += tokens_per_step
-        step_loss = accelerator.reduce(torch.stack(losses).mean(), reduction="mean").item()
-        grad_norm = float(grad_norm) if grad_norm is not None else None
-        if grad_norm is not None:
-            clipper.observe(grad_norm)
-        now = time.perf_counter()
-        tokens_per_sec = tokens_per_step / max(now - tick, 1e-9)
-        tick = now
+    try:
+        while state.step < cfg.max_steps:
+            this_step = state.step + 1
+            drill_factor = 1.0
+            if drill and not state.drill_done and drill[0] <= this_step < drill[0] + cfg.spike_patience:
+                drill_factor = drill[1]
+                state.drill_done = this_step == drill[0] + cfg.spike_patience - 1
+            lr = optimizer.param_groups[0]["lr"]
+            losses, grad_norm = [], None
+            for _ in range(accelerator.gradient_accumulation_steps):
+                batch = next(batches)
+                state.micro_batches += 1
+                with accelerator.accumulate(model):
+                    input_ids = batch["input_ids"]
+                    loss = causal_lm_loss(model(input_ids=input_ids).logits, input_ids, cfg.label_smoothing)
+                    loss = loss * drill_factor
+                    accelerator.backward(loss)
+                    losses.append(loss.detach())
+                    if accelerator.sync_gradients:
+                        max_norm = clipper.max_norm(state.step)
+                        grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm or float("inf"))
+                        finite = bool(torch.isfinite(torch.stack(losses)).all())
+                        if finite:  # a NaN/inf loss must not reach the weights; it counts as a spike below
+                            optimizer.step()
+                        optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            state.step = this_step
+            state.tokens_seen += tokens_per_step
+            step_loss = accelerator.reduce(torch.stack(losses).mean(), reduction="mean").item()
+            grad_norm = float(grad_norm) if grad_norm is not None else None
+            if grad_norm is not None:
+                clipper.observe(grad_norm)
+            now = time.perf_counter()
+            tokens_per_sec = tokens_per_step / max(now - tick, 1e-9)
+            tick = now
 
-        if detector.update(step_loss):
-            rollback(step_loss)
-            pending_save, tick = False, time.perf_counter()
-            continue
-        if state.step % cfg.log_every == 0 or state.step == cfg.max_steps:
-            metrics = {"train/loss": step_loss, "train/lr": lr, "train/grad_norm": grad_norm,
-                       "train/tokens_per_sec": tokens_per_sec, "train/tokens_seen": state.tokens_seen,
-                       "train/loss_scale": loss_scale(accelerator, optimizer),
-                       "train/mfu": mfu(tokens_per_sec, flops_token, peak, world)}
-            logger.log({k: v for k, v in metrics.items() if v is not None}, state.step)
-        bar.update(1)
-        bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
+            if detector.update(step_loss):
+                rollback(step_loss)
+                pending_save, tick = False, time.perf_counter()
+                continue
+            if state.step % cfg.log_every == 0 or state.step == cfg.max_steps:
+                metrics = {"train/loss": step_loss, "train/lr": lr, "train/grad_norm": grad_norm,
+                           "train/tokens_per_sec": tokens_per_sec, "train/tokens_seen": state.tokens_seen,
+                           "train/loss_scale": loss_scale(accelerator, optimizer),
+                           "train/mfu": mfu(tokens_per_sec, flops_token, peak, world)}
+                logger.log({k: v for k, v in metrics.items() if v is not None}, state.step)
+            bar.update(1)
+            bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
 
-        paused = False  # evaluation and saving are not training time: keep them out of tokens/s
-        if len(val_dl) and ((cfg.eval_every and state.step % cfg.eval_every == 0) or state.step == cfg.max_steps):
-            last_val = evaluate(accelerator, model, val_dl, cfg.eval_batches)
-            logger.log({"val/loss": last_val, "val/perplexity": math.exp(min(last_val, 50))}, state.step)
-            model.train()
-            paused = True
-        pending_save = pending_save or state.step % cfg.save_every == 0
-        if pending_save and detector.streak == 0:  # never save in the middle of a spike
-            save()
-            pending_save, paused = False, True
-        if paused:
-            tick = time.perf_counter()
+            paused = False  # evaluation and saving are not training time: keep them out of tokens/s
+            if len(val_dl) and ((cfg.eval_every and state.step % cfg.eval_every == 0) or state.step == cfg.max_steps):
+                last_val = evaluate(accelerator, model, val_dl, cfg.eval_batches)
+                logger.log({"val/loss": last_val, "val/perplexity": math.exp(min(last_val, 50))}, state.step)
+                model.train()
+                paused = True
+            pending_save = pending_save or state.step % cfg.save_every == 0
+            if pending_save and detector.streak == 0:  # never save in the middle of a spike
+                save()
+                pending_save, paused = False, True
+            if paused:
+                tick = time.perf_counter()
 
-    bar.close()
+    finally:  # close the bar first, so an error message starts on its own line
+        bar.close()
+        logger.flush()
     final_dir = save_final(accelerator, model, tokenizer, out)
     logger.close()
     return {"step": state.step, "val_loss": last_val,
