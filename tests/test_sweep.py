@@ -203,3 +203,28 @@ def test_each_fail_safe_trips_and_retries_once(tmp_path, data_cache):
     spike = json.loads((out / "trials" / "spike" / "result.json").read_text())
     assert spike["status"] == "failed" and "gradient norm" in spike["failures"][0] and "> 1000" in spike["failures"][0]
     assert spike["attempts"] == 1 and spike["fallback"] is None  # no clip to tighten, warmup already < 100
+
+
+@pytest.mark.slow
+def test_trial_timeout_is_recorded_and_the_sweep_goes_on(tmp_path, data_cache):
+    grid = write_grid(tmp_path / "g.yaml", "trials:\n  - {optimizer: adamw}\n")
+    out = tmp_path / "out"
+    proc = run_script(sweep_args(out, data_cache, "--grid", grid, "--trial_timeout", "1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = read_csv(out / "results.csv")[0]
+    assert row["status"] == "timeout" and "1 s trial timeout" in row["failures"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_cuda_trial_uses_fp16_with_grad_scaler(tmp_path, data_cache):
+    grid = write_grid(tmp_path / "g.yaml", "trials:\n  - {optimizer: adamw}\n  - {optimizer: lion}\n")
+    out = tmp_path / "out"
+    proc = run_script(sweep_args(out, data_cache, "--grid", grid, "--device", "cuda", "--workers", "2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for trial in ("g01", "g02"):
+        result = json.loads((out / "trials" / trial / "result.json").read_text())
+        assert result["status"] == "ok" and result["peak_memory_mb"] < 4000  # CUDA allocator peak, not RSS
+        assert "skipped_steps" in result
+    spec = json.loads((out / "trials" / "g02" / "spec.json").read_text())
+    assert spec["device"] == "cuda"

@@ -192,6 +192,8 @@ class TrialLauncher:
             return json.loads(result_path.read_text())
         if timed_out:
             status, reason = "timeout", f"killed after the {spec['timeout_s']} s trial timeout"
+        elif self.stopping:
+            status, reason = "interrupted", "the sweep was interrupted; rerunning the command reruns this trial"
         else:
             status = "crashed"
             reason = (f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0

@@ -238,6 +238,8 @@ def train_attempt(spec: dict, hp: dict, data: dict, device: torch.device, log_di
 def evaluate(model, validation: np.ndarray, spec: dict, device, amp: bool, segments: int = 4) -> dict:
     """Validation loss / perplexity overall and per position segment, and the last layer's attention entropy."""
     model.eval()
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation("eager")
     micro = spec["micro_batch_size"] or spec["eval_batch_size"]
     rows = validation[: spec["eval_batches"] * spec["eval_batch_size"]]
     token_losses, entropies = [], []
@@ -247,8 +249,12 @@ def evaluate(model, validation: np.ndarray, spec: dict, device, amp: bool, segme
             if spec["model"] == "minimal":
                 logits, entropy = model(ids, return_attention_entropy=True)
                 entropies.append(float(entropy))
-            else:
-                logits = forward_logits(model, ids)
+            else:  # HF models: the last layer's attention probabilities need the eager attention path
+                out = model(ids, output_attentions=True)
+                logits = out.logits
+                if out.attentions:
+                    probs = out.attentions[-1].float()
+                    entropies.append(float(-(probs * probs.clamp_min(1e-12).log()).sum(-1).mean()))
             losses = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")
             token_losses.append(losses.cpu())
     model.train()
