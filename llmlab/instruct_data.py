@@ -1,4 +1,4 @@
-"""Instruction data for LoRA: the offline `builtin:pydoc` set, JSONL/JSON/hub loading, prompts, tokenisation.
+"""Instruction data for LoRA: builtin:pydoc (llmlab.pydoc_data), JSONL/JSON/hub loading, prompts, tokenisation.
 
 A record is {"instruction", "input", "output"} (input may be empty). `tokenize_example` turns one into
 `input_ids` + `labels` where every prompt token is labelled -100, so the loss only sees the answer and
@@ -7,231 +7,19 @@ token), which is harmless because labels are built from positions, never by comp
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from llmlab.errors import UserError
-from llmlab.io import atomic_write_text
+from llmlab.pydoc_data import load_pydoc
 
 REQUIRED_FIELDS = ("instruction", "output")  # "input" may be missing or empty
-PYDOC_BUILDER_VERSION = 2
 
 DEFAULT_PROMPT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
 DEFAULT_PROMPT_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
-
-# Stdlib modules whose import prints, opens windows/browsers, starts REPLs, needs a display, or is
-# scaffolding rather than a library. Private modules (leading underscore) are skipped by rule.
-PYDOC_SKIP = {
-    "antigravity", "this", "turtle", "turtledemo", "tkinter", "idlelib", "lib2to3", "ensurepip", "venv",
-    "pydoc_data", "test", "readline", "rlcompleter", "distutils", "encodings", "msilib", "winreg",
-    "winsound", "msvcrt", "nt", "asynchat", "asyncore", "imp", "smtpd", "crypt", "nis", "spwd", "ossaudiodev",
-    "sre_compile", "sre_constants", "sre_parse", "xxsubtype", "xxlimited", "xxlimited_35", "sitecustomize",
-    "usercustomize",
-}
-MIN_ANSWER_CHARS, MAX_ANSWER_CHARS = 20, 600
-# Where people meet these names: `os.stat`, not `posix.stat`; `len`, not `builtins.len`.
-PYDOC_IMPLEMENTED_IN = {"os": ("posix",)}
-PYDOC_DISPLAY_NAME = {"posixpath": "os.path", "builtins": ""}
-
-
-# --------------------------------------------------------------------------------------------------
-# builtin:pydoc -- question/answer pairs from the installed standard library's docstrings
-# --------------------------------------------------------------------------------------------------
-
-def _looks_like_signature(paragraph: str, name: str) -> bool:
-    text = paragraph.strip()
-    first_word = text.split()[0]
-    return text.startswith(f"{name}(") or ("(" in first_word and (text.endswith(")") or "->" in text.splitlines()[0]))
-
-
-def _first_paragraph(doc: str | None, name: str) -> str | None:
-    """The docstring's first prose paragraph, reflowed to one line; None if there is no real text."""
-    import inspect
-
-    if not doc or not isinstance(doc, str):
-        return None
-    paragraphs = [p for p in inspect.cleandoc(doc).split("\n\n") if p.strip()]
-    # C functions and namedtuples often open with a signature line such as "dumps(obj, ...)" -- not prose.
-    while paragraphs and _looks_like_signature(paragraphs[0], name):
-        paragraphs.pop(0)
-    if not paragraphs:
-        return None
-    text = " ".join(line.strip() for line in paragraphs[0].splitlines()).strip()
-    if not (MIN_ANSWER_CHARS <= len(text) <= MAX_ANSWER_CHARS) or not any(c.isalpha() for c in text):
-        return None
-    if text.startswith(("Initialize self.", "Create and return a new object.", "Return repr(self).")):
-        return None  # object's generic slot docstrings, inherited by countless C classes
-    return text
-
-
-class _Shown:
-    """A default value shown by a fixed text in a signature."""
-
-    def __init__(self, text: str):
-        self.text = text
-
-    def __repr__(self) -> str:
-        return self.text
-
-
-def _shown_default(value: Any) -> Any:
-    """Literal defaults as written; anything else as `...`: a default such as `environ=os.environ` must
-    not copy this machine's environment (or paths) into the dataset."""
-    if value is None or isinstance(value, (bool, int, float)):
-        return value
-    if isinstance(value, (str, bytes)) and len(value) <= 40 and not value.startswith(("/", b"/")):
-        return value
-    if isinstance(value, tuple) and len(value) <= 4 and all(_shown_default(v) is v for v in value):
-        return value
-    return _Shown("...")
-
-
-def _signature(qualname: str, obj: Any) -> str:
-    import inspect
-
-    try:
-        signature = inspect.signature(obj)
-        params = [p if p.default is p.empty else p.replace(default=_shown_default(p.default))
-                  for p in signature.parameters.values()]
-        return f"{qualname}{signature.replace(parameters=params)}"
-    except Exception:  # C text signatures can name unresolvable defaults (AttributeError, NameError, ...)
-        return ""  # many C builtins have no introspectable signature: the input stays empty
-
-
-def _public_modules(names: Iterable[str]) -> list[str]:
-    """Top-level stdlib modules plus their public submodules, private and skipped ones removed, sorted."""
-    import importlib
-    import pkgutil
-
-    found = []
-    for top in sorted(names):
-        if top.startswith("_") or top in PYDOC_SKIP:
-            continue
-        try:
-            module = importlib.import_module(top)
-        except Exception:  # platform-specific modules (winreg, ...) or missing optional C libs
-            continue
-        found.append(top)
-        for info in pkgutil.walk_packages(getattr(module, "__path__", []) or [], prefix=f"{top}.",
-                                          onerror=lambda _name: None):
-            parts = info.name.split(".")
-            if any(p.startswith("_") or p in ("test", "tests") for p in parts[1:]):
-                continue
-            found.append(info.name)
-    return found
-
-
-def build_pydoc_records(module_names: Iterable[str] | None = None) -> list[dict[str, str]]:
-    """Pairs "What does `json.dumps` do?" -> first docstring paragraph, for public stdlib callables.
-
-    Deterministic for a given Python build: modules and members are visited in sorted order, and
-    duplicates (the same object re-exported, or the same answer text under several names) keep the
-    first occurrence, so a paragraph never sits in both the train and the validation split.
-    """
-    import importlib
-    import inspect
-    import warnings
-
-    names = sys.stdlib_module_names if module_names is None else module_names
-    records: list[dict[str, str]] = []
-    seen_objects: set[int] = set()
-    seen_answers: set[str] = set()
-
-    def add(qualname: str, obj: Any, kind: str) -> None:
-        short = qualname.rsplit(".", 1)[-1]
-        answer = _first_paragraph(getattr(obj, "__doc__", None), short)
-        if answer is None or answer in seen_answers:
-            return
-        seen_answers.add(answer)
-        if kind == "module":
-            instruction = f"What is the `{qualname}` module for?"
-        elif kind == "class":
-            instruction = f"What is the `{qualname}` class for?"
-        else:
-            instruction = f"What does `{qualname}` do?"
-        records.append({"instruction": instruction,
-                        "input": "" if kind == "module" else _signature(qualname, obj),
-                        "output": answer})
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for modname in _public_modules(names):
-            try:
-                module = importlib.import_module(modname)
-            except Exception:
-                continue
-            shown = PYDOC_DISPLAY_NAME.get(modname, modname)
-            prefix = f"{shown}." if shown else ""
-            if shown:
-                add(shown, module, "module")
-            public = getattr(module, "__all__", None)
-            for attr in sorted(set(public) if isinstance(public, (list, tuple)) else dir(module)):
-                if attr.startswith("_"):
-                    continue
-                try:
-                    obj = getattr(module, attr)
-                except Exception:
-                    continue
-                # Only what this module defines (or its C accelerator: `_json` for `json`), or what a
-                # package re-exports from its own submodules in __all__ (`json.JSONDecoder`, not
-                # `json.decoder.JSONDecoder`); never things it merely imports from elsewhere.
-                home = getattr(obj, "__module__", None) or ""
-                own = home in (modname, f"_{modname}", *PYDOC_IMPLEMENTED_IN.get(modname, ()))
-                reexported = isinstance(public, (list, tuple)) and home.startswith(f"{modname}.")
-                if not (inspect.isclass(obj) or inspect.isroutine(obj)) or not (own or reexported):
-                    continue
-                if id(obj) in seen_objects:
-                    continue
-                seen_objects.add(id(obj))
-                if inspect.isclass(obj):
-                    add(f"{prefix}{attr}", obj, "class")
-                    for method_name in sorted(vars(obj)):
-                        if method_name.startswith("_"):
-                            continue
-                        method = vars(obj)[method_name]
-                        if isinstance(method, (staticmethod, classmethod)):
-                            method = method.__func__
-                        if inspect.isroutine(method) and id(method) not in seen_objects:
-                            seen_objects.add(id(method))
-                            add(f"{prefix}{attr}.{method_name}", method, "function")
-                else:
-                    add(f"{prefix}{attr}", obj, "function")
-    return records
-
-
-def pydoc_cache_path(cache_dir: str | os.PathLike) -> Path:
-    """Keyed by the exact Python build (docstrings differ between versions) and the builder version."""
-    key = hashlib.sha256(f"{sys.version}|{PYDOC_BUILDER_VERSION}".encode()).hexdigest()[:12]
-    return Path(cache_dir) / f"pydoc-{sys.version_info.major}.{sys.version_info.minor}-{key}.jsonl"
-
-
-def load_pydoc(cache_dir: str | os.PathLike) -> list[dict[str, str]]:
-    """The builtin:pydoc records, built once into an atomically written JSONL cache.
-
-    Building imports ~250 stdlib modules; that runs in a child interpreter so whatever they print or
-    register at import time (signal handlers, atexit hooks, warnings) never touches this process.
-    """
-    path = pydoc_cache_path(cache_dir)
-    if not path.is_file():
-        env = {**os.environ, "DISPLAY": "", "WAYLAND_DISPLAY": "", "BROWSER": "true"}
-        proc = subprocess.run([sys.executable, "-m", "llmlab.instruct_data", "--build-pydoc", str(path)],
-                              capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL,
-                              cwd=str(Path(__file__).resolve().parent.parent), timeout=600)
-        if proc.returncode != 0 or not path.is_file():
-            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise UserError(f"building builtin:pydoc failed ({tail[:200]}); pass a JSONL file to --dataset instead")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _write_pydoc_cache(path: str) -> None:
-    records = build_pydoc_records()
-    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -266,7 +54,8 @@ def _read_jsonl(path: Path) -> list[dict[str, str]]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
-                raise UserError(f"{path}:{lineno}: not valid JSON ({err.msg}); each line must be one JSON object") from None
+                raise UserError(f"{path}:{lineno}: not valid JSON ({err.msg}); "
+                                "each line must be one JSON object") from None
             records.append(_check_record(record, f"{path}:{lineno}"))
     return records
 
@@ -311,7 +100,8 @@ def _load_hub(name: str, config: str | None, split: str) -> list[dict[str, str]]
         ds = datasets.load_dataset(name, config, split=split)
     except Exception as err:  # offline, typo, missing split: all surface as one line
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
-        raise UserError(f"cannot load dataset {name!r} ({first}); pass a local .jsonl/.json file or builtin:pydoc") from None
+        raise UserError(f"cannot load dataset {name!r} ({first}); "
+                        "pass a local .jsonl/.json file or builtin:pydoc") from None
     missing = [c for c in REQUIRED_FIELDS if c not in ds.column_names]
     if missing:
         raise UserError(f"dataset {name!r}: missing column '{missing[0]}' (has {', '.join(ds.column_names)}); "
@@ -440,11 +230,3 @@ def collate_prompts(examples: list[dict], pad_id: int) -> dict[str, Any]:
         input_ids[row, width - len(prompt):] = torch.tensor(prompt)
         attention[row, width - len(prompt):] = 1
     return {"input_ids": input_ids, "attention_mask": attention}
-
-
-if __name__ == "__main__":
-    # Child-process entry used by load_pydoc: `python -m llmlab.instruct_data --build-pydoc OUT.jsonl`.
-    if len(sys.argv) == 3 and sys.argv[1] == "--build-pydoc":
-        _write_pydoc_cache(sys.argv[2])
-    else:
-        sys.exit("usage: python -m llmlab.instruct_data --build-pydoc OUT.jsonl")

@@ -126,7 +126,9 @@ def quiet_optional_backends() -> None:
 
 
 def load_base(cfg: LoraTrainConfig):
-    """The base causal LM and its tokenizer; a missing default model is a one-line hint, not a traceback."""
+    """(model, tokenizer, whether the tokenizer came from the base model's folder).
+
+    A missing default model is a one-line hint, not a traceback."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from llmlab.tokenizer import load_tokenizer
@@ -137,11 +139,12 @@ def load_base(cfg: LoraTrainConfig):
     except (OSError, ValueError) as err:
         raise UserError(f"cannot load --base_model {cfg.base_model!r} ({str(err).strip().splitlines()[0][:160]}); "
                         "pass a save_pretrained folder, or a hub name when online") from None
+    from_base = False
     if cfg.tokenizer:
         tokenizer = load_tokenizer(cfg.tokenizer)
     else:
         try:
-            tokenizer = AutoTokenizer.from_pretrained(cfg.base_model)
+            tokenizer, from_base = AutoTokenizer.from_pretrained(cfg.base_model), True
         except (OSError, ValueError, TypeError):
             if model.config.vocab_size != 50257:
                 raise UserError(f"--base_model {cfg.base_model!r} has no tokenizer files; pass --tokenizer") from None
@@ -151,7 +154,7 @@ def load_base(cfg: LoraTrainConfig):
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         raise UserError(f"tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}; "
                         "pass the model's own tokenizer with --tokenizer")
-    return model, tokenizer
+    return model, tokenizer, from_base
 
 
 def add_lora(model, cfg: LoraTrainConfig):
@@ -189,12 +192,17 @@ def adapter_state(model) -> dict:
     return {k: v.detach().to("cpu", copy=True) for k, v in get_peft_model_state_dict(model).items()}
 
 
-def save_adapter(model, cfg: LoraTrainConfig, path: Path) -> None:
-    """peft save_pretrained into a temp folder, then swapped into place: never a half-written adapter."""
+def save_adapter(model, cfg: LoraTrainConfig, path: Path, tokenizer=None) -> None:
+    """peft save_pretrained into a temp folder, then swapped into place: never a half-written adapter.
+
+    `tokenizer` is saved alongside only when it is not the base model's own (which inference finds there).
+    """
     from llmlab.io import atomic_write_json, publish_dir
 
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     model.save_pretrained(tmp)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
     atomic_write_json(tmp / PROMPT_FILE, {"prompt_template": cfg.prompt_template,
                                           "prompt_template_no_input": cfg.prompt_template_no_input,
                                           "eos_after_answer": True})
@@ -235,7 +243,7 @@ def train(cfg: LoraTrainConfig) -> dict:
     from llmlab.training_utils import GradClipper, causal_lm_loss
 
     out = Path(cfg.output_dir)
-    model, tokenizer = load_base(cfg)  # before the accelerator: a missing model fails fast and quietly
+    model, tokenizer, tokenizer_from_base = load_base(cfg)
     accelerator = make_accelerator(cfg)
     main = accelerator.is_main_process
     say = accelerator.print
@@ -249,7 +257,8 @@ def train(cfg: LoraTrainConfig) -> dict:
     (train_examples, train_dropped), (val_examples, val_dropped) = tokenize(train_records), tokenize(val_records)
     if not train_examples or not val_examples:
         raise UserError(f"no example fits in --max_length {max_length}; raise it or shorten the prompts")
-    say(f"data: {cfg.dataset}: {len(train_examples)} train / {len(val_examples)} validation examples"
+    say(f"data: {cfg.dataset}: {len(train_examples)} train / {len(val_examples)} validation examples, "
+        f"{accelerator.num_processes} process(es) on {accelerator.device.type}"
         + (f" ({train_dropped + val_dropped} dropped: prompt longer than {max_length} tokens)"
            if train_dropped + val_dropped else ""))
 
@@ -259,6 +268,7 @@ def train(cfg: LoraTrainConfig) -> dict:
         f"{trainable:,} trainable of {total:,} parameters ({100 * trainable / total:.3f}%)")
 
     pad_id = pad_id_for(tokenizer)
+    adapter_tokenizer = None if tokenizer_from_base else tokenizer
     trim = lora_eval.supports_logits_to_keep(model.get_base_model())  # no logits for prompt positions
     loader_seed = torch.Generator().manual_seed(cfg.seed)
     train_loader = DataLoader(train_examples, batch_size=cfg.batch_size, shuffle=True, generator=loader_seed,
@@ -294,7 +304,7 @@ def train(cfg: LoraTrainConfig) -> dict:
     best_loss, best_step, bad_evals, stopped_early = before["val_loss"], 0, 0, False
     best_state = adapter_state(accelerator.unwrap_model(model))
     if main:
-        save_adapter(accelerator.unwrap_model(model), cfg, out / "adapter")
+        save_adapter(accelerator.unwrap_model(model), cfg, out / "adapter", adapter_tokenizer)
 
     step, window_loss, window_micro, window_tokens = 0, 0.0, 0, 0
     window_start = time.perf_counter()
@@ -346,7 +356,7 @@ def train(cfg: LoraTrainConfig) -> dict:
                     best_loss, best_step, bad_evals = val_loss, step, 0
                     best_state = adapter_state(accelerator.unwrap_model(model))
                     if main:
-                        save_adapter(accelerator.unwrap_model(model), cfg, out / "adapter")
+                        save_adapter(accelerator.unwrap_model(model), cfg, out / "adapter", adapter_tokenizer)
                 else:
                     bad_evals += 1
                 progress.write(f"step {step}: val loss {val_loss:.4f} (best {best_loss:.4f} at step {best_step})")

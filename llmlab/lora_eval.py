@@ -92,7 +92,8 @@ def rouge_l(predictions: list[str], references: list[str]) -> float | None:
     if not predictions:
         return None  # --eval_examples 0
     scorer = RougeScorer(["rougeL"], use_stemmer=True)
-    return sum(scorer.score(ref, pred)["rougeL"].fmeasure for pred, ref in zip(predictions, references)) / len(predictions)
+    scores = [scorer.score(ref, pred)["rougeL"].fmeasure for pred, ref in zip(predictions, references)]
+    return sum(scores) / len(scores)
 
 
 def evaluate(model, *, accelerator, tokenizer, val_loader, rouge_examples: list[dict], pad_id: int,

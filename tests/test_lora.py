@@ -16,7 +16,7 @@ TINY_RUN = ["--max_examples", "160", "--max_length", "64", "--batch_size", "4", 
 
 @pytest.fixture(scope="module")
 def pydoc_cache_dir(tmp_path_factory):
-    from llmlab.instruct_data import load_pydoc
+    from llmlab.pydoc_data import load_pydoc
 
     cache = tmp_path_factory.mktemp("lora_pydoc")
     load_pydoc(cache)  # built once here, reused by every run below
@@ -52,7 +52,8 @@ def test_tiny_run_lowers_validation_loss_and_writes_a_small_adapter(tiny_gpt2_di
     weights = load_file(adapter / "adapter_model.safetensors")
     assert weights and all("lora_" in name for name in weights)
     assert sum(t.numel() for t in weights.values()) == report["trainable_params"] == 4096
-    assert (adapter / "adapter_model.safetensors").stat().st_size < 0.01 * (tiny_gpt2_dir / "model.safetensors").stat().st_size
+    base_bytes = (tiny_gpt2_dir / "model.safetensors").stat().st_size
+    assert (adapter / "adapter_model.safetensors").stat().st_size < 0.01 * base_bytes
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert config["r"] == 8 and config["lora_alpha"] == 16 and config["lora_dropout"] == 0.1
     assert config["target_modules"] == ["c_attn"]
@@ -131,7 +132,8 @@ def test_only_adapter_weights_train_and_checkpointing_reaches_them(tiny_gpt2_dir
 
     torch.manual_seed(0)
     cfg = _tiny_cfg(tiny_gpt2_dir, gradient_checkpointing=True)
-    model, _ = load_base(cfg)
+    model, _, from_base = load_base(cfg)
+    assert from_base  # the fixture saved its tokenizer with the model
     model = add_lora(model, cfg)
     trainable, total = parameter_counts(model)
     assert trainable == 4096 and total > 800 * trainable

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from llmlab.errors import UserError
-from llmlab.instruct_data import (DEFAULT_PROMPT, DEFAULT_PROMPT_NO_INPUT, build_pydoc_records, check_templates,
-                                  collate, collate_prompts, format_prompt, load_pydoc, load_records,
-                                  pydoc_cache_path, split_records, tokenize_example)
+from llmlab.instruct_data import (DEFAULT_PROMPT, DEFAULT_PROMPT_NO_INPUT, check_templates, collate,
+                                  collate_prompts, format_prompt, load_records, split_records, tokenize_example)
+from llmlab.pydoc_data import build_pydoc_records, load_pydoc, pydoc_cache_path
 from llmlab.training_utils import causal_lm_loss
 
 

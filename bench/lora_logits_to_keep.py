@@ -1,0 +1,101 @@
+#!/usr/bin/env python
+"""LoRA training step: logits for every position (baseline) vs only from the first answer position on.
+
+train_lora.py's loss ignores prompt tokens, so it asks the model for logits only where they count
+(`logits_to_keep`). With GPT-2's 50257-token vocabulary the hidden x vocab projection and the
+cross-entropy dominate a small model's step; this measures what skipping the prompt share saves, on
+real builtin:pydoc batches (default prompt template), same weights, same batches, interleaved runs.
+
+    python bench/lora_logits_to_keep.py                 # gpt2-tiny preset, 8 steps each, batch 16
+    python bench/lora_logits_to_keep.py --model gpt2 --steps 20
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gpt2-tiny", help="llmlab.models preset (random init) or a model folder")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per variant (after 1 warmup step each)")
+    parser.add_argument("--batch_size", type=int, default=16)
+    parser.add_argument("--max_length", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    args = parser.parse_args()
+
+    import os
+
+    import torch
+
+    from llmlab.instruct_data import collate, load_records, split_records, tokenize_records
+    from llmlab.lora import LoraTrainConfig, add_lora, default_cache_dir, quiet_optional_backends
+    from llmlab.lora_eval import answer_logits
+    from llmlab.models import GPT2_PRESETS, build_gpt2_model, context_length
+    from llmlab.tokenizer import load_tokenizer
+    from llmlab.training_utils import causal_lm_loss
+
+    quiet_optional_backends()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    tokenizer = load_tokenizer()
+    if args.model in GPT2_PRESETS:
+        model = build_gpt2_model(args.model)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(args.model)
+    cfg = LoraTrainConfig()
+    model = add_lora(model, cfg)
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
+
+    train, _ = split_records(load_records("builtin:pydoc", default_cache_dir()), 0.1, cfg.data_seed)
+    examples, _ = tokenize_records(tokenizer, train, min(args.max_length, context_length(model)),
+                                   cfg.prompt_template, cfg.prompt_template_no_input)
+    batches = [collate(examples[i * args.batch_size: (i + 1) * args.batch_size], tokenizer.eos_token_id)
+               for i in range(args.steps + 1)]
+
+    def step(batch, trim: bool) -> tuple[float, float, float]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        logits, labels = answer_logits(model, batch, trim)
+        loss = causal_lm_loss(logits, labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - wall, time.process_time() - cpu, loss.item()
+
+    timings = {False: [], True: []}
+    losses = {False: [], True: []}
+    for trim in (False, True):
+        step(batches[0], trim)  # warmup
+    for batch in batches[1:]:
+        for trim in (False, True):  # interleaved: background load hits both variants alike
+            with torch.random.fork_rng():
+                torch.manual_seed(1)  # same LoRA dropout masks for both variants
+                wall, cpu, loss = step(batch, trim)
+            timings[trim].append((wall, cpu))
+            losses[trim].append(loss)
+    tokens = sum(int(b["attention_mask"].sum()) for b in batches[1:]) / args.steps
+    answer_share = sum(int((b["labels"] != -100).sum()) for b in batches[1:]) / args.steps / tokens
+    max_loss_diff = max(abs(a - b) for a, b in zip(losses[False], losses[True]))
+
+    print(f"model {args.model}, {args.steps} steps of batch {args.batch_size} (~{tokens:.0f} tokens/step, "
+          f"{100 * answer_share:.0f}% of them answer tokens), {args.threads} threads, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"{'variant':<28}{'wall ms/step':>14}{'cpu ms/step':>14}{'tokens/s':>12}{'speedup':>10}")
+    base_wall = statistics.median(w for w, _ in timings[False])
+    for trim, name in ((False, "all logits (baseline)"), (True, "answer logits (train_lora)")):
+        wall = statistics.median(w for w, _ in timings[trim])
+        cpu = statistics.median(c for _, c in timings[trim])
+        print(f"{name:<28}{1000 * wall:>14.0f}{1000 * cpu:>14.0f}{tokens / wall:>12.0f}{base_wall / wall:>9.2f}x")
+    print(f"max |loss difference| between variants: {max_loss_diff:.2e} (same batches, same dropout masks)")
+
+
+if __name__ == "__main__":
+    main()
