@@ -29,6 +29,10 @@ def quiet_backend_logs() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    import torch
+
+    if not torch.cuda.is_available():  # else DeepSpeed (imported by transformers' integrations) warns it chose CPU
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")  # torch.ao INT8 path
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
     warnings.filterwarnings("ignore", category=UserWarning, module="peft")
@@ -248,7 +252,11 @@ def load_base(name: str, precision: str, device: str):
         return report["model"], report["int8_layers"]
     # bitsandbytes: CUDA kernels, or its CPU backend for int4 (measured faster than fp32 on CPU, slower than
     # PyTorch's dynamic INT8, so int8 on CPU uses the latter)
-    model = from_pretrained_or_error(name, quantization_config=_bnb_config(precision, device),
+    config = _bnb_config(precision, device)
+    # the layers bitsandbytes leaves alone (embeddings, norms, lm_head) stay in the compute dtype, not fp16
+    keep = config.bnb_4bit_compute_dtype if precision == "int4" else (
+        torch.float32 if device == "cpu" else torch.float16)  # LLM.int8 kernels take fp16 activations
+    model = from_pretrained_or_error(name, quantization_config=config, dtype=keep,
                                      device_map={"": 0} if device == "cuda" else "cpu")
     n = count_quantized_layers(model)
     if n == 0:

@@ -126,6 +126,7 @@ def test_merged_folder_is_standalone_safetensors(merged, tiny_gpt2_dir):
     assert json.loads((out / "merge_report.json").read_text())["dtype"] == "fp32"
 
 
+@pytest.mark.slow  # 20-30 s on a busy 2-core machine (subprocesses import torch)
 def test_merge_cli_fp16_export(tiny_gpt2_dir, adapter_dir, tmp_path):
     from safetensors import safe_open
 
@@ -187,6 +188,7 @@ def test_generate_streams_one_prompt_and_saves_it(merged, tmp_path, capsys):
     assert record["top_k"] == 0 and record["no_repeat_ngram_size"] == 3 and record["do_sample"] is True
 
 
+@pytest.mark.slow  # 20-30 s on a busy 2-core machine (subprocesses import torch)
 def test_generate_cli_batch_with_unmerged_adapter(merged, tiny_gpt2_dir, adapter_dir, tmp_path):
     model = str(merged[0])
     prompts = tmp_path / "prompts.jsonl"
@@ -275,6 +277,7 @@ def test_int8_cpu_changes_weights_and_keeps_perplexity(trained_dir, wiki_texts, 
 
 # ---- bench --------------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # 20-30 s on a busy 2-core machine (subprocesses import torch)
 def test_bench_prints_table_for_available_precisions(merged, tiny_gpt2_dir, adapter_dir, wiki_texts, tmp_path):
     from llmlab.infer_bench import BenchConfig, run_bench
     from llmlab.quantize import available_precisions
@@ -341,6 +344,7 @@ def test_cli_unavailable_precision_names_alternative(tiny_gpt2_dir):
     assert "bf16" in last
 
 
+@pytest.mark.slow  # 20-30 s on a busy 2-core machine (subprocesses import torch)
 def test_cli_refuses_quantized_base_and_foreign_adapter(tiny_gpt2_dir, adapter_dir, tmp_path):
     import shutil
 
@@ -359,3 +363,32 @@ def test_cli_refuses_quantized_base_and_foreign_adapter(tiny_gpt2_dir, adapter_d
     _one_line_error(run_script([SCRIPT, "merge", "--base_model", str(other), "--adapter", str(adapter_dir),
                                 "--out", str(tmp_path / "m2")]), "does not fit", "--base_model")
     assert not (tmp_path / "m").exists() and not (tmp_path / "m2").exists()
+
+
+# ---- CUDA ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (fp16 and bitsandbytes int8/int4 paths)")
+def test_cuda_precisions_load_quantized_and_generate(tiny_gpt2_dir, adapter_dir, trained_dir, wiki_texts,
+                                                     gpt2_tokenizer):
+    from llmlab.inference import generate, generation_config, GenerateConfig, perplexity
+    from llmlab.quantize import available_precisions, load_for_inference
+
+    assert {"fp16", "int8", "int4"} <= set(available_precisions("cuda"))
+    held = gpt2_tokenizer(wiki_texts[11])["input_ids"]
+    blocks = [held[i:i + 128] for i in range(0, len(held) - 127, 128)][:8]
+    ppl = {}
+    for precision in ("fp32", "fp16", "int8", "int4"):
+        loaded = load_for_inference(model=str(trained_dir), precision=precision, device="cuda")
+        assert next(loaded.model.parameters()).is_cuda
+        assert (loaded.quantized_layers > 0) == (precision in ("int8", "int4"))
+        ppl[precision] = perplexity(loaded.model, blocks)
+        del loaded
+    assert abs(ppl["fp16"] / ppl["fp32"] - 1) < 0.01 and abs(ppl["int8"] / ppl["fp32"] - 1) < 0.05
+    assert abs(ppl["int4"] / ppl["fp32"] - 1) < 0.25  # NF4 on a 64-wide model: coarse, but not broken
+    # QLoRA-style: the adapter stays unmerged on top of the 4-bit base
+    unmerged = load_for_inference(base_model=str(tiny_gpt2_dir), adapter=str(adapter_dir), precision="int4",
+                                  device="cuda")
+    assert unmerged.quantized_layers > 0
+    gen = generation_config(GenerateConfig(model="unused", prompt="x", max_new_tokens=4, greedy=True), unmerged.tokenizer)
+    assert generate(unmerged.model, unmerged.tokenizer, ["Hello"], gen, 0)[0]["new_tokens"] == 4
