@@ -115,7 +115,7 @@ def check_model_source(name: str, what: str = "--model",
         if marker == "config.json" and (path / "adapter_config.json").is_file():
             raise UserError(f"{what} {name} is a LoRA adapter folder; pass it as --adapter with --base_model BASE")
         if not path.is_dir() or not (path / marker).is_file():
-            raise UserError(f"{what} {name}: not a {'adapter' if 'adapter' in marker else 'model'} folder "
+            raise UserError(f"{what} {name}: not {'an adapter' if 'adapter' in marker else 'a model'} folder "
                             f"(no {marker}); {hint}")
         return str(path)
     looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1
@@ -162,7 +162,7 @@ def conv1d_to_linear(model) -> int:
 
 
 def quantize_int8_dynamic(model) -> dict[str, Any]:
-    """Dynamic INT8 on CPU, in place semantics (returns the quantized model in the report). Verifies it took."""
+    """Dynamic INT8 on CPU (modifies `model`); returns the quantized model and layer counts. Verifies it took."""
     import torch
     from torch.ao.quantization import quantize_dynamic
     from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantLinear

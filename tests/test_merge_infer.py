@@ -110,6 +110,17 @@ def test_merge_matches_base_plus_adapter(merged, tiny_gpt2_dir, adapter_dir, gpt
     assert (_logits(base, ids) - reference).abs().max() > 0.1
 
 
+def test_merge_fails_loudly_above_tolerance_and_saves_nothing(tiny_gpt2_dir, adapter_dir, tmp_path):
+    from llmlab.errors import UserError
+    from llmlab.merge import MergeConfig, merge_adapter
+
+    out = tmp_path / "never"
+    with pytest.raises(UserError, match="tolerance 1.000e-12.*nothing was saved"):
+        merge_adapter(MergeConfig(base_model=str(tiny_gpt2_dir), adapter=str(adapter_dir), out=str(out),
+                                  tolerance=1e-12), log=lambda msg: None)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_merged_folder_is_standalone_safetensors(merged, tiny_gpt2_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
