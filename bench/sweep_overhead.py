@@ -5,7 +5,8 @@ Runs the same small trials (smoke-sized minimal Transformer, real data) three wa
   spawn  x1 worker  -- `python -m llmlab.sweep.trial spec.json` per trial: the baseline
   fork   x1 worker  -- forked from a server that imported torch/transformers once (the default)
   fork   x2 workers -- the same trials, two at a time
-Overhead per trial = launch-to-exit time seen by the parent minus the trial's own work after loading
+Every trial uses one CPU thread so the worker comparison is about processes, not threads
+(--auto_threads adds the 1-worker run with all cores' threads). Overhead per trial = launch-to-exit time seen by the parent minus the trial's own work after loading
 its data (process start + imports + memory-mapping the prepared data). Prints a table with ratios.
 
   python bench/sweep_overhead.py                 # ~3 minutes on 2 cores
@@ -14,6 +15,7 @@ its data (process start + imports + memory-mapping the prepared data). Prints a 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -23,10 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def run_batch(specs, launcher_name: str, workers: int, tag: str) -> dict:
+def run_batch(specs, launcher_name: str, workers: int, tag: str, threads: int = 1) -> dict:
     from llmlab.sweep.runner import TrialLauncher
 
-    launcher = TrialLauncher(launcher_name, workers)
+    launcher = TrialLauncher(launcher_name, workers, threads)
     specs = [{**s, "trial_dir": str(Path(s["trial_dir"]).with_name(f"{tag}_{Path(s['trial_dir']).name}"))}
              for s in specs]
     seen = []
@@ -47,7 +49,7 @@ def run_batch(specs, launcher_name: str, workers: int, tag: str) -> dict:
         raise SystemExit(f"{tag}: a trial did not finish ok: {[s['status'] for s in seen]}")
     overhead = sum(s["overhead"] for s in seen) / len(seen)
     per_trial = sum(s["elapsed"] for s in seen) / len(seen)
-    return {"tag": tag, "trials": len(seen), "wall": wall, "throughput": 60 * len(seen) / wall,
+    return {"tag": f"{tag} ({launcher.threads}t)", "trials": len(seen), "wall": wall, "throughput": 60 * len(seen) / wall,
             "overhead": overhead, "per_trial": per_trial, "share": overhead / per_trial}
 
 
@@ -55,6 +57,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=4, help="trials per configuration (default 4)")
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps per trial (default 8)")
+    parser.add_argument("--auto_threads", action="store_true",
+                        help="also run 1 worker with all cores' threads (the sweep's default for --workers 1)")
     parser.add_argument("--output_dir", default=None, help="work folder (default: a temporary one)")
     args = parser.parse_args()
 
@@ -70,23 +74,28 @@ def main() -> None:
     specs = runner.trial_specs(cfg, doe20_design(42)[: args.trials], data_info, out)
 
     tick = time.perf_counter()
-    runner._forkserver_context()
+    probe = runner._forkserver_context().Process(target=os.getpid)  # returns once the server has preloaded
+    probe.start()
+    probe.join()
     forkserver_s = time.perf_counter() - tick
-    rows = [run_batch(specs, "spawn", 1, "spawn_x1"), run_batch(specs, "forkserver", 1, "fork_x1"),
-            run_batch(specs, "forkserver", 2, "fork_x2")]
+    rows = [run_batch(specs, "spawn", 1, "spawn x1"), run_batch(specs, "forkserver", 1, "fork x1"),
+            run_batch(specs, "forkserver", 2, "fork x2")]
+    if args.auto_threads:
+        rows.append(run_batch(specs, "forkserver", 1, "fork x1", threads=0))
 
     print(f"\ndata prepared once in the parent: {prepare_s:.1f} s ({data_info['train_rows']} train blocks of "
-          f"{data_info['block_size']}); fork server start (once per sweep, overlaps data prep): {forkserver_s:.1f} s")
+          f"{data_info['block_size']}); fork server start with torch/transformers preloaded (once per sweep): {forkserver_s:.1f} s")
     print(f"{args.trials} trials x {args.steps} steps each, minimal Transformer, batch 2 x 32 tokens\n")
-    header = f"{'launcher':<10} {'trials':>6} {'wall s':>8} {'trials/min':>10} {'s/trial':>8} {'overhead s':>10} {'overhead share':>14}"
+    header = f"{'launcher':<16} {'trials':>6} {'wall s':>8} {'trials/min':>10} {'s/trial':>8} {'overhead s':>10} {'overhead share':>14}"
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['tag']:<10} {r['trials']:>6} {r['wall']:>8.1f} {r['throughput']:>10.2f} {r['per_trial']:>8.2f} "
+        print(f"{r['tag']:<16} {r['trials']:>6} {r['wall']:>8.1f} {r['throughput']:>10.2f} {r['per_trial']:>8.2f} "
               f"{r['overhead']:>10.2f} {100 * r['share']:>13.1f}%")
-    spawn, fork1, fork2 = rows
+    spawn, fork1, fork2 = rows[:3]
     print(f"\noverhead per trial, spawn / fork server: {spawn['overhead'] / max(fork1['overhead'], 1e-9):.1f}x")
-    print(f"throughput, 2 workers / 1 worker (fork server): {fork2['throughput'] / fork1['throughput']:.2f}x")
+    print(f"throughput, 2 workers / 1 worker (fork server, 1 thread per trial): "
+          f"{fork2['throughput'] / fork1['throughput']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ def test_embedding_is_frozen_and_tied_to_the_head():
         again = model(ids)
     assert torch.allclose(again[..., 7], 2 * logits[..., 7].detach(), atol=1e-5)
     assert torch.allclose(again[..., 8], logits[..., 8].detach(), atol=1e-6)
-    assert abs(float(loss) - math.log(50257)) < 0.3  # an untrained model is close to uniform
+    assert abs(loss.item() - math.log(50257)) < 0.3  # an untrained model is close to uniform
 
 
 @pytest.mark.parametrize("pe", ["sinusoidal", "learned", "rope"])

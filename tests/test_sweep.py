@@ -22,7 +22,9 @@ def data_cache(tmp_path_factory):
 
 
 def sweep_args(out, cache, *extra):
-    return ["sweep.py", "--budget", "smoke", "--output_dir", str(out), "--data_cache_dir", str(cache), *extra]
+    # one CPU thread per trial: on a shared 2-core box, 2 threads per tiny trial measured ~8x slower
+    return ["sweep.py", "--budget", "smoke", "--output_dir", str(out), "--data_cache_dir", str(cache),
+            "--threads_per_worker", "1", *extra]
 
 
 def read_csv(path):
@@ -228,3 +230,11 @@ def test_cuda_trial_uses_fp16_with_grad_scaler(tmp_path, data_cache):
         assert "skipped_steps" in result
     spec = json.loads((out / "trials" / "g02" / "spec.json").read_text())
     assert spec["device"] == "cuda"
+
+
+def test_help_lists_every_option():
+    proc = run_script(["sweep.py", "--help"])
+    assert proc.returncode == 0, proc.stderr
+    for flag in ("--grid", "--budget", "--workers", "--trial_timeout", "--lrs", "--batch_sizes", "--clip",
+                 "--label_smoothing", "--model", "--fail_grad_norm", "--flat_window", "--config"):
+        assert flag in proc.stdout

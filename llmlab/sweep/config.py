@@ -64,6 +64,7 @@ class SweepConfig:
     clip: Optional[str] = opt(None, "lr_bs: max grad norm (number, 0 = off, or 'adaptive'); default 1.0")
     scale_warmup: bool = opt(True, "scale warmup levels (steps of the full protocol) to the budget's steps")
     seed: int = opt(42, "seed of every trial (model init, data order) and of the Latin hypercube")
+    threads_per_worker: int = opt(0, "CPU threads per trial; 0 = cores / workers (on a busy machine 1 is often faster)")
     trial_timeout: Optional[int] = opt(None, "seconds before a trial is killed (default: the budget's)")
     rerun_crashed: bool = opt(True, "on resume, rerun trials recorded as crashed or timed out")
     fail_loss: float = opt(10.0, "fail-safe: stop when the loss exceeds this (or initial loss + 1 before it "
@@ -73,7 +74,7 @@ class SweepConfig:
     flat_window: int = opt(100, "... over this many steps")
     precheck_steps: int = opt(10, "steps of the pre-check (finite loss/gradients, projected time within timeout)")
     retry: bool = opt(True, "retry a failed trial once with a fallback (clip - 0.1 or warmup 100)")
-    target_loss: Optional[float] = opt(None, "loss for 'steps to target' (default: 90% of the control's loss drop)")
+    target_loss: Optional[float] = opt(None, "loss for 'steps to target' (default: 90 percent of the control's loss drop)")
     dataset: str = opt("builtin:wiki", "corpus (see llmlab.data): builtin:wiki, local files or a hub dataset")
     max_documents: Optional[int] = opt(None, "use only the first N documents (default: the budget's)")
     data_cache_dir: Optional[str] = opt(None, "prepared-data cache folder (default: llmlab's cache)")
@@ -81,6 +82,8 @@ class SweepConfig:
     report_only: bool = opt(False, "only rebuild report.md, results.csv and plots from finished trials")
 
     def validate(self) -> None:
+        if self.threads_per_worker < 0:
+            raise UserError(f"--threads_per_worker must be >= 0 (0 = automatic), got {self.threads_per_worker}")
         if self.workers < 1:
             raise UserError(f"--workers must be >= 1, got {self.workers}")
         for name in ("steps", "batch_size", "block_size", "micro_batch_size", "trial_timeout", "max_documents"):

@@ -116,7 +116,7 @@ def resolve_device(choice: str) -> str:
 
 def settings_fingerprint(cfg: SweepConfig, design: list[dict]) -> str:
     """What must match for a rerun to resume rather than mix two different sweeps in one folder."""
-    ignore = {"output_dir", "workers", "trial_timeout", "device", "rerun_crashed", "report_only", "data_cache_dir",
+    ignore = {"output_dir", "workers", "trial_timeout", "device", "rerun_crashed", "report_only", "data_cache_dir", "threads_per_worker",
               "target_loss", "config"}
     settings = {k: v for k, v in asdict(cfg).items() if k not in ignore}
     return hashlib.sha256(json.dumps([settings, design], sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -153,8 +153,9 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 class TrialLauncher:
     """Starts trials in their own processes, enforces the timeout, and records crashes."""
 
-    def __init__(self, launcher: str = "forkserver", workers: int = 1):
+    def __init__(self, launcher: str = "forkserver", workers: int = 1, threads: int = 0):
         self.launcher, self.workers = launcher, workers
+        self.threads = threads or max(1, (os.cpu_count() or 1) // workers)  # CPU threads per trial
         self.active: dict[str, Any] = {}
         self.lock = threading.Lock()
         self.stopping = False
@@ -163,7 +164,7 @@ class TrialLauncher:
         trial_dir = Path(spec["trial_dir"])
         shutil.rmtree(trial_dir, ignore_errors=True)  # a rerun must not mix curves with a killed attempt
         trial_dir.mkdir(parents=True)
-        spec = {**spec, "threads": max(1, (os.cpu_count() or 1) // self.workers)}
+        spec = {**spec, "threads": self.threads}
         spec_path = trial_dir / "spec.json"
         atomic_write_json(spec_path, spec)
         log_path = trial_dir / "log.txt"
@@ -283,7 +284,7 @@ def run_sweep(cfg: SweepConfig, launcher: str = "forkserver") -> list[dict]:
     if done:
         print(f"resuming: {len(done)} finished trial(s) skipped ({', '.join(sorted(done))}); "
               f"{len(pending)} to run", flush=True)
-    launch = TrialLauncher(launcher, cfg.workers)
+    launch = TrialLauncher(launcher, cfg.workers, cfg.threads_per_worker)
     slots = list(range(cfg.workers))
     slot_lock = threading.Lock()
     bar = tqdm(total=len(specs), initial=len(done), desc="trials", unit="trial")

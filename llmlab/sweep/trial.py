@@ -206,6 +206,8 @@ def train_attempt(spec: dict, hp: dict, data: dict, device: torch.device, log_di
         evaluation = evaluate(model, data["validation"], spec, device, amp)
     except TrialStop as stop:
         stop.curves = curves  # kept in result.json so a failed run's curve can still be inspected
+        if len(curves["loss"]) <= spec["precheck_steps"] and not stop.reason.startswith("pre-check"):
+            stop.reason = f"pre-check: {stop.reason}"
         raise
         logger.log({"eval/loss": evaluation["val_loss"], "eval/perplexity": evaluation["val_perplexity"]}, steps)
     finally:
