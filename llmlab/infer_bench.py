@@ -28,7 +28,7 @@ BENCH_PROMPT = "The history of the city begins in the early middle ages, when"
 
 @dataclass
 class BenchConfig(ModelSourceConfig):
-    precisions: list[str] = opt([], "precisions to compare (default: every one this machine runs; fp32 first)")
+    precisions: list[str] = opt([], "precisions to compare; empty = every one this machine runs (fp32 first)")
     eval_data: str = opt("builtin:wiki", "held-out text: a .txt file, or a corpus whose llmlab.data validation "
                                          "split is used (builtin:wiki = the offline Wikipedia sample)")
     eval_tokens: int = opt(4096, "held-out tokens for perplexity")
@@ -187,6 +187,13 @@ def bench_one(name: str, precision: str, device: str, blocks, cfg: BenchConfig, 
     return row
 
 
+def context_length(model: str) -> int | None:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    return getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+
+
 def warm_up_imports(model_dir: str, with_adapter: bool) -> None:
     """Import the model's code once (on the meta device: no memory) so the first row's load time is not inflated."""
     import torch
@@ -211,6 +218,10 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
         check_precision(p, device)
     precisions = sorted(set(precisions), key=PRECISIONS.index)
     tokenizer = load_tokenizer_for(cfg.adapter, cfg.model or cfg.base_model, name=cfg.tokenizer)
+    context = context_length(cfg.model or cfg.base_model)
+    if context and cfg.block_size > context:
+        raise UserError(f"--block_size {cfg.block_size} exceeds the model's {context}-token context; "
+                        f"pass --block_size {context} or less")
     blocks = heldout_token_blocks(cfg.eval_data, tokenizer, cfg.block_size, cfg.eval_tokens)
     log(f"held-out text: {len(blocks)} x {cfg.block_size} tokens from {cfg.eval_data}; device {device}; "
         f"precisions {', '.join(precisions)}")

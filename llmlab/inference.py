@@ -23,7 +23,7 @@ class ModelSourceConfig:
     model: Optional[str] = opt(None, "standalone model folder (e.g. the merge --out) or hub name")
     base_model: Optional[str] = opt(None, "base model folder/name, used with --adapter instead of --model")
     adapter: Optional[str] = opt(None, "LoRA adapter folder applied on top of --base_model, unmerged")
-    tokenizer: Optional[str] = opt(None, "tokenizer name/path (default: the one saved with the model or adapter)")
+    tokenizer: Optional[str] = opt(None, "tokenizer name/path; unset = the one saved with the model or adapter")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto = CUDA when available, else CPU")
     threads: int = opt(0, "CPU threads for PyTorch (0 = PyTorch's default, one per core; on a busy machine "
                           "fewer threads than cores can be much faster)")
@@ -64,16 +64,16 @@ class GenerateConfig(ModelSourceConfig):
     prompt_format: Literal["auto", "raw", "template"] = opt(
         "auto", f"auto = wrap prompts in the instruction template train_lora.py saved ({PROMPT_FILE} in the adapter "
                 "or merged folder) when there is one, else feed them as is; raw = always as is; template = require it")
-    output: Optional[str] = opt(None, "JSONL results file (default for --prompts_file: <file>.generations.jsonl; "
-                                      "for --prompt: none, stream only)")
+    output: Optional[str] = opt(None, "JSONL results file; unset = <prompts_file>.generations.jsonl for "
+                                      "--prompts_file, nothing (stream only) for --prompt")
     precision: Literal["auto", "fp32", "fp16", "bf16", "int8", "int4"] = opt(
         "auto", "weights/compute precision: auto = fp16 on CUDA, fp32 on CPU; int8/int4 = bitsandbytes on CUDA; "
                 "on CPU int8 = PyTorch dynamic INT8, int4 = bitsandbytes NF4 (CPU backend); fp16 needs CUDA")
     max_new_tokens: int = opt(128, "tokens to generate per prompt")
-    temperature: Optional[float] = opt(None, f"sampling temperature (default {DEFAULT_TEMPERATURE}; not with --greedy)")
-    top_p: Optional[float] = opt(None, f"nucleus sampling: keep the smallest token set with this much probability "
-                                       f"(default {DEFAULT_TOP_P}; 1 = off; not with --greedy)")
-    top_k: Optional[int] = opt(None, "keep only the k most likely tokens (default 0 = off; not with --greedy)")
+    temperature: Optional[float] = opt(None, f"sampling temperature; unset = {DEFAULT_TEMPERATURE} (not with --greedy)")
+    top_p: Optional[float] = opt(None, f"nucleus sampling: keep the smallest token set with this much probability; "
+                                       f"unset = {DEFAULT_TOP_P}; 1 = off (not with --greedy)")
+    top_k: Optional[int] = opt(None, "keep only the k most likely tokens; unset = 0 = off (not with --greedy)")
     repetition_penalty: float = opt(1.1, "divide logits of already generated tokens by this (1 = off)")
     no_repeat_ngram_size: int = opt(3, "never repeat an n-gram of this size (0 = off)")
     greedy: bool = opt(False, "deterministic argmax decoding instead of sampling")

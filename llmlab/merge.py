@@ -40,10 +40,10 @@ class MergeConfig:
     adapter: str = opt("", "LoRA adapter folder written by train_lora.py (adapter_config.json + weights)")
     out: str = opt("", "output folder for the merged standalone model (written to a temp dir, then renamed)")
     dtype: Literal["fp16", "bf16", "fp32"] = opt("fp16", "dtype of the saved weights; verification always runs in fp32")
-    tolerance: Optional[float] = opt(None, "max allowed |merged - unmerged| logit difference in fp32 "
-                                           f"(default: {FP32_REL_TOLERANCE} x max |logit|, at least that absolute)")
+    tolerance: Optional[float] = opt(None, "max allowed |merged - unmerged| logit difference in fp32; "
+                                           f"unset = {FP32_REL_TOLERANCE} x max(1, max |logit|)")
     overwrite: bool = opt(False, "replace --out if it already exists")
-    tokenizer: Optional[str] = opt(None, "tokenizer to save alongside (default: the adapter's, else the base's)")
+    tokenizer: Optional[str] = opt(None, "tokenizer to save alongside; unset = the adapter's, else the base's")
     device: Literal["cpu", "cuda"] = opt("cpu", "where to merge and verify (fp32 needs 4 bytes per parameter)")
 
     def validate(self) -> tuple[str, str, Path]:
