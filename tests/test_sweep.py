@@ -238,3 +238,24 @@ def test_help_lists_every_option():
     for flag in ("--grid", "--budget", "--workers", "--trial_timeout", "--lrs", "--batch_sizes", "--clip",
                  "--label_smoothing", "--model", "--fail_grad_norm", "--flat_window", "--config"):
         assert flag in proc.stdout
+
+
+def test_gradient_accumulation_matches_one_big_batch(tmp_path):
+    """lr_bs batches beyond --micro_batch_size accumulate: same loss curve and grad norms as one pass."""
+    import numpy as np
+
+    from llmlab.sweep.trial import train_attempt
+
+    rng = np.random.default_rng(0)
+    data = {"train": rng.integers(0, 50257, (64, 16)).astype(np.uint16),
+            "validation": rng.integers(0, 50257, (8, 16)).astype(np.uint16)}
+    spec = {"model": "minimal", "block_size": 16, "position_encoding": "sinusoidal", "gradient_checkpointing": False,
+            "steps": 3, "seed": 42, "label_smoothing": 0.0, "warmup_scale": 1.0, "log_every": 1, "flat_window": 100,
+            "flat_tolerance": 1e-5, "fail_loss": 10.0, "fail_grad_norm": 1000.0, "precheck_steps": 2,
+            "timeout_s": 600, "eval_batches": 1, "eval_batch_size": 4}
+    hp = {**CONTROL, "warmup": 0, "lr": 1e-3, "batch_size": 8}
+    runs = [train_attempt({**spec, "micro_batch_size": micro}, hp, data, __import__("torch").device("cpu"),
+                          tmp_path / str(micro), __import__("time").time()) for micro in (8, 2)]
+    assert runs[1]["summary"]["accumulation_steps"] == 4 and runs[0]["summary"]["accumulation_steps"] == 1
+    assert np.allclose(runs[0]["curves"]["loss"], runs[1]["curves"]["loss"], atol=1e-4)
+    assert np.allclose(runs[0]["curves"]["grad_norm"], runs[1]["curves"]["grad_norm"], rtol=1e-3)

@@ -31,7 +31,7 @@ BUDGETS: dict[str, Budget] = {
     "smoke": Budget(steps=16, batch_size=2, block_size=32, max_documents=40, max_train_tokens=None, epochs=1,
                     eval_batches=2, log_every=4, trial_timeout=180),
     # A doe20 in about an hour on 2 cores (2 workers of one core, 2-5 minutes a trial).
-    "cpu": Budget(steps=240, batch_size=4, block_size=128, max_documents=100, max_train_tokens=None, epochs=1,
+    "cpu": Budget(steps=200, batch_size=4, block_size=128, max_documents=100, max_train_tokens=None, epochs=1,
                   eval_batches=8, log_every=10, trial_timeout=1200),
     # The reference protocol for a GPU: ~10 MB of text, sequences of 512, 3 epochs.
     "full": Budget(steps=None, batch_size=8, block_size=512, max_documents=None, max_train_tokens=2_400_000,
