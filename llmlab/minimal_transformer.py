@@ -80,7 +80,8 @@ class CausalSelfAttention(nn.Module):
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
             mask = torch.ones(seq, seq, dtype=torch.bool, device=x.device).tril()
             probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-            entropy = -(probs * probs.clamp_min(1e-12).log()).sum(-1).mean()
+            p32 = probs.float()  # 1e-12 underflows in fp16, and 0 * log(0) would be NaN
+            entropy = -(p32 * p32.clamp_min(1e-12).log()).sum(-1).mean()
             y = probs @ v
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)

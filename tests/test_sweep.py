@@ -168,7 +168,8 @@ def test_killed_worker_is_recorded_and_resume_reruns_only_it(tmp_path, data_cach
     assert "crashed" in (out / "report.md").read_text()
     finished = {t: (out / "trials" / t / "result.json").stat().st_mtime_ns for t in ("g01",)}
 
-    proc = run_script(sweep_args(out, data_cache, "--grid", grid, "--workers", "2"), timeout=600)
+    # the rerun uses the other launcher: a fresh `python -m llmlab.sweep.trial` process per trial
+    proc = run_script(sweep_args(out, data_cache, "--grid", grid, "--workers", "2", "--launcher", "spawn"), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resuming: 1 finished trial(s) skipped (g01); 1 to run" in proc.stdout
     for trial, mtime in finished.items():

@@ -64,6 +64,9 @@ class SweepConfig:
     clip: Optional[str] = opt(None, "lr_bs: max grad norm (number, 0 = off, or 'adaptive'); default 1.0")
     scale_warmup: bool = opt(True, "scale warmup levels (steps of the full protocol) to the budget's steps")
     seed: int = opt(42, "seed of every trial (model init, data order) and of the Latin hypercube")
+    launcher: Literal["auto", "forkserver", "spawn"] = opt("auto", "forkserver: fork trials from a server that "
+                                                             "imported torch once (fast; CPU default); spawn: a fresh "
+                                                             "`python -m llmlab.sweep.trial` per trial (CUDA default)")
     threads_per_worker: int = opt(0, "CPU threads per trial; 0 = cores / workers (on a busy machine 1 is often faster)")
     trial_timeout: Optional[int] = opt(None, "seconds before a trial is killed (default: the budget's)")
     rerun_crashed: bool = opt(True, "on resume, rerun trials recorded as crashed or timed out")

@@ -1,8 +1,9 @@
 """The sweep parent: prepare data once, write the design, run each trial in its own process, resume, report.
 
-Launchers: `forkserver` (default) forks each trial from a server that imported torch/transformers once,
+Launchers: `forkserver` (default on CPU) forks each trial from a server that imported torch/transformers once,
 so a trial starts in a fraction of a second yet still gets its own process and CUDA context; `spawn`
-runs `python -m llmlab.sweep.trial spec.json` from scratch. bench/sweep_overhead.py compares them.
+runs `python -m llmlab.sweep.trial spec.json` from scratch (the default with CUDA, where a process forked
+from a server that may have touched the CUDA driver is not safe). bench/sweep_overhead.py compares them.
 """
 from __future__ import annotations
 
@@ -116,8 +117,8 @@ def resolve_device(choice: str) -> str:
 
 def settings_fingerprint(cfg: SweepConfig, design: list[dict]) -> str:
     """What must match for a rerun to resume rather than mix two different sweeps in one folder."""
-    ignore = {"output_dir", "workers", "trial_timeout", "device", "rerun_crashed", "report_only", "data_cache_dir", "threads_per_worker",
-              "target_loss", "config"}
+    ignore = {"output_dir", "workers", "trial_timeout", "device", "rerun_crashed", "report_only", "data_cache_dir",
+              "threads_per_worker", "launcher", "target_loss"}
     settings = {k: v for k, v in asdict(cfg).items() if k not in ignore}
     return hashlib.sha256(json.dumps([settings, design], sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -248,7 +249,7 @@ def load_results(out_dir: Path, design: list[dict]) -> list[dict]:
     return rows
 
 
-def run_sweep(cfg: SweepConfig, launcher: str = "forkserver") -> list[dict]:
+def run_sweep(cfg: SweepConfig) -> list[dict]:
     from tqdm.auto import tqdm
 
     from llmlab.runinfo import write_run_info
@@ -274,6 +275,9 @@ def run_sweep(cfg: SweepConfig, launcher: str = "forkserver") -> list[dict]:
     atomic_write_json(state_path, {"fingerprint": fingerprint, "grid": cfg.grid, "budget": cfg.budget})
     write_run_info(out_dir, cfg)
     _print_parameters(cfg)
+    launcher = cfg.launcher
+    if launcher == "auto":  # CUDA cannot be used in a child forked after CUDA init: spawn fresh processes there
+        launcher = "spawn" if resolve_device(cfg.device) == "cuda" else "forkserver"
     if launcher == "forkserver":
         _forkserver_context()
     data_info = prepare_data(cfg, out_dir)
