@@ -248,7 +248,12 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
     for row in rows + adapter_rows:
         row["ppl_change_pct"] = 100 * (row["perplexity"] / fp32["perplexity"] - 1) if fp32 else None
         row["decode_vs_fp32"] = row["decode_tok_s"] / fp32["decode_tok_s"] if fp32 else None
-    result = {"device": device, "eval_data": cfg.eval_data, "eval_tokens": len(blocks) * cfg.block_size,
+    import torch
+
+    from llmlab.runinfo import hardware_info, package_versions
+
+    result = {"device": device, "threads": torch.get_num_threads(), "hardware": hardware_info(),
+              "versions": package_versions(), "eval_data": cfg.eval_data, "eval_tokens": len(blocks) * cfg.block_size,
               "block_size": cfg.block_size, "decode_tokens": cfg.decode_tokens, "rows": rows,
               "adapter_rows": adapter_rows}
     log(format_table(result))
@@ -268,7 +273,7 @@ def format_table(result: dict) -> str:
                       f"{row['peak_mb']:.0f}", f"{row['perplexity']:.3f}", f"{row['ppl_change_pct']:+.2f}%"))
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(headers)]
     fmt = lambda cells: " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
-    out = [f"inference benchmark on {result['device']}: {result['eval_tokens']} held-out tokens "
+    out = [f"inference benchmark on {result['device']} ({result['threads']} threads): {result['eval_tokens']} held-out tokens "
            f"({result['eval_data']}), prefill {result['block_size']} tokens, decode {result['decode_tokens']} tokens",
            fmt(headers), "-+-".join("-" * w for w in widths)]
     out += [fmt(line) for line in lines]
