@@ -240,7 +240,7 @@ def train(cfg: LoraTrainConfig) -> dict:
     from llmlab.models import context_length
     from llmlab.runinfo import write_run_info
     from llmlab.tracking import MetricsLogger
-    from llmlab.training_utils import GradClipper, causal_lm_loss
+    from llmlab.training_utils import GradClipper
 
     out = Path(cfg.output_dir)
     model, tokenizer, tokenizer_from_base = load_base(cfg)
@@ -269,7 +269,11 @@ def train(cfg: LoraTrainConfig) -> dict:
 
     pad_id = pad_id_for(tokenizer)
     adapter_tokenizer = None if tokenizer_from_base else tokenizer
-    trim = lora_eval.supports_logits_to_keep(model.get_base_model())  # no logits for prompt positions
+    # Logits only where the loss needs them (answer positions), if that reproduces the model's own.
+    logits_mode = lora_eval.pick_logits_mode(model.get_base_model(), collate(val_examples[:4], pad_id))
+    head = model.get_output_embeddings()
+    if logits_mode != "gather":
+        say(f"note: {logits_mode} logits: this model's output is not a plain head(hidden states)")
     loader_seed = torch.Generator().manual_seed(cfg.seed)
     train_loader = DataLoader(train_examples, batch_size=cfg.batch_size, shuffle=True, generator=loader_seed,
                               collate_fn=partial(collate, pad_id=pad_id))
@@ -293,13 +297,15 @@ def train(cfg: LoraTrainConfig) -> dict:
     rouge_examples = val_examples[: cfg.eval_examples]
     sample_examples = val_examples[: cfg.num_samples]
     evaluate = partial(lora_eval.evaluate, accelerator=accelerator, tokenizer=tokenizer, val_loader=val_loader,
-                       pad_id=pad_id, batch_size=cfg.eval_batch_size, max_new_tokens=cfg.max_new_tokens, trim=trim)
+                       pad_id=pad_id, batch_size=cfg.eval_batch_size, max_new_tokens=cfg.max_new_tokens,
+                       mode=logits_mode, head=head)
 
     say(f"evaluating the base model on {len(val_examples)} validation examples "
         f"(ROUGE-L on {len(rouge_examples)})...")
     before = evaluate(model, rouge_examples=rouge_examples)
+    # val/* is the validation curve (step 0 = base model); eval/* are the before/after measurements.
     logger.log({"val/loss": before["val_loss"], "val/perplexity": before["val_perplexity"],
-                "eval/rougeL": before["rougeL"]}, 0)
+                **{f"eval/{k}": v for k, v in before.items() if k != "generations"}}, 0)
     # The untrained adapter (B = 0) is the base model: it is the first candidate for "best".
     best_loss, best_step, bad_evals, stopped_early = before["val_loss"], 0, 0, False
     best_state = adapter_state(accelerator.unwrap_model(model))
@@ -313,8 +319,8 @@ def train(cfg: LoraTrainConfig) -> dict:
     for _epoch in range(cfg.epochs):
         for batch in train_loader:
             with accelerator.accumulate(model):
-                logits, labels = lora_eval.answer_logits(model, batch, trim)
-                loss = causal_lm_loss(logits, labels, cfg.label_smoothing)
+                logits, targets, _ = lora_eval.answer_logits(model, batch, logits_mode, head)
+                loss = lora_eval.answer_loss(logits, targets, cfg.label_smoothing)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients:
                     max_norm = clipper.max_norm(step)
@@ -343,6 +349,7 @@ def train(cfg: LoraTrainConfig) -> dict:
                                      tok_s=f"{scalars['train/tokens_per_sec']:.0f}")
                 window_loss, window_micro, window_tokens, window_start = 0.0, 0, 0, time.perf_counter()
 
+            paused = time.perf_counter()  # generation and evaluation time is not training throughput
             if step % cfg.sample_every == 0 and sample_examples:
                 text = lora_eval.samples_markdown(accelerator, model, tokenizer, sample_examples, pad_id,
                                                   cfg.max_new_tokens)
@@ -350,7 +357,7 @@ def train(cfg: LoraTrainConfig) -> dict:
                 model.train()
 
             if step % cfg.eval_every == 0 or step == total_steps:
-                val_loss = lora_eval.validation_loss(model, val_loader, accelerator, trim)
+                val_loss = lora_eval.validation_loss(model, val_loader, accelerator, logits_mode, head)
                 logger.log({"val/loss": val_loss, "val/perplexity": lora_eval.perplexity(val_loss)}, step)
                 if val_loss < best_loss - cfg.min_delta:
                     best_loss, best_step, bad_evals = val_loss, step, 0
@@ -362,6 +369,7 @@ def train(cfg: LoraTrainConfig) -> dict:
                 progress.write(f"step {step}: val loss {val_loss:.4f} (best {best_loss:.4f} at step {best_step})")
                 stopped_early = bad_evals >= cfg.patience
                 model.train()
+            window_start += time.perf_counter() - paused
             if stopped_early or step >= total_steps:
                 break
         if stopped_early or step >= total_steps:
@@ -375,8 +383,7 @@ def train(cfg: LoraTrainConfig) -> dict:
     set_peft_model_state_dict(accelerator.unwrap_model(model), best_state)  # evaluate the adapter we keep
     say(f"evaluating the best adapter (step {best_step})...")
     after = evaluate(model, rouge_examples=rouge_examples)
-    logger.log({"val/loss": after["val_loss"], "val/perplexity": after["val_perplexity"],
-                "eval/rougeL": after["rougeL"]}, step)
+    logger.log({f"eval/{k}": v for k, v in after.items() if k != "generations"}, step)
     logger.close()
 
     report = {

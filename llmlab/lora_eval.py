@@ -24,34 +24,74 @@ def supports_logits_to_keep(model) -> bool:
     return "logits_to_keep" in inspect.signature(type(model).forward).parameters
 
 
-def answer_logits(model, batch: dict, trim: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits, labels) for the causal-LM loss, skipping the vocabulary projection of the prompt.
+def answer_logits(model, batch: dict, mode: str = "full", head=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits, targets, row) of every answer token: the logits that predict it, its id, its batch row.
 
-    Prompt positions carry no loss, so with `trim` the model is asked (`logits_to_keep`) for logits
-    only from the position that predicts the batch's first answer token onwards; the labels are cut to
-    match. Same loss, and the often dominant hidden x vocab matmul shrinks by the prompt share.
+    Prompt positions carry no loss, and for a small model the hidden x vocabulary projection dominates
+    the step, so it is only computed where it counts:
+      "gather": the model returns its final hidden states (and logits for one position only); `head`
+                (the frozen output embedding) projects just the positions that predict answer tokens.
+      "trim":   `logits_to_keep` from the batch's first answer position on (for models whose logits are
+                not a plain head(hidden), e.g. soft-capped ones, see `pick_logits_mode`).
+      "full":   every position (models without `logits_to_keep`).
+    The gradient still flows through the (DDP-wrapped) model's forward, so multi-GPU sync is unchanged.
     """
-    labels = batch["labels"]
-    if not trim:
-        return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, labels
-    first_labelled = int((labels != -100).any(0).float().argmax())
-    keep = min(labels.shape[1], labels.shape[1] - first_labelled + 1)
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   logits_to_keep=keep).logits
-    return logits, labels[:, -keep:]
+    input_ids, attention, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
+    targets = labels[:, 1:]
+    if mode == "gather":
+        out = model(input_ids=input_ids, attention_mask=attention, output_hidden_states=True, logits_to_keep=1)
+        hidden = out.hidden_states[-1][:, :-1]
+        wanted = targets != -100
+        return head(hidden[wanted].to(head.weight.dtype)), targets[wanted], wanted.nonzero()[:, 0]
+    if mode == "trim":
+        first_labelled = int((labels != -100).any(0).float().argmax())
+        keep = min(labels.shape[1], labels.shape[1] - first_labelled + 1)
+        logits = model(input_ids=input_ids, attention_mask=attention, logits_to_keep=keep).logits[:, :-1]
+        targets = targets[:, -(keep - 1):] if keep > 1 else targets[:, :0]
+    else:
+        logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
+    wanted = targets != -100
+    return logits[wanted], targets[wanted], wanted.nonzero()[:, 0]
+
+
+def answer_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """llmlab's causal_lm_loss on the answer tokens, laid out as one sequence it can shift."""
+    from llmlab.training_utils import causal_lm_loss
+
+    sequence_logits = torch.cat([logits, logits.new_zeros(1, logits.shape[-1])])[None]  # last one predicts nothing
+    sequence_labels = torch.cat([targets.new_full((1,), -100), targets])[None]  # first one is never predicted
+    return causal_lm_loss(sequence_logits, sequence_labels, label_smoothing)
 
 
 @torch.no_grad()
-def validation_loss(model, val_loader, accelerator, trim: bool = False) -> float:
+def pick_logits_mode(model, batch: dict) -> str:
+    """The cheapest answer_logits mode that reproduces this model's own logits on `batch`."""
+    if not supports_logits_to_keep(model):
+        return "full"
+    head = model.get_output_embeddings()
+    if head is None or any("lora_" in name for name, _ in head.named_parameters()):
+        return "trim"  # an adapted head must run inside the model's forward
+    was_training = model.training
+    model.eval()
+    reference, _, _ = answer_logits(model, batch, "full")
+    gathered, _, _ = answer_logits(model, batch, "gather", head)
+    model.train(was_training)
+    close = gathered.shape == reference.shape and torch.allclose(gathered, reference, atol=1e-4, rtol=1e-4)
+    return "gather" if close else "trim"
+
+
+@torch.no_grad()
+def validation_loss(model, val_loader, accelerator, mode: str = "full", head=None) -> float:
     """Mean next-token cross-entropy over every labelled token of the validation split."""
     model.eval()
     loss_sums, token_counts = [], []
     for batch in val_loader:
-        logits, labels = answer_logits(model, batch, trim)
-        logits, labels = logits[:, :-1], labels[:, 1:]
-        token_loss = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none")
+        logits, targets, rows = answer_logits(model, batch, mode, head)
+        token_loss = F.cross_entropy(logits.float(), targets, reduction="none")
+        size = batch["labels"].shape[0]
         # Per-example sums so gather_for_metrics can drop the padding samples a sharded loader adds.
-        per_example = torch.stack([token_loss.sum(1), (labels != -100).sum(1).float()], dim=1)
+        per_example = torch.stack([torch.zeros(size, device=token_loss.device).index_add_(0, rows, token_loss),
+                                   torch.bincount(rows, minlength=size).float()], dim=1)
         gathered = accelerator.gather_for_metrics(per_example)
         loss_sums.append(gathered[:, 0])
         token_counts.append(gathered[:, 1])
@@ -97,11 +137,11 @@ def rouge_l(predictions: list[str], references: list[str]) -> float | None:
 
 
 def evaluate(model, *, accelerator, tokenizer, val_loader, rouge_examples: list[dict], pad_id: int,
-             batch_size: int, max_new_tokens: int, trim: bool = False) -> dict:
+             batch_size: int, max_new_tokens: int, mode: str = "full", head=None) -> dict:
     """val_loss, val_perplexity (all processes) and rougeL + generations (main process, then shared)."""
     from accelerate.utils import broadcast_object_list
 
-    loss = validation_loss(model, val_loader, accelerator, trim)
+    loss = validation_loss(model, val_loader, accelerator, mode, head)
     shared = [None, None]
     if accelerator.is_main_process:
         with accelerator.autocast():

@@ -31,7 +31,8 @@ def _lora(args, tiny_gpt2_dir, cache, out):
 
 
 @pytest.mark.slow
-def test_tiny_run_lowers_validation_loss_and_writes_a_small_adapter(tiny_gpt2_dir, pydoc_cache_dir, tmp_path):
+def test_tiny_run_lowers_validation_loss_and_writes_a_small_adapter(tiny_gpt2_dir, gpt2_tokenizer, pydoc_cache_dir,
+                                                                     tmp_path):
     out = tmp_path / "run"
     result, report = _lora(["--learning_rate", "1e-2", "--max_steps", "12", "--sample_every", "6"],
                            tiny_gpt2_dir, pydoc_cache_dir, out)
@@ -58,12 +59,34 @@ def test_tiny_run_lowers_validation_loss_and_writes_a_small_adapter(tiny_gpt2_di
     assert config["r"] == 8 and config["lora_alpha"] == 16 and config["lora_dropout"] == 0.1
     assert config["target_modules"] == ["c_attn"]
     assert json.loads((adapter / "llmlab_prompt.json").read_text())["eos_after_answer"] is True
+    assert not (adapter / "tokenizer_config.json").exists()  # the base model's own tokenizer: not duplicated
+
+    # The adapter on disk is the one evaluated "after": base + saved adapter reproduces that validation loss.
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from llmlab.instruct_data import collate, load_records, split_records, tokenize_records
+    from llmlab.lora import LoraTrainConfig
+    from llmlab.lora_eval import answer_logits
+
+    defaults = LoraTrainConfig()
+    tokenizer = gpt2_tokenizer
+    _, val = split_records(load_records("builtin:pydoc", pydoc_cache_dir), 0.1, defaults.data_seed, 160)
+    val_examples, _ = tokenize_records(tokenizer, val, 64, defaults.prompt_template, defaults.prompt_template_no_input)
+    assert len(val_examples) == report["val_examples"]
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir), adapter).eval()
+    batch = collate(val_examples, tokenizer.eos_token_id)
+    with torch.no_grad():
+        logits, targets, _ = answer_logits(model, batch, "full")
+    reloaded = torch.nn.functional.cross_entropy(logits, targets)
+    assert float(reloaded) == pytest.approx(after["val_loss"], abs=1e-4)
 
     # Run folder: config, run info, metrics as in pretraining, sample generations in TensorBoard text.
     assert (out / "config.yaml").is_file() and (out / "run_info.json").is_file()
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     keys = set().union(*metrics)
     assert {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_sec", "val/loss", "val/perplexity"} <= keys
+    assert [m["eval/rougeL"] for m in metrics if "eval/rougeL" in m] == [before["rougeL"], after["rougeL"]]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0})
@@ -77,8 +100,11 @@ def test_tiny_run_lowers_validation_loss_and_writes_a_small_adapter(tiny_gpt2_di
 @pytest.mark.slow
 def test_early_stopping_on_a_stalled_run_keeps_the_best_adapter(tiny_gpt2_dir, pydoc_cache_dir, tmp_path):
     out = tmp_path / "stalled"
+    # Also exercises adaptive clipping, label smoothing and gradient checkpointing through the CLI.
     result, report = _lora(["--learning_rate", "0", "--eval_every", "1", "--patience", "2", "--max_steps", "30",
-                            "--eval_examples", "2", "--sample_every", "100"], tiny_gpt2_dir, pydoc_cache_dir, out)
+                            "--eval_examples", "2", "--sample_every", "100", "--clip", "adaptive",
+                            "--label_smoothing", "0.1", "--gradient_checkpointing"],
+                           tiny_gpt2_dir, pydoc_cache_dir, out)
     assert report["stopped_early"] is True
     assert report["steps"] == 2  # step 0 is the baseline; evaluations at steps 1 and 2 did not improve
     assert report["best_step"] == 0
@@ -86,7 +112,7 @@ def test_early_stopping_on_a_stalled_run_keeps_the_best_adapter(tiny_gpt2_dir, p
     assert "early stop at step 2" in result.stdout
     val_losses = [m["val/loss"] for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
                   if "val/loss" in m]
-    assert len(val_losses) == 4  # before, step 1, step 2, after
+    assert len(val_losses) == 3 and len(set(val_losses)) == 1  # the base model (step 0), steps 1 and 2
 
 
 def test_missing_default_base_model_is_a_one_line_error(repo_root, tmp_path):
@@ -170,20 +196,28 @@ def test_target_modules_follow_the_model_type():
         add_lora(LlamaForCausalLM(llama2.config), LoraTrainConfig(target_modules=["no_such_layer"]))
 
 
-def test_trimmed_logits_give_the_same_loss(tiny_gpt2_dir, gpt2_tokenizer):
+def test_answer_only_logits_give_the_same_loss(tiny_gpt2_dir, gpt2_tokenizer):
+    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from llmlab.lora_eval import answer_logits, supports_logits_to_keep
+    from llmlab.lora_eval import answer_logits, answer_loss, pick_logits_mode
     from llmlab.training_utils import causal_lm_loss
 
     model = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir).eval()
-    assert supports_logits_to_keep(model)
     _, batch = _batch(gpt2_tokenizer)
-    full_logits, full_labels = answer_logits(model, batch, trim=False)
-    trimmed_logits, trimmed_labels = answer_logits(model, batch, trim=True)
-    assert trimmed_logits.shape[1] < full_logits.shape[1]
-    assert torch.allclose(causal_lm_loss(trimmed_logits, trimmed_labels), causal_lm_loss(full_logits, full_labels),
-                          atol=1e-5)
+    assert pick_logits_mode(model, batch) == "gather"
+    with torch.no_grad():
+        reference = causal_lm_loss(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
+                                   batch["labels"], label_smoothing=0.1)
+        n_answer_tokens = int((batch["labels"] != -100).sum())
+        for mode in ("full", "trim", "gather"):
+            logits, targets, rows = answer_logits(model, batch, mode, model.get_output_embeddings())
+            assert logits.shape[0] == n_answer_tokens == len(targets) == len(rows), mode
+            assert torch.allclose(answer_loss(logits, targets, 0.1), reference, atol=1e-5), mode
+    # An adapted output layer must stay inside the model's forward: no gathering then.
+    adapted_head = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir),
+                                  LoraConfig(r=2, target_modules=["c_attn", "lm_head"]))
+    assert pick_logits_mode(adapted_head.get_base_model(), batch) == "trim"
 
 
 def test_batched_left_padded_generation_matches_one_by_one(tiny_gpt2_dir, gpt2_tokenizer):

@@ -1,13 +1,14 @@
 #!/usr/bin/env python
-"""LoRA training step: logits for every position (baseline) vs only from the first answer position on.
+"""LoRA training step: logits for every position (baseline) vs only where the loss needs them.
 
-train_lora.py's loss ignores prompt tokens, so it asks the model for logits only where they count
-(`logits_to_keep`). With GPT-2's 50257-token vocabulary the hidden x vocab projection and the
-cross-entropy dominate a small model's step; this measures what skipping the prompt share saves, on
-real builtin:pydoc batches (default prompt template), same weights, same batches, interleaved runs.
+train_lora.py's loss ignores prompt tokens, so it projects to the vocabulary only at answer positions
+("gather": final hidden states -> output layer on those rows; "trim": `logits_to_keep` from the batch's
+first answer position). With GPT-2's 50257-token vocabulary that projection and the cross-entropy
+dominate a small model's step; this measures the saving on real builtin:pydoc batches (default prompt
+template): same weights, same batches, same dropout masks, variants interleaved step by step.
 
-    python bench/lora_logits_to_keep.py                 # gpt2-tiny preset, 8 steps each, batch 16
-    python bench/lora_logits_to_keep.py --model gpt2 --steps 20
+    python bench/lora_answer_logits.py                 # gpt2-tiny preset, 8 steps each, batch 16
+    python bench/lora_answer_logits.py --model gpt2 --steps 20
 """
 from __future__ import annotations
 
@@ -35,10 +36,9 @@ def main() -> None:
 
     from llmlab.instruct_data import collate, load_records, split_records, tokenize_records
     from llmlab.lora import LoraTrainConfig, add_lora, default_cache_dir, quiet_optional_backends
-    from llmlab.lora_eval import answer_logits
+    from llmlab.lora_eval import answer_logits, answer_loss
     from llmlab.models import GPT2_PRESETS, build_gpt2_model, context_length
     from llmlab.tokenizer import load_tokenizer
-    from llmlab.training_utils import causal_lm_loss
 
     quiet_optional_backends()
     torch.set_num_threads(args.threads)
@@ -61,40 +61,45 @@ def main() -> None:
     batches = [collate(examples[i * args.batch_size: (i + 1) * args.batch_size], tokenizer.eos_token_id)
                for i in range(args.steps + 1)]
 
-    def step(batch, trim: bool) -> tuple[float, float, float]:
+    head = model.get_output_embeddings()
+    variants = {"full": "all logits (baseline)", "trim": "logits_to_keep trim", "gather": "answer rows (train_lora)"}
+
+    def step(batch, mode: str) -> tuple[float, float, float]:
         wall, cpu = time.perf_counter(), time.process_time()
-        logits, labels = answer_logits(model, batch, trim)
-        loss = causal_lm_loss(logits, labels)
+        logits, targets, _ = answer_logits(model, batch, mode, head)
+        loss = answer_loss(logits, targets)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return time.perf_counter() - wall, time.process_time() - cpu, loss.item()
 
-    timings = {False: [], True: []}
-    losses = {False: [], True: []}
-    for trim in (False, True):
-        step(batches[0], trim)  # warmup
+    timings = {mode: [] for mode in variants}
+    losses = {mode: [] for mode in variants}
+    for mode in variants:
+        step(batches[0], mode)  # warmup
     for batch in batches[1:]:
-        for trim in (False, True):  # interleaved: background load hits both variants alike
+        for mode in variants:  # interleaved: background load hits every variant alike
             with torch.random.fork_rng():
-                torch.manual_seed(1)  # same LoRA dropout masks for both variants
-                wall, cpu, loss = step(batch, trim)
-            timings[trim].append((wall, cpu))
-            losses[trim].append(loss)
+                torch.manual_seed(1)  # same LoRA dropout masks for every variant
+                wall, cpu, loss = step(batch, mode)
+            timings[mode].append((wall, cpu))
+            losses[mode].append(loss)
     tokens = sum(int(b["attention_mask"].sum()) for b in batches[1:]) / args.steps
     answer_share = sum(int((b["labels"] != -100).sum()) for b in batches[1:]) / args.steps / tokens
-    max_loss_diff = max(abs(a - b) for a, b in zip(losses[False], losses[True]))
+    max_loss_diff = max(abs(a - b) for mode in ("trim", "gather") for a, b in zip(losses["full"], losses[mode]))
 
     print(f"model {args.model}, {args.steps} steps of batch {args.batch_size} (~{tokens:.0f} tokens/step, "
           f"{100 * answer_share:.0f}% of them answer tokens), {args.threads} threads, "
           f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'variant':<28}{'wall ms/step':>14}{'cpu ms/step':>14}{'tokens/s':>12}{'speedup':>10}")
-    base_wall = statistics.median(w for w, _ in timings[False])
-    for trim, name in ((False, "all logits (baseline)"), (True, "answer logits (train_lora)")):
-        wall = statistics.median(w for w, _ in timings[trim])
-        cpu = statistics.median(c for _, c in timings[trim])
-        print(f"{name:<28}{1000 * wall:>14.0f}{1000 * cpu:>14.0f}{tokens / wall:>12.0f}{base_wall / wall:>9.2f}x")
-    print(f"max |loss difference| between variants: {max_loss_diff:.2e} (same batches, same dropout masks)")
+    print(f"{'variant':<28}{'wall ms/step':>14}{'cpu ms/step':>14}{'tokens/s':>12}{'wall ratio':>12}{'cpu ratio':>11}")
+    base_wall = statistics.median(w for w, _ in timings["full"])
+    base_cpu = statistics.median(c for _, c in timings["full"])
+    for mode, name in variants.items():
+        wall = statistics.median(w for w, _ in timings[mode])
+        cpu = statistics.median(c for _, c in timings[mode])
+        print(f"{name:<28}{1000 * wall:>14.0f}{1000 * cpu:>14.0f}{tokens / wall:>12.0f}{base_wall / wall:>11.2f}x"
+              f"{base_cpu / cpu:>10.2f}x")
+    print(f"max |loss difference| vs baseline: {max_loss_diff:.2e} (same batches, same dropout masks)")
 
 
 if __name__ == "__main__":
