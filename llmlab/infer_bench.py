@@ -132,12 +132,7 @@ def weight_bytes(model) -> tuple[int, int]:
 
 def _median_seconds(fn, repeats: int) -> float:
     fn()  # warm-up: kernels, caches, lazy inits
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(_seconds(fn) for _ in range(repeats))
 
 
 def speed(model, tokenizer, blocks, cfg: BenchConfig) -> dict:
@@ -160,10 +155,19 @@ def speed(model, tokenizer, blocks, cfg: BenchConfig) -> dict:
         return run
 
     prefill_s = _median_seconds(forward, cfg.repeats)
-    one_token_s = _median_seconds(gen(1), cfg.repeats)
-    n_tokens_s = _median_seconds(gen(cfg.decode_tokens), cfg.repeats)
+    gen(1)()  # warm-up
+    gen(cfg.decode_tokens)()
+    decode_s = []
+    for _ in range(cfg.repeats):  # paired: each repeat's N-token minus 1-token run, so drifting load cancels more
+        decode_s.append(-_seconds(gen(1)) + _seconds(gen(cfg.decode_tokens)))
     return {"prefill_tok_s": prefill_ids.numel() / prefill_s,
-            "decode_tok_s": (cfg.decode_tokens - 1) / max(n_tokens_s - one_token_s, 1e-9)}
+            "decode_tok_s": (cfg.decode_tokens - 1) / max(statistics.median(decode_s), 1e-9)}
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def bench_one(name: str, precision: str, device: str, blocks, cfg: BenchConfig, *, model: str | None,
