@@ -251,12 +251,47 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
     data = {"train": rng.integers(0, 50257, (64, 16)).astype(np.uint16),
             "validation": rng.integers(0, 50257, (8, 16)).astype(np.uint16)}
     spec = {"model": "minimal", "block_size": 16, "position_encoding": "sinusoidal", "gradient_checkpointing": False,
-            "steps": 3, "seed": 42, "label_smoothing": 0.0, "warmup_scale": 1.0, "log_every": 1, "flat_window": 100,
+            "steps": 2, "seed": 42, "label_smoothing": 0.0, "warmup_scale": 1.0, "log_every": 1, "flat_window": 100,
             "flat_tolerance": 1e-5, "fail_loss": 10.0, "fail_grad_norm": 1000.0, "precheck_steps": 2,
             "timeout_s": 600, "eval_batches": 1, "eval_batch_size": 4}
-    hp = {**CONTROL, "warmup": 0, "lr": 1e-3, "batch_size": 8}
-    runs = [train_attempt({**spec, "micro_batch_size": micro}, hp, data, __import__("torch").device("cpu"),
-                          tmp_path / str(micro), __import__("time").time()) for micro in (8, 2)]
+    hp = {**CONTROL, "warmup": 0, "lr": 1e-3, "batch_size": 4}
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls: one thread is faster on a shared 2-core box
+    try:
+        runs = [train_attempt({**spec, "micro_batch_size": micro}, hp, data, torch.device("cpu"),
+                              tmp_path / str(micro), __import__("time").time()) for micro in (4, 1)]
+    finally:
+        torch.set_num_threads(threads)
     assert runs[1]["summary"]["accumulation_steps"] == 4 and runs[0]["summary"]["accumulation_steps"] == 1
     assert np.allclose(runs[0]["curves"]["loss"], runs[1]["curves"]["loss"], atol=1e-4)
     assert np.allclose(runs[0]["curves"]["grad_norm"], runs[1]["curves"]["grad_norm"], rtol=1e-3)
+
+
+def test_effective_gain_needs_all_three_criteria():
+    import numpy as np
+
+    from llmlab.sweep.report import derived_metrics, main_effects
+
+    steps = np.arange(200)
+    control_curve = list(8 - 2 * (1 - np.exp(-steps / 60)) + 0.05 * np.sin(steps))
+    fast_steady = list(8 - 2.2 * (1 - np.exp(-steps / 30)) + 0.01 * np.sin(steps))
+    fast_noisy = list(8 - 2.2 * (1 - np.exp(-steps / 30)) + 0.3 * np.sin(steps))
+
+    def result(trial_id, curve, final_loss):
+        tail = np.array(curve[-100:])
+        hparams = {k: v for k, v in next(t for t in design if t["trial_id"] == trial_id).items() if k != "trial_id"}
+        return {"trial_id": trial_id, "status": "ok", "hparams": hparams, "curves": {"loss": curve},
+                "final_loss": final_loss, "stability_index": float(tail.std() / tail.mean())}
+
+    design = [{"trial_id": "control", **CONTROL}, {"trial_id": "win", **CONTROL, "optimizer": "lion"},
+              {"trial_id": "noisy", **CONTROL, "optimizer": "adafactor"}, {"trial_id": "small", **CONTROL}]
+    results = [result("control", control_curve, 6.0), result("win", fast_steady, 5.8),
+               result("noisy", fast_noisy, 5.8), result("small", fast_steady, 5.97)]
+    rows, facts = derived_metrics(design, results, None)
+    verdict = {r["trial_id"]: r["effective_gain"] for r in rows}
+    assert verdict == {"control": False, "win": True, "noisy": False, "small": False}
+    assert rows[1]["steps_to_target"] < 0.9 * facts["reference_steps_to_target"]
+    effects = {(e["factor"], e["level"]): e for e in main_effects(rows, ["optimizer"])}
+    assert effects[("optimizer", "lion")]["effect"] < 0 < effects[("optimizer", "adamw")]["effect"]

@@ -86,7 +86,7 @@ def main_effects(rows: list[dict], factors: list[str], metric: str = "final_loss
     grand = float(np.mean([r[metric] for r in ok]))
     effects = []
     for factor in factors:
-        for level in sorted({r[factor] for r in ok}, key=str):
+        for level in sorted({r[factor] for r in ok}, key=lambda v: _level_order(factor, v)):
             values = np.array([r[metric] for r in ok if r[factor] == level], dtype=float)
             low = high = None
             if len(values) >= 2 and np.ptp(values) > 0:
@@ -98,6 +98,14 @@ def main_effects(rows: list[dict], factors: list[str], metric: str = "final_loss
             effects.append({"factor": factor, "level": str(level), "n": len(values),
                             "effect": float(values.mean()) - grand, "ci_low": low, "ci_high": high})
     return effects
+
+
+def _level_order(factor: str, value) -> tuple:
+    """Levels in design order (100 < 500 < 1000; linear, cosine, polynomial), unknown ones after."""
+    levels = FACTORS.get(factor, [])
+    if value in levels:
+        return (0, levels.index(value), "")
+    return (1, value if isinstance(value, (int, float)) else 0, str(value))
 
 
 def interactions(rows: list[dict], factors: list[str], metric: str = "final_loss") -> list[dict]:
