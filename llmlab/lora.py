@@ -269,11 +269,6 @@ def train(cfg: LoraTrainConfig) -> dict:
 
     pad_id = pad_id_for(tokenizer)
     adapter_tokenizer = None if tokenizer_from_base else tokenizer
-    # Logits only where the loss needs them (answer positions), if that reproduces the model's own.
-    logits_mode = lora_eval.pick_logits_mode(model.get_base_model(), collate(val_examples[:4], pad_id))
-    head = model.get_output_embeddings()
-    if logits_mode != "gather":
-        say(f"note: {logits_mode} logits: this model's output is not a plain head(hidden states)")
     loader_seed = torch.Generator().manual_seed(cfg.seed)
     train_loader = DataLoader(train_examples, batch_size=cfg.batch_size, shuffle=True, generator=loader_seed,
                               collate_fn=partial(collate, pad_id=pad_id))
@@ -281,6 +276,12 @@ def train(cfg: LoraTrainConfig) -> dict:
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate,
                                   weight_decay=cfg.weight_decay)
     model, optimizer, train_loader, val_loader = accelerator.prepare(model, optimizer, train_loader, val_loader)
+    # Logits only where the loss needs them (answer positions), if that reproduces the model's own.
+    probe = {k: v.to(accelerator.device) for k, v in collate(val_examples[:4], pad_id).items()}
+    logits_mode = lora_eval.pick_logits_mode(accelerator.unwrap_model(model).get_base_model(), probe)
+    head = accelerator.unwrap_model(model).get_output_embeddings()
+    if logits_mode != "gather":
+        say(f"note: {logits_mode} logits: this model's output is not a plain head(hidden states)")
     steps_per_epoch = math.ceil(len(train_loader) / cfg.gradient_accumulation_steps)
     total_steps = cfg.epochs * steps_per_epoch if cfg.max_steps is None else min(cfg.max_steps,
                                                                                  cfg.epochs * steps_per_epoch)

@@ -115,6 +115,20 @@ def test_early_stopping_on_a_stalled_run_keeps_the_best_adapter(tiny_gpt2_dir, p
     assert len(val_losses) == 3 and len(set(val_losses)) == 1  # the base model (step 0), steps 1 and 2
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_tiny_run_on_gpu_with_bf16(tiny_gpt2_dir, pydoc_cache_dir, tmp_path):
+    out = tmp_path / "gpu"
+    result = run_script(["-m", "accelerate.commands.launch", "--num_processes", "1", "--mixed_precision", "bf16",
+                         "train_lora.py", "--base_model", str(tiny_gpt2_dir), "--cache_dir", str(pydoc_cache_dir),
+                         "--output_dir", str(out), *TINY_RUN, "--learning_rate", "1e-2", "--max_steps", "12"],
+                        timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "on cuda" in result.stdout
+    report = json.loads((out / "eval.json").read_text())
+    assert report["after"]["val_loss"] < report["before"]["val_loss"]
+
+
 def test_missing_default_base_model_is_a_one_line_error(repo_root, tmp_path):
     # Run from an empty folder: runs/pretrain/final is relative to the working directory.
     result = run_script([str(repo_root / "train_lora.py")], cwd=tmp_path, timeout=120)
@@ -196,6 +210,7 @@ def test_target_modules_follow_the_model_type():
         add_lora(LlamaForCausalLM(llama2.config), LoraTrainConfig(target_modules=["no_such_layer"]))
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # peft's notes on tied weights / Conv1D for the adapted head
 def test_answer_only_logits_give_the_same_loss(tiny_gpt2_dir, gpt2_tokenizer):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
