@@ -255,7 +255,7 @@ def test_smoke_lr_bs_scan_end_to_end(tmp_path):
 
     out = tmp_path / "lr_bs"
     scan = run_script(["sweep.py", "--grid", "lr_bs", "--budget", "smoke", "--lrs", "1e-3", "3e-3",
-                       "--batch_sizes", "1", "2", "4", "--micro_batch_size", "4", "--steps", "6",
+                       "--batch_sizes", "1", "2", "4", "--steps", "6",  # lr_bs default: no accumulation
                        "--precheck_steps", "3", "--workers", "2", "--output_dir", str(out)], timeout=900)
     assert scan.returncode == 0, scan.stderr[-2000:]
     fits = json.loads((out / "scaling_fits.json").read_text())

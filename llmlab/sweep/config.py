@@ -56,7 +56,8 @@ class SweepConfig:
                                            "minimal model, 5e-6 1e-5 2e-5 3e-5 for GPT-2 presets)")
     batch_sizes: list[int] = opt([8, 16, 32, 64, 128], "lr_bs: effective batch sizes to scan")
     micro_batch_size: Optional[int] = opt(None, "largest batch per forward pass; bigger batches use gradient "
-                                                "accumulation (default: the budget's batch size)")
+                                                "accumulation (default: lr_bs: the trial's batch, so memory is measured at "
+                                                "every batch size; otherwise the budget's batch size)")
     steps: Optional[int] = opt(None, "optimizer steps per trial (default: the budget's; lr_bs: 200, smoke: 16)")
     batch_size: Optional[int] = opt(None, "batch size of doe20/YAML trials (default: the budget's)")
     block_size: Optional[int] = opt(None, "tokens per sequence (default: the budget's: 32 / 128 / 512)")

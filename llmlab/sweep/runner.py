@@ -96,7 +96,7 @@ def trial_specs(cfg: SweepConfig, design: list[dict], data_info: dict, out_dir: 
             "trial_id": trial["trial_id"], "trial_dir": str(trial_dir), "data_dir": str(out_dir / "data"),
             "hparams": hp, "model": cfg.model, "position_encoding": cfg.position_encoding,
             "gradient_checkpointing": cfg.gradient_checkpointing, "steps": steps,
-            "block_size": data_info["block_size"], "micro_batch_size": cfg.micro_batch_size or budget.batch_size,
+            "block_size": data_info["block_size"], "micro_batch_size": cfg.micro_batch_size or (batch if cfg.grid == "lr_bs" else budget.batch_size),
             "eval_batch_size": budget.batch_size, "eval_batches": budget.eval_batches, "log_every": budget.log_every,
             "seed": cfg.seed, "label_smoothing": cfg.label_smoothing,
             "warmup_scale": steps / FULL_NOMINAL_STEPS if cfg.scale_warmup and cfg.budget != "full" else 1.0,
