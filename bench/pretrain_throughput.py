@@ -123,7 +123,7 @@ def main() -> None:
         Path(args.result).write_text(json.dumps(result))
         return
 
-    passthrough = [a for a in sys.argv[1:]]
+    passthrough = sys.argv[1:]
     best: dict[str, dict] = {}
     for repeat in range(args.repeats):
         for worker in ("ours", "hf"):
@@ -136,7 +136,8 @@ def main() -> None:
                 sys.exit(f"{worker} run failed:\n{proc.stderr[-3000:]}")
             result = json.loads(Path(result_path).read_text())
             os.unlink(result_path)
-            print(f"repeat {repeat + 1}/{args.repeats} {worker:>4}: {result['tokens_per_sec']:,.0f} tokens/s", flush=True)
+            print(f"repeat {repeat + 1}/{args.repeats} {worker:>4}: {result['tokens_per_sec']:,.0f} tokens/s",
+                  flush=True)
             if worker not in best or result["tokens_per_sec"] > best[worker]["tokens_per_sec"]:
                 best[worker] = result
 

@@ -118,7 +118,8 @@ class PretrainConfig(DataConfig):
              "--eval_every must be >= 0, --eval_batches and --log_every >= 1"),
             (self.spike_factor > 1, f"--spike_factor must be > 1, got {self.spike_factor}"),
             (self.spike_window >= 1 and self.spike_patience >= 1, "--spike_window and --spike_patience must be >= 1"),
-            (0 < self.rollback_lr_factor <= 1, f"--rollback_lr_factor must be in (0, 1], got {self.rollback_lr_factor}"),
+            (0 < self.rollback_lr_factor <= 1,
+             f"--rollback_lr_factor must be in (0, 1], got {self.rollback_lr_factor}"),
             (self.max_rollbacks >= 0, f"--max_rollbacks must be >= 0, got {self.max_rollbacks}"),
         ]
         for ok, message in checks:
@@ -153,8 +154,6 @@ def resolved_for_run(cfg: PretrainConfig, train_blocks: int) -> PretrainConfig:
     return cfg
 
 
-
-
 @dataclass
 class TrainerState:
     """Everything besides model/optimizer/scheduler/scaler/RNG that an exact resume needs."""
@@ -173,7 +172,7 @@ def _layout(cfg: PretrainConfig, accelerator, train_batches: int) -> dict:
 
 
 def train(cfg: PretrainConfig) -> dict:
-    """Pretrain per `cfg`; returns a summary (final losses, paths). Run under `accelerate launch` or plain python."""
+    """Pretrain per `cfg`; returns a summary (steps, last validation loss, rollbacks, paths)."""
     import torch
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
@@ -182,8 +181,7 @@ def train(cfg: PretrainConfig) -> dict:
     from llmlab.data import prepare_dataset
     from llmlab.io import append_jsonl
     from llmlab.mfu import current_device_name, mfu, peak_flops
-    from llmlab.models import flops_per_token
-    from llmlab.models import count_parameters
+    from llmlab.models import count_parameters, flops_per_token
     from llmlab.pretrain_setup import (batch_stream, build_model, build_optimizer, evaluate, innermost_optimizer,
                                        loss_scale, make_accelerator, make_dataloaders, make_scheduler, save_final)
     from llmlab.runinfo import write_run_info
