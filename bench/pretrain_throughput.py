@@ -3,7 +3,7 @@
 
 Both train the same GPT-2 (same preset, seed, data blocks, micro-batch, AdamW settings, grad clipping 1.0,
 cosine schedule, precision) for the same number of steps, each in a fresh process so that peak memory is
-its own. Throughput is measured between the end of step `--skip` and the last step, from each trainer's own
+its own (no validation split, so neither evaluates). Throughput is measured between the end of step `--skip` and the last step, from each trainer's own
 per-step timestamps, so start-up, data preparation and the first (slow) steps are left out. Runs alternate
 (ours, theirs, ours, ...) and the best of `--repeats` is kept, which damps noise from a shared machine.
 
@@ -48,8 +48,7 @@ def pretrain_config(args, output_dir: str):
         "model": args.model, "n_layer": args.n_layer, "n_embd": args.n_embd, "n_head": args.n_head,
         "block_size": args.block_size, "batch_size": args.batch_size, "effective_batch_size": args.batch_size,
         "max_steps": args.steps, "warmup_steps": 1, "max_documents": args.max_documents, "output_dir": output_dir,
-        "eval_every": 0, "eval_batches": 1, "save_every": 10**9, "mixed_precision": args.mixed_precision,
-        "seed": 0})
+        "val_fraction": 0.0, "save_every": 10**9, "mixed_precision": args.mixed_precision, "seed": 0})
 
 
 def run_ours(args) -> dict:
@@ -113,7 +112,7 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=4, help="steps left out of the timing (warm-up)")
     parser.add_argument("--mixed_precision", default=None, choices=["no", "bf16", "fp16"])
     parser.add_argument("--max_documents", type=int, default=30)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--worker", choices=["ours", "hf"], help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
