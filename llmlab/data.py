@@ -28,15 +28,14 @@ import numpy as np
 from llmlab import cleaning, corpus
 from llmlab.config import opt
 from llmlab.errors import UserError
-from llmlab.io import atomic_write_json, atomic_write_text
+from llmlab.io import atomic_write_json, atomic_write_text, llmlab_cache
 
 COMPLETE_MARKER = "COMPLETE"
 PIPELINE_VERSION = 1  # bump when packing/splitting output changes
 
 
 def default_cache_dir() -> str:
-    root = os.environ.get("LLMLAB_CACHE") or str(Path.home() / ".cache" / "llmlab")
-    return str(Path(root) / "data")
+    return str(llmlab_cache("data"))
 
 
 @dataclass

@@ -13,6 +13,11 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
+def llmlab_cache(name: str) -> Path:
+    """The folder for one kind of cached artefact: $LLMLAB_CACHE/<name>, else ~/.cache/llmlab/<name>."""
+    return Path(os.environ.get("LLMLAB_CACHE") or Path.home() / ".cache" / "llmlab") / name
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

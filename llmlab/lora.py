@@ -18,14 +18,14 @@ from typing import Literal, Optional
 from llmlab.config import opt
 from llmlab.errors import UserError
 from llmlab.instruct_data import DEFAULT_PROMPT, DEFAULT_PROMPT_NO_INPUT, check_templates
+from llmlab.io import llmlab_cache
 
 DEFAULT_BASE_MODEL = "runs/pretrain/final"
 PROMPT_FILE = "llmlab_prompt.json"  # saved next to the adapter so inference formats prompts the same way
 
 
 def default_cache_dir() -> str:
-    root = os.environ.get("LLMLAB_CACHE") or str(Path.home() / ".cache" / "llmlab")
-    return str(Path(root) / "instruct")
+    return str(llmlab_cache("instruct"))
 
 
 @dataclass

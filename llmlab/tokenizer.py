@@ -12,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 
 from llmlab.errors import UserError
+from llmlab.io import llmlab_cache
 
 GPT2_VOCAB_SIZE = 50257
 GPT2_EOS = "<|endoftext|>"
@@ -19,7 +20,7 @@ GPT2_MODEL_MAX_LENGTH = 1024
 
 
 def _builtin_gpt2_dir() -> Path:
-    cache = Path(os.environ.get("LLMLAB_CACHE", Path.home() / ".cache" / "llmlab")) / "gpt2-tokenizer"
+    cache = llmlab_cache("gpt2-tokenizer")
     if (cache / "vocab.json").is_file() and (cache / "merges.txt").is_file():
         return cache
     try:
