@@ -211,8 +211,8 @@ def warm_up_imports(model_dir: str, with_adapter: bool) -> None:
 
 def run_bench(cfg: BenchConfig, log=print) -> dict:
     from llmlab.merge import MergeConfig, merge_adapter
-    from llmlab.quantize import (available_precisions, check_precision, load_tokenizer_for, quiet_backend_logs,
-                                 resolve_device)
+    from llmlab.quantize import available_precisions, check_precision, load_tokenizer_for, quiet_backend_logs
+    from llmlab.runinfo import resolve_device
 
     quiet_backend_logs()
     cfg.apply_threads()

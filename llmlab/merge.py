@@ -100,7 +100,8 @@ def merge_adapter(cfg: MergeConfig, log=print) -> dict:
     import torch
 
     from llmlab.quantize import (FLOAT_DTYPES, attach_adapter, from_pretrained_or_error, load_tokenizer_for,
-                                 quiet_backend_logs, resolve_device)
+                                 quiet_backend_logs)
+    from llmlab.runinfo import resolve_device
 
     quiet_backend_logs()
     base, adapter, out = cfg.validate()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from llmlab.errors import UserError
+from llmlab.runinfo import resolve_device
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
 FLOAT_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -43,16 +44,6 @@ def quiet_backend_logs() -> None:
         hf_logging.disable_progress_bar()
     except ImportError:
         pass
-
-
-def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA GPU is visible to PyTorch; use --device cpu (or auto)")
-    return device
 
 
 def unavailable_reason(precision: str, device: str) -> str | None:

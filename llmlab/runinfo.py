@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from llmlab.config import dump_yaml
+from llmlab.errors import UserError
 from llmlab.io import atomic_write_json, atomic_write_text
 
 TRACKED_PACKAGES = (
@@ -49,6 +50,17 @@ def hardware_info() -> dict[str, Any]:
             for i in range(torch.cuda.device_count())
         ]
     return info
+
+
+def resolve_device(device: str) -> str:
+    """auto = CUDA when available, else CPU; asking for CUDA without one is a user error."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA GPU is visible to PyTorch; use --device cpu (or auto)")
+    return device
 
 
 def write_run_info(output_dir: str | os.PathLike, cfg: Any) -> None:

@@ -26,8 +26,9 @@ import numpy as np
 
 from llmlab.errors import UserError
 from llmlab.io import atomic_write_json, atomic_write_text
-from llmlab.sweep.config import BUDGETS, FULL_NOMINAL_STEPS, SweepConfig
-from llmlab.sweep.design import FACTORS, build_design, design_table
+from llmlab.runinfo import resolve_device
+from llmlab.sweep.config import FULL_NOMINAL_STEPS, SweepConfig
+from llmlab.sweep.design import build_design, design_table
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FINISHED = ("ok", "failed", "oom")
@@ -105,14 +106,6 @@ def trial_specs(cfg: SweepConfig, design: list[dict], data_info: dict, out_dir: 
             "timeout_s": cfg.trial_timeout or budget.trial_timeout, "device": device,
         })
     return specs
-
-
-def resolve_device(choice: str) -> str:
-    import torch
-
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda was asked for but CUDA is not available; use --device cpu or auto")
-    return "cuda" if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()) else "cpu"
 
 
 def settings_fingerprint(cfg: SweepConfig, design: list[dict]) -> str:
