@@ -214,15 +214,12 @@ def save_adapter(model, cfg: LoraTrainConfig, path: Path, tokenizer=None) -> Non
 # --------------------------------------------------------------------------------------------------
 
 def make_accelerator(cfg: LoraTrainConfig):
-    import torch
     from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs
 
-    # Launched as several CPU processes, accelerate would otherwise run each as "process 0 of 1" on the
-    # same data; a single plain `python` process must not ask for a process group at all.
-    distributed_cpu = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
-    handlers = [InitProcessGroupKwargs(backend="gloo")] if distributed_cpu else []
-    return Accelerator(gradient_accumulation_steps=cfg.gradient_accumulation_steps, kwargs_handlers=handlers)
+    from llmlab.training_utils import process_group_handlers
+
+    return Accelerator(gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+                       kwargs_handlers=process_group_handlers())
 
 
 def train(cfg: LoraTrainConfig) -> dict:

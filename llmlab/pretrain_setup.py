@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import os
 import shutil
 from pathlib import Path
 
@@ -13,16 +12,15 @@ from llmlab.errors import UserError
 
 def make_accelerator(cfg):
     from accelerate import Accelerator
-    from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs
+    from accelerate.utils import GradientAccumulationPlugin
 
-    # Without a GPU, accelerate would run every launched process as a lone rank 0 unless told to use gloo.
-    multi_process = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    handlers = [InitProcessGroupKwargs(backend="gloo")] if multi_process and not torch.cuda.is_available() else []
+    from llmlab.training_utils import process_group_handlers
+
     # Accumulation is counted in optimizer steps by the loop itself, across epoch boundaries.
     plugin = GradientAccumulationPlugin(num_steps=1, sync_with_dataloader=False)
     try:
         accelerator = Accelerator(mixed_precision=cfg.mixed_precision, gradient_accumulation_plugin=plugin,
-                                  kwargs_handlers=handlers)
+                                  kwargs_handlers=process_group_handlers())
     except ValueError as err:
         raise UserError(f"accelerate cannot set up this run ({str(err).splitlines()[0][:200]}); "
                         "check --mixed_precision and the `accelerate launch` config") from None

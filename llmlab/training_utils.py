@@ -57,6 +57,20 @@ class GradClipper:
         self.history.extend(state.get("history", []))
 
 
+def process_group_handlers() -> list:
+    """accelerate kwargs_handlers for this launch: gloo when several processes share no GPU.
+
+    Without it accelerate silently runs each CPU rank as "process 0 of 1" on the same data; a single plain
+    `python` process must not ask for a process group at all.
+    """
+    import os
+
+    from accelerate.utils import InitProcessGroupKwargs
+
+    distributed_cpu = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
+    return [InitProcessGroupKwargs(backend="gloo")] if distributed_cpu else []
+
+
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
     """Next-token cross-entropy; labels are the inputs (shifted here), -100 positions are ignored.
 

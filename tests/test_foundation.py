@@ -100,3 +100,18 @@ def test_scripts_help(script):
     result = run_script([script, "--help"], timeout=120)
     assert result.returncode == 0, result.stderr
     assert "usage" in result.stdout.lower()
+
+
+def test_process_group_handlers_ask_for_gloo_only_for_several_cpu_processes(monkeypatch):
+    import torch
+
+    from llmlab.training_utils import process_group_handlers
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert process_group_handlers() == []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    handlers = process_group_handlers()
+    if torch.cuda.is_available():
+        assert handlers == []
+    else:
+        assert [h.backend for h in handlers] == ["gloo"]
