@@ -209,13 +209,33 @@ def test_each_fail_safe_trips_and_retries_once(tmp_path, data_cache):
 
 
 @pytest.mark.slow
-def test_trial_timeout_is_recorded_and_the_sweep_goes_on(tmp_path, data_cache):
+def test_hung_trial_is_killed_at_the_timeout_and_the_sweep_goes_on(tmp_path, data_cache):
+    # A hung worker (a stuck collective, a stalled disk) is made real with SIGSTOP the moment the trial
+    # process exists: it can neither finish nor reach the pre-check, so only the runner's timeout ends it.
+    grid = write_grid(tmp_path / "g.yaml", "trials:\n  - {optimizer: adamw}\n  - {optimizer: lion}\n")
+    out = tmp_path / "out"
+    args = [sys.executable, *sweep_args(out, data_cache, "--grid", grid, "--trial_timeout", "5")]
+    sweep = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pid_file = out / "trials" / "g01" / "pid"
+    _wait_for(pid_file)
+    os.kill(int(pid_file.read_text()), signal.SIGSTOP)
+    output, _ = sweep.communicate(timeout=600)
+    assert sweep.returncode == 0, output[-3000:]
+    rows = {r["trial_id"]: r for r in read_csv(out / "results.csv")}
+    assert rows["g01"]["status"] == "timeout" and "killed after the 5 s trial timeout" in rows["g01"]["failures"]
+    assert rows["g02"]["status"] == "ok"
+
+
+@pytest.mark.slow
+def test_precheck_stops_a_trial_that_cannot_finish_within_its_timeout(tmp_path, data_cache):
     grid = write_grid(tmp_path / "g.yaml", "trials:\n  - {optimizer: adamw}\n")
     out = tmp_path / "out"
-    proc = run_script(sweep_args(out, data_cache, "--grid", grid, "--trial_timeout", "1"))
+    proc = run_script(sweep_args(out, data_cache, "--grid", grid, "--steps", "1000000", "--trial_timeout", "120"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    row = read_csv(out / "results.csv")[0]
-    assert row["status"] == "timeout" and "1 s trial timeout" in row["failures"]
+    result = json.loads((out / "trials" / "g01" / "result.json").read_text())
+    assert result["status"] == "failed" and result["attempts"] == 1 and result["fallback"] is None
+    assert result["failures"][0].startswith("pre-check: projected") and "exceeds the trial timeout 120 s" in result["failures"][0]
+    assert len(result["curves"]["loss"]) == 10  # stopped at the end of the 10-step pre-check
 
 
 @pytest.mark.gpu
