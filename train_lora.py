@@ -3,9 +3,11 @@
 
     python train_lora.py                                  # runs/pretrain/final -> builtin:pydoc
     accelerate launch train_lora.py --base_model gpt2 --dataset my_data.jsonl --target_modules c_attn
+    python train_lora.py --resume_from_checkpoint latest  # continue an interrupted run exactly
 
 Writes output_dir (runs/lora): adapter/ (peft save_pretrained, the best adapter by validation loss),
-eval.json (validation perplexity and ROUGE-L before/after), config.yaml, run_info.json, tensorboard/.
+eval.json (validation perplexity and ROUGE-L before/after), checkpoints/step_N (resumable, adapter-only),
+config.yaml, run_info.json, tensorboard/.
 """
 from llmlab.config import parse_config
 from llmlab.errors import cli_entry

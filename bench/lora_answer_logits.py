@@ -35,7 +35,8 @@ def main() -> None:
     import torch
 
     from llmlab.instruct_data import collate, load_records, split_records, tokenize_records
-    from llmlab.lora import LoraTrainConfig, add_lora, default_cache_dir, quiet_optional_backends
+    from llmlab.lora import LoraTrainConfig, default_cache_dir
+    from llmlab.lora_model import add_lora, quiet_optional_backends
     from llmlab.lora_eval import answer_logits, answer_loss
     from llmlab.models import GPT2_PRESETS, build_gpt2_model, context_length
     from llmlab.tokenizer import load_tokenizer

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Callable
 
 from llmlab.errors import UserError
 from llmlab.io import atomic_write_json, publish_dir
@@ -70,12 +71,12 @@ def read_trainer_state(path: str | os.PathLike) -> dict:
         state = json.loads(state_file.read_text())
     except FileNotFoundError:
         raise UserError(f"checkpoint {path} is incomplete or not a checkpoint ({STATE_FILE} missing); "
-                        "pass a checkpoints/step_N folder written by train_pretrain.py") from None
+                        "pass a checkpoints/step_N folder written by train_pretrain.py or train_lora.py") from None
     except (OSError, ValueError) as err:
         raise UserError(f"checkpoint {path} is unreadable ({STATE_FILE}: {err}); resume from an older "
                         "checkpoint folder") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise UserError(f"checkpoint {path} has an unknown format; it was not written by this train_pretrain.py")
+        raise UserError(f"checkpoint {path} has an unknown format; it was not written by this version of llmlab")
     for rel, size in state.get("files", {}).items():
         file = path / rel
         if not file.is_file() or file.stat().st_size != size:
@@ -89,8 +90,10 @@ def _file_sizes(folder: Path) -> dict[str, int]:
 
 
 def save_checkpoint(accelerator, output_dir: str | os.PathLike, step: int, trainer_state: dict,
-                    keep_last: int) -> Path:
-    """Save everything needed to continue exactly; every process must call this."""
+                    keep_last: int, write_extra: Callable[[Path], None] | None = None) -> Path:
+    """Save everything needed to continue exactly; every process must call this.
+
+    `write_extra(folder)` adds the trainer's own files (main process only) before the checkpoint is sealed."""
     root = checkpoints_dir(output_dir)
     final = root / f"step_{step}"
     tmp = root / f".tmp-step_{step}"
@@ -101,6 +104,8 @@ def save_checkpoint(accelerator, output_dir: str | os.PathLike, step: int, train
     accelerator.save_state(str(tmp))  # model, optimizer, grad scaler, RNG states, registered scheduler
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        if write_extra is not None:
+            write_extra(tmp)
         state = {"format": FORMAT, **trainer_state, "files": _file_sizes(tmp)}
         atomic_write_json(tmp / STATE_FILE, state)
         publish_dir(tmp, final)
@@ -115,6 +120,8 @@ def load_checkpoint(accelerator, path: str | os.PathLike) -> dict:
     state = read_trainer_state(path)
     try:
         accelerator.load_state(str(path))
+    except UserError:
+        raise
     except Exception as err:  # torch/safetensors/pickle raise many types for a corrupt file
         raise UserError(f"checkpoint {path} is unreadable ({type(err).__name__}: {str(err).splitlines()[0][:160]}); "
                         "resume from an older checkpoint folder") from None

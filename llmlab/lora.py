@@ -1,4 +1,4 @@
-"""LoRA domain adaptation: config, base model + adapter, and the training loop behind train_lora.py.
+"""LoRA domain adaptation: the config and the training loop behind train_lora.py.
 
 One readable loop under accelerate (CPU, one GPU or several): prompt-masked loss on the answer tokens,
 AdamW + linear warmup/decay, early stopping on validation loss that keeps the best adapter, and a
@@ -7,9 +7,7 @@ before/after evaluation (validation perplexity and ROUGE-L of greedy answers, se
 from __future__ import annotations
 
 import math
-import os
 import time
-import warnings
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -19,9 +17,9 @@ from llmlab.config import opt
 from llmlab.errors import UserError
 from llmlab.instruct_data import DEFAULT_PROMPT, DEFAULT_PROMPT_NO_INPUT, check_templates
 from llmlab.io import llmlab_cache
-
-DEFAULT_BASE_MODEL = "runs/pretrain/final"
-PROMPT_FILE = "llmlab_prompt.json"  # saved next to the adapter so inference formats prompts the same way
+from llmlab.lora_model import (BEST_ADAPTER_FILE, DEFAULT_BASE_MODEL, adapter_state, add_lora, check_base_model,
+                               checkpoint_trainable_weights_only, load_base, parameter_counts,
+                               quiet_optional_backends, save_adapter)
 
 
 def default_cache_dir() -> str:
@@ -74,19 +72,25 @@ class LoraTrainConfig:
     sample_every: int = opt(100, "optimizer steps between sample generations logged to TensorBoard text")
     num_samples: int = opt(3, "validation prompts shown in each sample log")
     log_every: int = opt(10, "optimizer steps between scalar logs")
+    # checkpoints
+    save_every: int = opt(100, "save a resumable checkpoint (adapter, optimizer, scheduler, RNG, data position) "
+                               "every N optimizer steps; 0 = never")
+    keep_last: int = opt(2, "keep only the newest N checkpoints")
+    resume_from_checkpoint: Optional[str] = opt(None, "'latest' or a checkpoints/step_N folder to continue from")
     seed: int = opt(0, "seed for LoRA init, dropout and shuffling")
-    output_dir: str = opt("runs/lora", "run folder: adapter/, eval.json, config.yaml, tensorboard/")
+    output_dir: str = opt("runs/lora", "run folder: adapter/, eval.json, checkpoints/, config.yaml, "
+                                           "tensorboard/")
 
     def validate(self) -> None:
         positive = ("max_length", "lora_r", "batch_size", "gradient_accumulation_steps", "epochs", "eval_every",
-                    "patience", "eval_batch_size", "max_new_tokens", "sample_every", "log_every")
+                    "patience", "eval_batch_size", "max_new_tokens", "sample_every", "log_every", "keep_last")
         for name in positive:
             if getattr(self, name) < 1:
                 raise UserError(f"--{name} must be >= 1, got {getattr(self, name)}")
         for name in ("max_steps", "max_examples"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise UserError(f"--{name} must be >= 1 (or omitted), got {getattr(self, name)}")
-        for name in ("warmup_steps", "eval_examples", "num_samples"):
+        for name in ("warmup_steps", "eval_examples", "num_samples", "save_every"):
             if getattr(self, name) < 0:
                 raise UserError(f"--{name} must be >= 0, got {getattr(self, name)}")
         if not 0 < self.val_fraction < 1:
@@ -104,112 +108,6 @@ class LoraTrainConfig:
 
 
 # --------------------------------------------------------------------------------------------------
-# Base model, tokenizer, adapter
-# --------------------------------------------------------------------------------------------------
-
-def check_base_model(cfg: LoraTrainConfig) -> None:
-    if cfg.base_model == DEFAULT_BASE_MODEL and not Path(cfg.base_model).is_dir():
-        raise UserError(f"no pretrained model at {DEFAULT_BASE_MODEL}: run `accelerate launch train_pretrain.py` "
-                        "first, or pass --base_model (any Hugging Face model name or save_pretrained folder)")
-    # Hub names never start like a path; a missing local folder need not wait for the hub lookup.
-    if cfg.base_model.startswith(("/", ".", "~")) and not Path(cfg.base_model).expanduser().exists():
-        raise UserError(f"cannot load --base_model {cfg.base_model!r} (no such folder); pass a save_pretrained "
-                        "folder or a Hugging Face model name")
-
-
-def quiet_optional_backends() -> None:
-    """peft imports torchao and bitsandbytes, whose missing optional kernels log warnings at import time."""
-    import logging
-
-    for name in ("torchao", "bitsandbytes", "torch.utils._pytree"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def load_base(cfg: LoraTrainConfig):
-    """(model, tokenizer, whether the tokenizer came from the base model's folder).
-
-    A missing default model is a one-line hint, not a traceback."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from llmlab.tokenizer import load_tokenizer
-
-    check_base_model(cfg)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(cfg.base_model)
-    except (OSError, ValueError) as err:
-        raise UserError(f"cannot load --base_model {cfg.base_model!r} ({str(err).strip().splitlines()[0][:160]}); "
-                        "pass a save_pretrained folder, or a hub name when online") from None
-    from_base = False
-    if cfg.tokenizer:
-        tokenizer = load_tokenizer(cfg.tokenizer)
-    else:
-        try:
-            tokenizer, from_base = AutoTokenizer.from_pretrained(cfg.base_model), True
-        except (OSError, ValueError, TypeError):
-            if model.config.vocab_size != 50257:
-                raise UserError(f"--base_model {cfg.base_model!r} has no tokenizer files; pass --tokenizer") from None
-            tokenizer = load_tokenizer()  # a GPT-2-vocab model saved without its tokenizer
-    if tokenizer.eos_token_id is None:
-        raise UserError("the tokenizer has no eos token; answers need one to teach the model to stop")
-    if len(tokenizer) > model.get_input_embeddings().num_embeddings:
-        raise UserError(f"tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}; "
-                        "pass the model's own tokenizer with --tokenizer")
-    return model, tokenizer, from_base
-
-
-def add_lora(model, cfg: LoraTrainConfig):
-    """Wrap `model` with a LoRA adapter; afterwards only adapter weights require grad."""
-    from peft import LoraConfig, get_peft_model
-
-    if cfg.gradient_checkpointing:
-        # Frozen embeddings would give the checkpointed blocks inputs without grad, and no grad would
-        # reach the adapters inside them: make the embedding output require grad.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.enable_input_require_grads()
-        model.config.use_cache = False
-    # peft notices GPT-2's Conv1D layers itself (sets fan_in_fan_out) and says so; transformers 5 warns
-    # about an attribute peft still reads. Neither is actionable by the user.
-    warnings.filterwarnings("ignore", message="fan_in_fan_out is set to False")
-    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-    lora_config = LoraConfig(task_type="CAUSAL_LM", r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
-                             lora_dropout=cfg.lora_dropout, target_modules=cfg.target_modules)
-    try:
-        return get_peft_model(model, lora_config)
-    except ValueError as err:  # unknown model type without --target_modules, or names that match nothing
-        raise UserError(f"cannot place LoRA adapters ({str(err).strip().splitlines()[0][:160]}); "
-                        "set --target_modules to the attention projections of this model") from None
-
-
-def parameter_counts(model) -> tuple[int, int]:
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return trainable, sum(p.numel() for p in model.parameters())
-
-
-def adapter_state(model) -> dict:
-    """A CPU copy of the adapter weights (kept in memory as the best-so-far adapter)."""
-    from peft import get_peft_model_state_dict
-
-    return {k: v.detach().to("cpu", copy=True) for k, v in get_peft_model_state_dict(model).items()}
-
-
-def save_adapter(model, cfg: LoraTrainConfig, path: Path, tokenizer=None) -> None:
-    """peft save_pretrained into a temp folder, then swapped into place: never a half-written adapter.
-
-    `tokenizer` is saved alongside only when it is not the base model's own (which inference finds there).
-    """
-    from llmlab.io import atomic_write_json, publish_dir
-
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    model.save_pretrained(tmp)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    atomic_write_json(tmp / PROMPT_FILE, {"prompt_template": cfg.prompt_template,
-                                          "prompt_template_no_input": cfg.prompt_template_no_input,
-                                          "eos_after_answer": True})
-    publish_dir(tmp, path)
-
-
-# --------------------------------------------------------------------------------------------------
 # Training
 # --------------------------------------------------------------------------------------------------
 
@@ -224,7 +122,13 @@ def make_accelerator(cfg: LoraTrainConfig):
 
 def train(cfg: LoraTrainConfig) -> dict:
     """Adapt, evaluate before and after, save the best adapter; returns the eval.json content."""
+    from llmlab import checkpointing as ckpt
+
     check_base_model(cfg)  # before the slow imports: the most common first-run mistake answers at once
+    resume_path = None
+    if cfg.resume_from_checkpoint:
+        resume_path = ckpt.resolve_checkpoint(cfg.output_dir, cfg.resume_from_checkpoint)
+        ckpt.read_trainer_state(resume_path)
     quiet_optional_backends()
     import torch
     from accelerate.utils import set_seed
@@ -238,10 +142,13 @@ def train(cfg: LoraTrainConfig) -> dict:
     from llmlab.runinfo import write_run_info
     from llmlab.tracking import MetricsLogger
     from llmlab.training_utils import GradClipper
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file, save_file
 
     out = Path(cfg.output_dir)
     model, tokenizer, tokenizer_from_base = load_base(cfg)
     accelerator = make_accelerator(cfg)
+    checkpoint_trainable_weights_only(accelerator)
     main = accelerator.is_main_process
     say = accelerator.print
     set_seed(cfg.seed)
@@ -285,11 +192,13 @@ def train(cfg: LoraTrainConfig) -> dict:
     # Stepped by hand once per optimizer step (not prepared): the step counts above are already per process.
     scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.warmup_steps,
                               num_training_steps=total_steps)
+    accelerator.register_for_checkpointing(scheduler)
     clipper = GradClipper(cfg.clip, warmup_steps=cfg.warmup_steps)
     trainable_params = [p for p in model.parameters() if p.requires_grad]
 
     if main:
         out.mkdir(parents=True, exist_ok=True)
+        ckpt.remove_partial_saves(out)
         write_run_info(out, cfg)
     logger = MetricsLogger(out, enabled=main)
     rouge_examples = val_examples[: cfg.eval_examples]
@@ -298,24 +207,61 @@ def train(cfg: LoraTrainConfig) -> dict:
                        pad_id=pad_id, batch_size=cfg.eval_batch_size, max_new_tokens=cfg.max_new_tokens,
                        mode=logits_mode, head=head)
 
-    say(f"evaluating the base model on {len(val_examples)} validation examples "
-        f"(ROUGE-L on {len(rouge_examples)})...")
-    before = evaluate(model, rouge_examples=rouge_examples)
-    # val/* is the validation curve (step 0 = base model); eval/* are the before/after measurements.
-    logger.log({"val/loss": before["val_loss"], "val/perplexity": before["val_perplexity"],
-                **{f"eval/{k}": v for k, v in before.items() if k != "generations"}}, 0)
-    # The untrained adapter (B = 0) is the base model: it is the first candidate for "best".
-    best_loss, best_step, bad_evals, stopped_early = before["val_loss"], 0, 0, False
-    best_state = adapter_state(accelerator.unwrap_model(model))
-    if main:
+    # What must match between a checkpoint and its resume, or the data position means something else.
+    layout = {"trainer": "lora", "base_model": cfg.base_model, "dataset": cfg.dataset,
+              "train_examples": len(train_examples), "batch_size": cfg.batch_size,
+              "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
+              "num_processes": accelerator.num_processes, "seed": cfg.seed}
+    step, start_epoch, skip_micro = 0, 0, 0
+    if resume_path is None:
+        say(f"evaluating the base model on {len(val_examples)} validation examples "
+            f"(ROUGE-L on {len(rouge_examples)})...")
+        before = evaluate(model, rouge_examples=rouge_examples)
+        # val/* is the validation curve (step 0 = base model); eval/* are the before/after measurements.
+        logger.log({"val/loss": before["val_loss"], "val/perplexity": before["val_perplexity"],
+                    **{f"eval/{k}": v for k, v in before.items() if k != "generations"}}, 0)
+        # The untrained adapter (B = 0) is the base model: it is the first candidate for "best".
+        best_loss, best_step, bad_evals = before["val_loss"], 0, 0
+        best_state = adapter_state(accelerator.unwrap_model(model))
+    else:
+        saved = ckpt.read_trainer_state(resume_path)
+        if saved.get("layout") != layout:
+            raise UserError(f"checkpoint {resume_path} was written with {saved.get('layout')}, this run has "
+                            f"{layout}; resume with the same model, data, batch sizes, processes and seed")
+        ckpt.load_checkpoint(accelerator, resume_path)  # adapter, optimizer, scheduler, RNG states
+        step, start_epoch, skip_micro = saved["step"], saved["epoch"], saved["epoch_micro_batches"]
+        before, best_loss, best_step, bad_evals = (saved["before"], saved["best_loss"], saved["best_step"],
+                                                   saved["bad_evals"])
+        clipper.load_state_dict(saved["clipper"])
+        best_state = load_file(resume_path / BEST_ADAPTER_FILE)
+        if skip_micro >= len(train_loader):
+            start_epoch, skip_micro = start_epoch + 1, 0
+        say(f"resumed from {resume_path} at step {step} (best validation loss {best_loss:.4f} at step {best_step})")
+    if main:  # the adapter folder always holds the best adapter this run knows of
+        current = adapter_state(accelerator.unwrap_model(model))
+        set_peft_model_state_dict(accelerator.unwrap_model(model), best_state)
         save_adapter(accelerator.unwrap_model(model), cfg, out / "adapter", adapter_tokenizer)
+        set_peft_model_state_dict(accelerator.unwrap_model(model), current)
 
-    step, window_loss, window_micro, window_tokens = 0, 0.0, 0, 0
+    def save_checkpoint(epoch: int, epoch_micro: int) -> None:
+        ckpt.save_checkpoint(accelerator, out, step, {
+            "layout": layout, "step": step, "epoch": epoch, "epoch_micro_batches": epoch_micro, "before": before,
+            "best_loss": best_loss, "best_step": best_step, "bad_evals": bad_evals, "clipper": clipper.state_dict(),
+        }, cfg.keep_last, write_extra=lambda folder: save_file(best_state, folder / BEST_ADAPTER_FILE))
+
+    stopped_early = False
+    window_loss, window_micro, window_tokens = 0.0, 0, 0
     window_start = time.perf_counter()
-    progress = tqdm(total=total_steps, desc="lora", disable=not main, dynamic_ncols=True)
+    progress = tqdm(total=total_steps, initial=step, desc="lora", disable=not main, dynamic_ncols=True)
     model.train()
-    for _epoch in range(cfg.epochs):
-        for batch in train_loader:
+    for epoch in range(start_epoch, cfg.epochs):
+        if step >= total_steps:
+            break
+        loader_seed.manual_seed(cfg.seed + epoch)  # each epoch's order depends on its index only: resumable
+        batches = accelerator.skip_first_batches(train_loader, skip_micro) if skip_micro else train_loader
+        epoch_micro, skip_micro = skip_micro, 0
+        for batch in batches:
+            epoch_micro += 1
             with accelerator.accumulate(model):
                 logits, targets, _ = lora_eval.answer_logits(model, batch, logits_mode, head)
                 loss = lora_eval.answer_loss(logits, targets, cfg.label_smoothing)
@@ -347,7 +293,7 @@ def train(cfg: LoraTrainConfig) -> dict:
                                      tok_s=f"{scalars['train/tokens_per_sec']:.0f}")
                 window_loss, window_micro, window_tokens, window_start = 0.0, 0, 0, time.perf_counter()
 
-            paused = time.perf_counter()  # generation and evaluation time is not training throughput
+            paused = time.perf_counter()  # generation, evaluation and saving are not training throughput
             if step % cfg.sample_every == 0 and sample_examples:
                 text = lora_eval.samples_markdown(accelerator, model, tokenizer, sample_examples, pad_id,
                                                   cfg.max_new_tokens)
@@ -367,16 +313,16 @@ def train(cfg: LoraTrainConfig) -> dict:
                 progress.write(f"step {step}: val loss {val_loss:.4f} (best {best_loss:.4f} at step {best_step})")
                 stopped_early = bad_evals >= cfg.patience
                 model.train()
-            window_start += time.perf_counter() - paused
             if stopped_early or step >= total_steps:
                 break
-        if stopped_early or step >= total_steps:
+            if cfg.save_every and step % cfg.save_every == 0:
+                save_checkpoint(epoch, epoch_micro)
+            window_start += time.perf_counter() - paused
+        if stopped_early:
             break
     progress.close()
     if stopped_early:
         say(f"early stop at step {step}: validation loss has not improved for {cfg.patience} evaluations")
-
-    from peft import set_peft_model_state_dict
 
     set_peft_model_state_dict(accelerator.unwrap_model(model), best_state)  # evaluate the adapter we keep
     say(f"evaluating the best adapter (step {best_step})...")

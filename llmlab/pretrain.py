@@ -252,7 +252,7 @@ def train(cfg: PretrainConfig) -> dict:
             "clipper": clipper.state_dict(), "layout": layout}, cfg.keep_last)
 
     def rollback(loss: float) -> None:
-        nonlocal state, batches
+        nonlocal batches
         path = ckpt.latest_checkpoint(out)
         spike_step, position, before = state.step, state.micro_batches, state
         if path is None:

@@ -51,3 +51,19 @@ def run_script(args: list[str], cwd: Path | None = None, timeout: float = 600, e
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, *args], cwd=cwd or REPO, capture_output=True, text=True,
                           timeout=timeout, env=full_env)
+
+
+def kill_when_ready(args: list[str], ready: Path, timeout: float = 300) -> None:
+    """Start a repo script and SIGKILL it as soon as `ready` exists: a real crash, in the middle of the run."""
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + timeout
+    while not ready.exists():
+        assert proc.poll() is None and time.time() < deadline, f"the run ended before {ready.name} appeared"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()

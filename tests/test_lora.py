@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from tests.conftest import run_script
+from tests.conftest import kill_when_ready, run_script
 
 # Small enough for two CPU cores shared with other work; lr is high so 12 steps visibly move the loss.
 TINY_RUN = ["--max_examples", "160", "--max_length", "64", "--batch_size", "4", "--gradient_accumulation_steps", "2",
@@ -115,6 +115,51 @@ def test_early_stopping_on_a_stalled_run_keeps_the_best_adapter(tiny_gpt2_dir, p
     assert len(val_losses) == 3 and len(set(val_losses)) == 1  # the base model (step 0), steps 1 and 2
 
 
+def _per_step(out, key):
+    """The last logged value per step (a resumed run logs the steps after its checkpoint again)."""
+    values = {}
+    for rec in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()):
+        if key in rec:
+            values[rec["step"]] = rec[key]
+    return values
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_matches_an_uninterrupted_run(tiny_gpt2_dir, pydoc_cache_dir, tmp_path):
+    # 18 optimizer steps per epoch: the 24 steps cross an epoch boundary after the resume point.
+    args = ["train_lora.py", "--base_model", str(tiny_gpt2_dir), "--cache_dir", str(pydoc_cache_dir), *TINY_RUN,
+            "--learning_rate", "1e-2", "--max_steps", "24", "--log_every", "2", "--save_every", "4",
+            "--sample_every", "100"]
+    reference = tmp_path / "reference"
+    done = run_script([*args, "--output_dir", str(reference)], timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    out = tmp_path / "killed"
+    kill_when_ready([*args, "--output_dir", str(out)], out / "checkpoints" / "step_8")
+    assert not (out / "eval.json").exists(), "the run finished before it was killed; nothing was tested"
+    checkpoint = sorted((out / "checkpoints").glob("step_*"))[-1]
+    # Adapter-only checkpoints: the frozen base is rebuilt from --base_model, not copied into each one.
+    assert sum(f.stat().st_size for f in checkpoint.rglob("*")) < 0.2 * (tiny_gpt2_dir / "model.safetensors").stat().st_size
+
+    resumed = run_script([*args, "--output_dir", str(out), "--resume_from_checkpoint", "latest"], timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout and "evaluating the base model" not in resumed.stdout
+    for key in ("train/loss", "train/lr", "train/grad_norm", "val/loss"):
+        want, got = _per_step(reference, key), _per_step(out, key)
+        assert sorted(got) == sorted(want), key
+        assert got == pytest.approx(want, rel=1e-5), key
+    want, got = (json.loads((run / "eval.json").read_text()) for run in (reference, out))
+    assert got["best_step"] == want["best_step"] and got["steps"] == want["steps"] == 24
+    assert got["before"] == want["before"]
+    assert got["after"]["val_loss"] == pytest.approx(want["after"]["val_loss"], rel=1e-5)
+    assert len(list((out / "checkpoints").glob("step_*"))) == 2  # --keep_last default
+
+    # A checkpoint from another setup is refused before anything is loaded.
+    other = run_script([*args, "--output_dir", str(out), "--resume_from_checkpoint", "latest", "--batch_size", "2"],
+                       timeout=300)
+    assert other.returncode == 2 and "resume with the same" in other.stderr and "Traceback" not in other.stderr
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_tiny_run_on_gpu_with_bf16(tiny_gpt2_dir, pydoc_cache_dir, tmp_path):
@@ -145,6 +190,11 @@ def test_bad_options_are_one_line_errors(tmp_path):
     result = run_script(["train_lora.py", "--base_model", str(tmp_path / "nope"), "--output_dir", str(tmp_path)])
     assert result.returncode == 2 and "cannot load --base_model" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+    result = run_script(["train_lora.py", "--keep_last", "0", "--base_model", "x"])
+    assert result.returncode == 2 and "--keep_last must be >= 1" in result.stderr
+    result = run_script(["train_lora.py", "--base_model", str(tmp_path), "--output_dir", str(tmp_path / "run"),
+                         "--resume_from_checkpoint", "latest"])
+    assert result.returncode == 2 and "no checkpoint in" in result.stderr and "Traceback" not in result.stderr
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -167,7 +217,7 @@ def _batch(tokenizer):
 
 
 def test_only_adapter_weights_train_and_checkpointing_reaches_them(tiny_gpt2_dir, gpt2_tokenizer):
-    from llmlab.lora import add_lora, load_base, parameter_counts
+    from llmlab.lora_model import add_lora, load_base, parameter_counts
     from llmlab.training_utils import causal_lm_loss
 
     torch.manual_seed(0)
@@ -192,7 +242,8 @@ def test_only_adapter_weights_train_and_checkpointing_reaches_them(tiny_gpt2_dir
 def test_target_modules_follow_the_model_type():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from llmlab.lora import LoraTrainConfig, add_lora
+    from llmlab.lora import LoraTrainConfig
+    from llmlab.lora_model import add_lora
 
     llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=2, num_key_value_heads=2))

@@ -3,18 +3,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from llmlab.errors import UserError
 from llmlab.io import read_jsonl
-from tests.conftest import REPO, run_script
+from tests.conftest import kill_when_ready, run_script
 
 # A 1-layer, 32-wide GPT-2 with the real vocabulary, on 5 documents of the built-in Wikipedia sample.
 SMALL = ["--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--block_size", "32", "--batch_size", "2",
@@ -92,15 +87,7 @@ def test_keeps_only_the_last_checkpoints(reference_run):
 @pytest.mark.slow
 def test_sigkill_then_resume_matches_uninterrupted_run(reference_run, data_cache, tmp_path):
     out = tmp_path / "killed"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, *train_args(out, data_cache)], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not (out / "checkpoints" / "step_8").is_dir():
-        assert proc.poll() is None and time.time() < deadline, "run ended before its second checkpoint"
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_when_ready(train_args(out, data_cache), out / "checkpoints" / "step_8")
     assert not (out / "final").exists(), "the run finished before it was killed; nothing was tested"
     killed_at = max(last_by_step(out, "train/loss"))
 
