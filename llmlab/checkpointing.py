@@ -115,9 +115,15 @@ def save_checkpoint(accelerator, output_dir: str | os.PathLike, step: int, train
     return final
 
 
-def load_checkpoint(accelerator, path: str | os.PathLike) -> dict:
-    """Restore model/optimizer/scheduler/scaler/RNG from `path`; returns its trainer state."""
+def load_checkpoint(accelerator, path: str | os.PathLike, layout: dict, same: str) -> dict:
+    """Restore model/optimizer/scheduler/scaler/RNG from `path`; returns its trainer state.
+
+    `layout` is what must match between the checkpoint and this run (or the data position means something
+    else); a mismatch is refused before anything is loaded, naming the options to keep (`same`)."""
     state = read_trainer_state(path)
+    if state.get("layout") != layout:
+        raise UserError(f"checkpoint {path} was written with {state.get('layout')}, this run has {layout}; "
+                        f"resume with the same {same}")
     try:
         accelerator.load_state(str(path))
     except UserError:

@@ -126,7 +126,7 @@ def train(cfg: LoraTrainConfig) -> dict:
 
     check_base_model(cfg)  # before the slow imports: the most common first-run mistake answers at once
     resume_path = None
-    if cfg.resume_from_checkpoint:
+    if cfg.resume_from_checkpoint:  # fail fast, before the model and data are built
         resume_path = ckpt.resolve_checkpoint(cfg.output_dir, cfg.resume_from_checkpoint)
         ckpt.read_trainer_state(resume_path)
     quiet_optional_backends()
@@ -224,11 +224,8 @@ def train(cfg: LoraTrainConfig) -> dict:
         best_loss, best_step, bad_evals = before["val_loss"], 0, 0
         best_state = adapter_state(accelerator.unwrap_model(model))
     else:
-        saved = ckpt.read_trainer_state(resume_path)
-        if saved.get("layout") != layout:
-            raise UserError(f"checkpoint {resume_path} was written with {saved.get('layout')}, this run has "
-                            f"{layout}; resume with the same model, data, batch sizes, processes and seed")
-        ckpt.load_checkpoint(accelerator, resume_path)  # adapter, optimizer, scheduler, RNG states
+        # adapter, optimizer, scheduler, RNG states
+        saved = ckpt.load_checkpoint(accelerator, resume_path, layout, "model, data, batch sizes, processes and seed")
         step, start_epoch, skip_micro = saved["step"], saved["epoch"], saved["epoch_micro_batches"]
         before, best_loss, best_step, bad_evals = (saved["before"], saved["best_loss"], saved["best_step"],
                                                    saved["bad_evals"])

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 DEFAULT_BASE_MODEL = "runs/pretrain/final"
 
+
 def check_base_model(cfg: LoraTrainConfig) -> None:
     if cfg.base_model == DEFAULT_BASE_MODEL and not Path(cfg.base_model).is_dir():
         raise UserError(f"no pretrained model at {DEFAULT_BASE_MODEL}: run `accelerate launch train_pretrain.py` "
@@ -119,8 +120,6 @@ def save_adapter(model, cfg: LoraTrainConfig, path: Path, tokenizer=None) -> Non
     publish_dir(tmp, path)
 
 
-
-
 TRAINABLE_FILE = "trainable_weights.safetensors"
 BEST_ADAPTER_FILE = "best_adapter.safetensors"
 
@@ -153,4 +152,3 @@ def checkpoint_trainable_weights_only(accelerator) -> None:
 
     accelerator.register_save_state_pre_hook(save_hook)
     accelerator.register_load_state_pre_hook(load_hook)
-

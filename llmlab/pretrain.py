@@ -234,10 +234,7 @@ def train(cfg: PretrainConfig) -> dict:
 
     def restore(path) -> None:
         nonlocal state
-        saved = ckpt.load_checkpoint(accelerator, path)
-        if saved["layout"] != layout:
-            raise UserError(f"checkpoint {path} was written with {saved['layout']}, this run has {layout}; "
-                            "resume with the same batch size, block size, processes and data")
+        saved = ckpt.load_checkpoint(accelerator, path, layout, "batch size, block size, processes and data")
         state = TrainerState(**saved["trainer"])
         detector.load_state_dict(saved["spike_detector"])
         clipper.load_state_dict(saved["clipper"])
