@@ -193,6 +193,8 @@ def test_bad_options_are_one_line_errors(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1
     result = run_script(["train_lora.py", "--keep_last", "0", "--base_model", "x"])
     assert result.returncode == 2 and "--keep_last must be >= 1" in result.stderr
+    result = run_script(["train_lora.py", "--save_every", "-1", "--base_model", "x"])
+    assert result.returncode == 2 and "--save_every must be >= 0" in result.stderr
     result = run_script(["train_lora.py", "--base_model", str(tmp_path), "--output_dir", str(tmp_path / "run"),
                          "--resume_from_checkpoint", "latest"])
     assert result.returncode == 2 and "no checkpoint in" in result.stderr and "Traceback" not in result.stderr
