@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from llmlab.config import add_dataclass_args, config_from_namespace
-from llmlab.errors import cli_entry
-from llmlab.infer_bench import BenchConfig, run_bench
-from llmlab.inference import GenerateConfig, run_generate
-from llmlab.merge import MergeConfig, merge_adapter
+from llmlab.core.config import add_dataclass_args, config_from_namespace
+from llmlab.core.errors import cli_entry
+from llmlab.infer.bench import BenchConfig, run_bench
+from llmlab.infer.generate import GenerateConfig, run_generate
+from llmlab.infer.merge import MergeConfig, merge_adapter
 
 COMMANDS = {
     "merge": (MergeConfig, merge_adapter, "merge a LoRA adapter into its base, verify the logits, save a "

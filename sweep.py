@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from llmlab.errors import cli_entry
+from llmlab.core.errors import cli_entry
 
 
 @cli_entry
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> None:
         from llmlab.scaling import recommend_main
 
         return recommend_main(argv[1:])
-    from llmlab.config import parse_config
+    from llmlab.core.config import parse_config
     from llmlab.sweep.config import SweepConfig
     from llmlab.sweep.runner import run_sweep
 

@@ -9,15 +9,15 @@ Writes output_dir (runs/lora): adapter/ (peft save_pretrained, the best adapter 
 eval.json (validation perplexity and ROUGE-L before/after), checkpoints/step_N (resumable, adapter-only),
 config.yaml, run_info.json, tensorboard/.
 """
-from llmlab.config import parse_config
-from llmlab.errors import cli_entry
-from llmlab.lora import LoraTrainConfig
+from llmlab.core.config import parse_config
+from llmlab.core.errors import cli_entry
+from llmlab.train.lora import LoraTrainConfig
 
 
 @cli_entry
 def main(argv=None):
     cfg = parse_config(LoraTrainConfig, argv, description=__doc__.splitlines()[0])
-    from llmlab.lora import train
+    from llmlab.train.lora import train
 
     train(cfg)
 

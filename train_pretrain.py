@@ -5,9 +5,9 @@
     accelerate launch --config_file accelerate_configs/one_gpu_zero2_offload.yaml train_pretrain.py --model gpt2
     python train_pretrain.py --prepare_only --dataset corpus.jsonl --output_dir runs/data
 """
-from llmlab.config import parse_config
-from llmlab.errors import cli_entry
-from llmlab.pretrain import PretrainConfig
+from llmlab.core.config import parse_config
+from llmlab.core.errors import cli_entry
+from llmlab.train.pretrain import PretrainConfig
 
 
 @cli_entry
@@ -16,14 +16,14 @@ def main(argv=None):
     if cfg.prepare_only:
         from pathlib import Path
 
-        from llmlab.data import format_prepare_summary, prepare_dataset
-        from llmlab.io import atomic_write_json
+        from llmlab.data.prepare import format_prepare_summary, prepare_dataset
+        from llmlab.core.io import atomic_write_json
 
         data = prepare_dataset(cfg.data_config())
         atomic_write_json(Path(cfg.output_dir) / "prepare_report.json", data.report)
         print(format_prepare_summary(data.report))
         return
-    from llmlab.pretrain import train
+    from llmlab.train.pretrain import train
 
     summary = train(cfg)
     print(f"done: {summary['step']} steps, validation loss {summary['val_loss']}, model in {summary['final_dir']}")

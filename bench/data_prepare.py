@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from llmlab.data import DataConfig, prepare_dataset  # noqa: E402
-from llmlab.tokenizer import load_tokenizer  # noqa: E402
+from llmlab.data.prepare import DataConfig, prepare_dataset  # noqa: E402
+from llmlab.data.tokenizer import load_tokenizer  # noqa: E402
 
 
 def blocks_digest(prepared) -> str:

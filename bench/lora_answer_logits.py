@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="gpt2-tiny", help="llmlab.models preset (random init) or a model folder")
+    parser.add_argument("--model", default="gpt2-tiny", help="llmlab.models.gpt2 preset (random init) or a model folder")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per variant (after 1 warmup step each)")
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--max_length", type=int, default=256)
@@ -34,12 +34,12 @@ def main() -> None:
 
     import torch
 
-    from llmlab.instruct_data import collate, load_records, split_records, tokenize_records
-    from llmlab.lora import LoraTrainConfig, default_cache_dir
-    from llmlab.lora_model import add_lora, quiet_optional_backends
-    from llmlab.lora_eval import answer_logits, answer_loss
-    from llmlab.models import GPT2_PRESETS, build_gpt2_model, context_length
-    from llmlab.tokenizer import load_tokenizer
+    from llmlab.data.instruct import collate, load_records, split_records, tokenize_records
+    from llmlab.train.lora import LoraTrainConfig, default_cache_dir
+    from llmlab.train.lora_model import add_lora, quiet_optional_backends
+    from llmlab.train.lora_eval import answer_logits, answer_loss
+    from llmlab.models.gpt2 import GPT2_PRESETS, build_gpt2_model
+    from llmlab.data.tokenizer import load_tokenizer
 
     quiet_optional_backends()
     torch.set_num_threads(args.threads)
@@ -57,7 +57,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
 
     train, _ = split_records(load_records("builtin:pydoc", default_cache_dir()), 0.1, cfg.data_seed)
-    examples, _ = tokenize_records(tokenizer, train, min(args.max_length, context_length(model)),
+    examples, _ = tokenize_records(tokenizer, train, min(args.max_length, model.config.max_position_embeddings),
                                    cfg.prompt_template, cfg.prompt_template_no_input)
     batches = [collate(examples[i * args.batch_size: (i + 1) * args.batch_size], tokenizer.eos_token_id)
                for i in range(args.steps + 1)]

@@ -41,8 +41,8 @@ def tokens_per_sec(step_times: dict[int, float], skip: int, tokens_per_step: int
 
 
 def pretrain_config(args, output_dir: str):
-    from llmlab.config import build_config
-    from llmlab.pretrain import PretrainConfig
+    from llmlab.core.config import build_config
+    from llmlab.train.pretrain import PretrainConfig
 
     return build_config(PretrainConfig, {
         "model": args.model, "n_layer": args.n_layer, "n_embd": args.n_embd, "n_head": args.n_head,
@@ -52,8 +52,8 @@ def pretrain_config(args, output_dir: str):
 
 
 def run_ours(args) -> dict:
-    from llmlab.io import read_jsonl
-    from llmlab.pretrain import train
+    from llmlab.core.io import read_jsonl
+    from llmlab.train.pretrain import train
 
     with tempfile.TemporaryDirectory() as out:
         cfg = pretrain_config(args, out)
@@ -66,9 +66,9 @@ def run_hf_trainer(args) -> dict:
     import torch
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from llmlab.data import prepare_dataset
-    from llmlab.models import build_gpt2_model
-    from llmlab.tokenizer import load_tokenizer
+    from llmlab.data.prepare import prepare_dataset
+    from llmlab.models.gpt2 import build_gpt2_model
+    from llmlab.data.tokenizer import load_tokenizer
 
     with tempfile.TemporaryDirectory() as out:
         cfg = pretrain_config(args, out)

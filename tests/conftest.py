@@ -24,7 +24,7 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def gpt2_tokenizer():
-    from llmlab.tokenizer import load_tokenizer
+    from llmlab.data.tokenizer import load_tokenizer
 
     return load_tokenizer()
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmlab import data as data_mod
-from llmlab.cleaning import clean_text
-from llmlab.data import DataConfig, format_prepare_summary, pack_blocks, prepare_dataset, split_documents
-from llmlab.errors import UserError
+from llmlab.data import prepare as data_mod
+from llmlab.data.cleaning import clean_text
+from llmlab.data.prepare import DataConfig, format_prepare_summary, pack_blocks, prepare_dataset, split_documents
+from llmlab.core.errors import UserError
 
 WORDS = ("river stone garden window market letter engine harbor winter silver forest lantern village "
          "thunder meadow copper bridge candle orchard valley mirror falcon ribbon castle pepper canyon "
@@ -185,7 +185,7 @@ def test_partial_cache_dir_is_rebuilt(tmp_path, gpt2_tokenizer):
 
 KILL_SCRIPT = """
 import os, signal, sys
-from llmlab import data
+from llmlab.data import prepare as data
 real_write = data.atomic_write_text
 def die_before_marker(path, text):
     if str(path).endswith(data.COMPLETE_MARKER):
@@ -264,7 +264,7 @@ def test_unknown_hub_dataset_offline(tmp_path, gpt2_tokenizer):
 
 
 def test_config_validation():
-    from llmlab.config import build_config
+    from llmlab.core.config import build_config
 
     with pytest.raises(UserError, match="val_fraction"):
         build_config(DataConfig, {"val_fraction": 1.5})

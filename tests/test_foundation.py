@@ -8,11 +8,11 @@ from typing import Literal, Optional
 import pytest
 import yaml
 
-from llmlab.config import opt, parse_config
-from llmlab.errors import UserError
-from llmlab.io import atomic_write_text, read_jsonl
-from llmlab.runinfo import write_run_info
-from llmlab.training_utils import GradClipper, parse_clip
+from llmlab.core.config import opt, parse_config
+from llmlab.core.errors import UserError
+from llmlab.core.io import atomic_write_text, read_jsonl
+from llmlab.core.runinfo import write_run_info
+from llmlab.train.common import GradClipper, parse_clip
 from tests.conftest import run_script
 
 
@@ -36,7 +36,7 @@ def test_tokenizer_is_real_gpt2(gpt2_tokenizer):
 
 
 def test_unknown_tokenizer_offline_is_user_error():
-    from llmlab.tokenizer import load_tokenizer
+    from llmlab.data.tokenizer import load_tokenizer
 
     with pytest.raises(UserError, match="cannot load tokenizer"):
         load_tokenizer("/nonexistent/tokenizer-folder")
@@ -105,7 +105,7 @@ def test_scripts_help(script):
 def test_process_group_handlers_ask_for_gloo_only_for_several_cpu_processes(monkeypatch):
     import torch
 
-    from llmlab.training_utils import process_group_handlers
+    from llmlab.train.common import process_group_handlers
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert process_group_handlers() == []

@@ -16,7 +16,7 @@ TINY_RUN = ["--max_examples", "160", "--max_length", "64", "--batch_size", "4", 
 
 @pytest.fixture(scope="module")
 def pydoc_cache_dir(tmp_path_factory):
-    from llmlab.pydoc_data import load_pydoc
+    from llmlab.data.pydoc_qa import load_pydoc
 
     cache = tmp_path_factory.mktemp("lora_pydoc")
     load_pydoc(cache)  # built once here, reused by every run below
@@ -65,9 +65,9 @@ def test_tiny_run_lowers_validation_loss_and_writes_a_small_adapter(tiny_gpt2_di
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from llmlab.instruct_data import collate, load_records, split_records, tokenize_records
-    from llmlab.lora import LoraTrainConfig
-    from llmlab.lora_eval import answer_logits
+    from llmlab.data.instruct import collate, load_records, split_records, tokenize_records
+    from llmlab.train.lora import LoraTrainConfig
+    from llmlab.train.lora_eval import answer_logits
 
     defaults = LoraTrainConfig()
     tokenizer = gpt2_tokenizer
@@ -205,13 +205,13 @@ def test_bad_options_are_one_line_errors(tmp_path):
 # ---------------------------------------------------------------------------------------------------------
 
 def _tiny_cfg(tiny_gpt2_dir, **overrides):
-    from llmlab.lora import LoraTrainConfig
+    from llmlab.train.lora import LoraTrainConfig
 
     return LoraTrainConfig(base_model=str(tiny_gpt2_dir), **overrides)
 
 
 def _batch(tokenizer):
-    from llmlab.instruct_data import collate, format_prompt, tokenize_example
+    from llmlab.data.instruct import collate, format_prompt, tokenize_example
 
     records = [{"instruction": "What does `len` do?", "input": "len(obj, /)", "output": "Return the number of items."},
                {"instruction": "Say hi", "input": "", "output": "hi there, friend"}]
@@ -220,15 +220,15 @@ def _batch(tokenizer):
 
 
 def test_only_adapter_weights_train_and_checkpointing_reaches_them(tiny_gpt2_dir, gpt2_tokenizer):
-    from llmlab.lora_model import add_lora, load_base, parameter_counts
-    from llmlab.training_utils import causal_lm_loss
+    from llmlab.train.lora_model import add_lora, load_base_model
+    from llmlab.train.common import causal_lm_loss
 
     torch.manual_seed(0)
     cfg = _tiny_cfg(tiny_gpt2_dir, gradient_checkpointing=True)
-    model, _, from_base = load_base(cfg)
+    model, _, from_base = load_base_model(cfg)
     assert from_base  # the fixture saved its tokenizer with the model
     model = add_lora(model, cfg)
-    trainable, total = parameter_counts(model)
+    trainable, total = model.get_nb_trainable_parameters()
     assert trainable == 4096 and total > 800 * trainable
     assert all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
     assert model.get_base_model().is_gradient_checkpointing
@@ -245,8 +245,8 @@ def test_only_adapter_weights_train_and_checkpointing_reaches_them(tiny_gpt2_dir
 def test_target_modules_follow_the_model_type():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from llmlab.lora import LoraTrainConfig
-    from llmlab.lora_model import add_lora
+    from llmlab.train.lora import LoraTrainConfig
+    from llmlab.train.lora_model import add_lora
 
     llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=2, num_key_value_heads=2))
@@ -258,7 +258,7 @@ def test_target_modules_follow_the_model_type():
                                           num_attention_heads=2, num_key_value_heads=2))
     model2 = add_lora(llama2, LoraTrainConfig(target_modules=["o_proj"]))
     assert model2.peft_config["default"].target_modules == {"o_proj"}
-    from llmlab.errors import UserError
+    from llmlab.core.errors import UserError
 
     with pytest.raises(UserError, match="--target_modules"):
         add_lora(LlamaForCausalLM(llama2.config), LoraTrainConfig(target_modules=["no_such_layer"]))
@@ -269,8 +269,8 @@ def test_answer_only_logits_give_the_same_loss(tiny_gpt2_dir, gpt2_tokenizer):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from llmlab.lora_eval import answer_logits, answer_loss, pick_logits_mode
-    from llmlab.training_utils import causal_lm_loss
+    from llmlab.train.lora_eval import answer_logits, answer_loss, pick_logits_mode
+    from llmlab.train.common import causal_lm_loss
 
     model = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir).eval()
     _, batch = _batch(gpt2_tokenizer)
@@ -292,7 +292,7 @@ def test_answer_only_logits_give_the_same_loss(tiny_gpt2_dir, gpt2_tokenizer):
 def test_batched_left_padded_generation_matches_one_by_one(tiny_gpt2_dir, gpt2_tokenizer):
     from transformers import AutoModelForCausalLM
 
-    from llmlab.lora_eval import generate_ids, rouge_l
+    from llmlab.train.lora_eval import generate_ids, rouge_l
 
     model = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir)
     examples, _ = _batch(gpt2_tokenizer)

@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from llmlab.errors import UserError
-from llmlab.instruct_data import (DEFAULT_PROMPT, DEFAULT_PROMPT_NO_INPUT, check_templates, collate,
+from llmlab.core.errors import UserError
+from llmlab.data.instruct import (DEFAULT_PROMPT, DEFAULT_PROMPT_NO_INPUT, check_templates, collate,
                                   collate_prompts, format_prompt, load_records, split_records, tokenize_example)
-from llmlab.pydoc_data import build_pydoc_records, load_pydoc, pydoc_cache_path
-from llmlab.training_utils import causal_lm_loss
+from llmlab.data.pydoc_qa import build_pydoc_records, load_pydoc, pydoc_cache_path
+from llmlab.train.common import causal_lm_loss
 
 
 def test_pydoc_pairs_are_real_docstrings():

@@ -39,7 +39,7 @@ def adapter_dir(tiny_gpt2_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def merged(tiny_gpt2_dir, adapter_dir, tmp_path_factory):
-    from llmlab.merge import MergeConfig, merge_adapter
+    from llmlab.infer.merge import MergeConfig, merge_adapter
 
     out = tmp_path_factory.mktemp("merge") / "merged"
     lines = []
@@ -53,7 +53,7 @@ def wiki_texts():
     """Articles from gensim's shipped Wikipedia sample (offline): the first ones train, a later one is held out."""
     from gensim.corpora.wikicorpus import extract_pages, filter_wiki
 
-    from llmlab.corpus import builtin_wiki_path
+    from llmlab.data.corpus import builtin_wiki_path
 
     texts = []
     with bz2.open(builtin_wiki_path(), "rb") as f:
@@ -111,8 +111,8 @@ def test_merge_matches_base_plus_adapter(merged, tiny_gpt2_dir, adapter_dir, gpt
 
 
 def test_merge_fails_loudly_above_tolerance_and_saves_nothing(tiny_gpt2_dir, adapter_dir, tmp_path):
-    from llmlab.errors import UserError
-    from llmlab.merge import MergeConfig, merge_adapter
+    from llmlab.core.errors import UserError
+    from llmlab.infer.merge import MergeConfig, merge_adapter
 
     out = tmp_path / "never"
     with pytest.raises(UserError, match="tolerance 1.000e-12.*nothing was saved"):
@@ -156,7 +156,7 @@ def test_merge_cli_fp16_export(tiny_gpt2_dir, adapter_dir, tmp_path):
 # ---- generation ---------------------------------------------------------------------------------------------------
 
 def _generate(model, tokenizer, **flags):
-    from llmlab.inference import GenerateConfig, generate, generation_config
+    from llmlab.infer.generate import GenerateConfig, generate, generation_config
 
     cfg = GenerateConfig(model="unused", prompt="x", max_new_tokens=8, **flags)
     gen = generation_config(cfg, tokenizer)
@@ -164,7 +164,7 @@ def _generate(model, tokenizer, **flags):
 
 
 def test_sampling_is_seeded_and_flags_matter(merged):
-    from llmlab.quantize import load_for_inference
+    from llmlab.infer.loading import load_for_inference
 
     loaded = load_for_inference(model=str(merged[0]), precision="fp32", device="cpu")
     model, tok = loaded.model, loaded.tokenizer
@@ -179,7 +179,7 @@ def test_sampling_is_seeded_and_flags_matter(merged):
     # top_k=1 sampling keeps only the argmax of the same processed logits: it must equal greedy, for any seed
     assert texts(seed=7, top_k=1) == greedy
     # batching (left padding) must not change a greedy completion
-    from llmlab.inference import GenerateConfig, generate, generation_config
+    from llmlab.infer.generate import GenerateConfig, generate, generation_config
 
     gen = generation_config(GenerateConfig(model="unused", prompt="x", max_new_tokens=8, greedy=True), tok)
     single = generate(model, tok, ["Once upon a time"], gen, 0, batch_size=1)[0]["completion"]
@@ -187,7 +187,7 @@ def test_sampling_is_seeded_and_flags_matter(merged):
 
 
 def test_generate_streams_one_prompt_and_saves_it(merged, tmp_path, capsys):
-    from llmlab.inference import GenerateConfig, run_generate
+    from llmlab.infer.generate import GenerateConfig, run_generate
 
     out = tmp_path / "one.jsonl"
     run_generate(GenerateConfig(model=str(merged[0]), prompt="Hello there", max_new_tokens=8, seed=3,
@@ -209,7 +209,7 @@ def test_generate_cli_batch_with_unmerged_adapter(merged, tiny_gpt2_dir, adapter
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in (tmp_path / "prompts.generations.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == [1, 2] and all(r["new_tokens"] == 8 for r in rows)
-    from llmlab.quantize import load_for_inference
+    from llmlab.infer.loading import load_for_inference
 
     loaded = load_for_inference(model=model, precision="fp32", device="cpu")
     # the unmerged adapter path decodes exactly like the merged model
@@ -220,8 +220,9 @@ def test_generate_cli_batch_with_unmerged_adapter(merged, tiny_gpt2_dir, adapter
 def test_prompt_template_saved_by_train_lora_is_used_and_kept_by_merge(tiny_gpt2_dir, adapter_dir, tmp_path):
     import shutil
 
-    from llmlab.inference import PROMPT_FILE, GenerateConfig, run_generate
-    from llmlab.merge import MergeConfig, merge_adapter
+    from llmlab.data.instruct import PROMPT_FILE
+    from llmlab.infer.generate import GenerateConfig, run_generate
+    from llmlab.infer.merge import MergeConfig, merge_adapter
 
     adapter = tmp_path / "adapter"
     shutil.copytree(adapter_dir, adapter)
@@ -259,8 +260,8 @@ def test_int8_cpu_changes_weights_and_keeps_perplexity(trained_dir, wiki_texts, 
     from transformers import AutoModelForCausalLM
     from transformers.pytorch_utils import Conv1D
 
-    from llmlab.inference import perplexity
-    from llmlab.quantize import load_for_inference
+    from llmlab.infer.generate import heldout_perplexity as perplexity
+    from llmlab.infer.loading import load_for_inference
 
     fp32 = AutoModelForCausalLM.from_pretrained(trained_dir).eval()
     int8 = load_for_inference(model=str(trained_dir), precision="int8", device="cpu")
@@ -290,8 +291,8 @@ def test_int8_cpu_changes_weights_and_keeps_perplexity(trained_dir, wiki_texts, 
 
 @pytest.mark.slow  # 20-30 s on a busy 2-core machine (subprocesses import torch)
 def test_bench_prints_table_for_available_precisions(merged, tiny_gpt2_dir, adapter_dir, wiki_texts, tmp_path):
-    from llmlab.infer_bench import BenchConfig, run_bench
-    from llmlab.quantize import available_precisions
+    from llmlab.infer.bench import BenchConfig, run_bench
+    from llmlab.infer.quantize import available_precisions
 
     text = tmp_path / "held.txt"
     text.write_text(wiki_texts[11])
@@ -382,8 +383,10 @@ def test_cli_refuses_quantized_base_and_foreign_adapter(tiny_gpt2_dir, adapter_d
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (fp16 and bitsandbytes int8/int4 paths)")
 def test_cuda_precisions_load_quantized_and_generate(tiny_gpt2_dir, adapter_dir, trained_dir, wiki_texts,
                                                      gpt2_tokenizer):
-    from llmlab.inference import generate, generation_config, GenerateConfig, perplexity
-    from llmlab.quantize import available_precisions, load_for_inference
+    from llmlab.infer.generate import GenerateConfig, generate, generation_config
+    from llmlab.infer.generate import heldout_perplexity as perplexity
+    from llmlab.infer.loading import load_for_inference
+    from llmlab.infer.quantize import available_precisions
 
     assert {"fp16", "int8", "int4"} <= set(available_precisions("cuda"))
     held = gpt2_tokenizer(wiki_texts[11])["input_ids"]

@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from llmlab.minimal_transformer import (MinimalTransformer, MinimalTransformerConfig, expected_trainable_parameters,
+from llmlab.models.minimal import (MinimalTransformer, MinimalTransformerConfig, expected_trainable_parameters,
                                         parameter_table)
-from llmlab.training_utils import causal_lm_loss
+from llmlab.train.common import causal_lm_loss
 
 SPEC_TRAINABLE = 1_181_376  # 4 x (4*192^2 + 2*192*384 + 2*192) + 192
 

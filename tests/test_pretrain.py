@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from llmlab.errors import UserError
-from llmlab.io import read_jsonl
+from llmlab.core.errors import UserError
+from llmlab.core.io import read_jsonl
 from tests.conftest import kill_when_ready, run_script
 
 # A 1-layer, 32-wide GPT-2 with the real vocabulary, on 5 documents of the built-in Wikipedia sample.
@@ -127,7 +127,7 @@ def test_injected_spike_rolls_back_once_with_lower_lr(data_cache, tmp_path):
 
 
 def test_spike_detector_counts_nan_and_needs_patience():
-    from llmlab.spikes import SpikeDetector, parse_inject_spike
+    from llmlab.train.spikes import SpikeDetector, parse_inject_spike
 
     detector = SpikeDetector(factor=2.0, window=3, patience=2)
     assert not any(detector.update(x) for x in (4.0, 3.9, 3.8))
@@ -150,8 +150,8 @@ def test_spike_detector_counts_nan_and_needs_patience():
     (["--spike_factor", "1"], "--spike_factor"),
 ])
 def test_bad_options_are_user_errors(argv, fragment):
-    from llmlab.config import parse_config
-    from llmlab.pretrain import PretrainConfig
+    from llmlab.core.config import parse_config
+    from llmlab.train.pretrain import PretrainConfig
 
     with pytest.raises(UserError, match=fragment.replace("-", r"\-")):
         parse_config(PretrainConfig, argv)
@@ -160,8 +160,8 @@ def test_bad_options_are_user_errors(argv, fragment):
 def test_preset_defaults_and_recommend_yaml(tmp_path):
     import yaml
 
-    from llmlab.config import parse_config
-    from llmlab.pretrain import PretrainConfig
+    from llmlab.core.config import parse_config
+    from llmlab.train.pretrain import PretrainConfig
 
     tiny = parse_config(PretrainConfig, [])
     assert (tiny.block_size, tiny.max_steps, tiny.warmup_steps, tiny.effective_batch_size) == (128, 150, 15, 8)
@@ -180,7 +180,7 @@ def test_preset_defaults_and_recommend_yaml(tmp_path):
 def test_unreadable_checkpoints_are_refused(reference_run, data_cache, tmp_path):
     import shutil
 
-    from llmlab.checkpointing import read_trainer_state, resolve_checkpoint
+    from llmlab.train.checkpointing import read_trainer_state, resolve_checkpoint
 
     with pytest.raises(UserError, match="no checkpoint"):
         resolve_checkpoint(tmp_path / "empty", "latest")
@@ -225,7 +225,7 @@ def test_prepare_only_prints_summary_and_rejects_bad_input(tmp_path):
 
 
 def test_half_written_checkpoint_is_never_picked(tmp_path):
-    from llmlab.checkpointing import latest_checkpoint, list_checkpoints, remove_partial_saves
+    from llmlab.train.checkpointing import latest_checkpoint, list_checkpoints, remove_partial_saves
 
     root = tmp_path / "checkpoints"
     (root / "step_4").mkdir(parents=True)

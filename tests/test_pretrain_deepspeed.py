@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmlab.io import read_jsonl
+from llmlab.core.io import read_jsonl
 from tests.conftest import REPO
 
 ACCELERATE_CONFIGS = sorted((REPO / "accelerate_configs").glob("*.yaml"))
@@ -101,10 +101,10 @@ def test_zero2_cpu_offload_trains_saves_and_resumes(tmp_path):
 def test_fp16_on_cpu_is_refused_clearly():
     from accelerate.state import AcceleratorState
 
-    from llmlab.config import parse_config
-    from llmlab.errors import UserError
-    from llmlab.pretrain import PretrainConfig
-    from llmlab.pretrain_setup import make_accelerator
+    from llmlab.core.config import parse_config
+    from llmlab.core.errors import UserError
+    from llmlab.train.pretrain import PretrainConfig
+    from llmlab.train.pretrain_setup import make_accelerator
 
     import torch
 

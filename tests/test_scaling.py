@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
-from llmlab.errors import UserError
+from llmlab.core.errors import UserError
 from llmlab.scaling import (ScalingOptions, analyse, feasible_region, lr_optimum, predict_band, recommend_main,
                             write_lr_bs_report)
 
@@ -204,8 +204,8 @@ def test_recommend_caps_extrapolation(sweep_dir, tmp_path):
 
 
 def test_recommend_yaml_loads_in_train_pretrain_config(sweep_dir, tmp_path):
-    pretrain = pytest.importorskip("llmlab.pretrain", reason="train_pretrain's PretrainConfig not landed yet")
-    from llmlab.config import parse_config
+    pretrain = pytest.importorskip("llmlab.train.pretrain", reason="train_pretrain's PretrainConfig not landed yet")
+    from llmlab.core.config import parse_config
 
     output = tmp_path / "rec.yaml"
     rec = recommend_main(["--from", str(sweep_dir), "--memory-gb", "8", "--output", str(output)])
@@ -272,8 +272,8 @@ def test_smoke_lr_bs_scan_end_to_end(tmp_path):
     lr_fit = fits["fits"]["lr_opt"]
     assert values["learning_rate"] == pytest.approx(lr_fit["a"] * values["batch_size"] ** lr_fit["b"], rel=1e-3)
     assert values["effective_batch_size"] == values["batch_size"] >= 1
-    pretrain = pytest.importorskip("llmlab.pretrain")
-    from llmlab.config import parse_config
+    pretrain = pytest.importorskip("llmlab.train.pretrain")
+    from llmlab.core.config import parse_config
 
     cfg = parse_config(pretrain.PretrainConfig, ["--config", str(output)])
     assert cfg.batch_size == values["batch_size"] and cfg.warmup_steps == values["warmup_steps"]

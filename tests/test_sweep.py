@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llmlab.errors import UserError
+from llmlab.core.errors import UserError
 from llmlab.sweep.design import (CONTROL, FACTORS, balance_design, doe20_design, grid_from_yaml, latin_hypercube_levels,
                                  level_counts, lr_bs_design)
 from tests.conftest import REPO, run_script

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from llmlab.config import opt
+from llmlab.core.config import opt
 
 # Cross-entropy of a uniform guess over the GPT-2 vocabulary: a run that ends above it learned nothing.
 UNIFORM_GUESS_LOSS = math.log(50257)
@@ -39,7 +39,7 @@ class ScalingOptions:
                               "(clip - 0.1 or warmup 100); by default they are dropped as at the stability edge")
 
     def validate(self) -> None:
-        from llmlab.errors import UserError
+        from llmlab.core.errors import UserError
 
         if not 0 < self.confidence < 1:
             raise UserError(f"--confidence must be between 0 and 1, got {self.confidence}")
@@ -299,7 +299,7 @@ def analyse(rows: list[dict], options: ScalingOptions) -> dict:
     seq_len = next(filter(None, (_sequence_length(r) for r in rows)), None)
     params = next(filter(None, (_number(r.get("n_params") or r.get("params")) for r in rows)), None)
     if params is None and len(models) == 1:
-        params = count_parameters(models[0], int(seq_len or 1024))
+        params = swept_model_parameters(models[0], int(seq_len or 1024))
     return {
         "options": {**vars(options)},
         "thresholds": thresholds,
@@ -323,18 +323,18 @@ def _sequence_length(row: dict) -> Optional[float]:
     return round(tokens / (steps * batch)) if tokens and steps and batch else None
 
 
-def count_parameters(model: str, block_size: int) -> Optional[int]:
+def swept_model_parameters(model: str, block_size: int) -> Optional[int]:
     """All parameters (trainable and frozen: both take memory) of the swept model, built on the meta device."""
     try:
         import torch
 
         with torch.device("meta"):
             if model == "minimal":
-                from llmlab.minimal_transformer import MinimalTransformer, MinimalTransformerConfig
+                from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig
 
                 net = MinimalTransformer(MinimalTransformerConfig(max_seq_len=block_size))
             else:
-                from llmlab.models import build_gpt2_model
+                from llmlab.models.gpt2 import build_gpt2_model
 
                 net = build_gpt2_model(model, n_positions=block_size)
         return int(sum(p.numel() for p in net.parameters()))

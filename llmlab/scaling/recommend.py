@@ -20,9 +20,9 @@ from typing import Optional
 import numpy as np
 import yaml
 
-from llmlab.config import add_dataclass_args, config_from_namespace, load_yaml, opt
-from llmlab.errors import UserError
-from llmlab.io import atomic_write_text
+from llmlab.core.config import add_dataclass_args, config_from_namespace, load_yaml, opt
+from llmlab.core.errors import UserError
+from llmlab.core.io import atomic_write_text
 from llmlab.scaling.fits import ScalingOptions, predict_band
 from llmlab.scaling.report import FITS_FILE, write_lr_bs_report
 

@@ -9,7 +9,7 @@ from typing import Optional
 
 import numpy as np
 
-from llmlab.io import atomic_write_json, atomic_write_text
+from llmlab.core.io import atomic_write_json, atomic_write_text
 from llmlab.scaling.fits import ScalingOptions, analyse, predict_band
 
 FITS_FILE = "scaling_fits.json"

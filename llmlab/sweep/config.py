@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from llmlab.config import opt
-from llmlab.errors import UserError
+from llmlab.core.config import opt
+from llmlab.core.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class SweepConfig:
     precheck_steps: int = opt(10, "steps of the pre-check (finite loss/gradients, projected time within timeout)")
     retry: bool = opt(True, "retry a failed trial once with a fallback (clip - 0.1 or warmup 100)")
     target_loss: Optional[float] = opt(None, "loss for 'steps to target' (default: 90 percent of the control's loss drop)")
-    dataset: str = opt("builtin:wiki", "corpus (see llmlab.data): builtin:wiki, local files or a hub dataset")
+    dataset: str = opt("builtin:wiki", "corpus (see llmlab.data.prepare): builtin:wiki, local files or a hub dataset")
     max_documents: Optional[int] = opt(None, "use only the first N documents (default: the budget's)")
     data_cache_dir: Optional[str] = opt(None, "prepared-data cache folder (default: llmlab's cache)")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "where trials run; auto = CUDA when available")
@@ -101,7 +101,7 @@ class SweepConfig:
         if self.lr is not None and self.lr < 0:
             raise UserError(f"--lr must be >= 0, got {self.lr}")
         if self.clip is not None:
-            from llmlab.training_utils import parse_clip
+            from llmlab.train.common import parse_clip
 
             parse_clip(self.clip)
         if not 0 <= self.label_smoothing < 1:
@@ -109,7 +109,7 @@ class SweepConfig:
         if self.flat_window < 2 or self.precheck_steps < 1:
             raise UserError("--flat_window must be >= 2 and --precheck_steps >= 1")
         if self.model != "minimal":
-            from llmlab.models import GPT2_PRESETS
+            from llmlab.models.gpt2 import GPT2_PRESETS
 
             if self.model not in GPT2_PRESETS:
                 raise UserError(f"--model {self.model!r} is unknown; use minimal or one of {', '.join(GPT2_PRESETS)}")

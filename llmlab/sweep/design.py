@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from llmlab.errors import UserError
+from llmlab.core.errors import UserError
 
 FACTORS: dict[str, list[Any]] = {
     "scheduler": ["linear", "cosine", "polynomial"],

@@ -67,12 +67,6 @@ def default_target(control_losses: list[float], share: float = 0.9, window: int 
     return start - share * (start - end) if end < start else None
 
 
-def perplexity(loss: Optional[float]) -> Optional[float]:
-    if loss is None or not math.isfinite(loss):
-        return None
-    return float(math.exp(min(loss, 700.0)))
-
-
 def layer_group(name: str) -> str:
     """`blocks.2.attn.qkv.weight` -> `blocks.2`; `transformer.h.3.mlp...` -> `transformer.h.3`."""
     parts = name.split(".")

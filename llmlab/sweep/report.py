@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from llmlab.io import atomic_write_text
+from llmlab.core.io import atomic_write_text
 from llmlab.sweep import metrics as M
 from llmlab.sweep.design import FACTORS, design_table
 

@@ -24,9 +24,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from llmlab.errors import UserError
-from llmlab.io import atomic_write_json, atomic_write_text
-from llmlab.runinfo import resolve_device
+from llmlab.core.errors import UserError
+from llmlab.core.io import atomic_write_json, atomic_write_text
+from llmlab.core.device import resolve_device
 from llmlab.sweep.config import FULL_NOMINAL_STEPS, SweepConfig
 from llmlab.sweep.design import build_design, design_table
 
@@ -38,9 +38,9 @@ _FORKSERVER = None
 
 # ---------------------------------------------------------------- data
 def prepare_data(cfg: SweepConfig, out_dir: Path) -> dict:
-    """Tokenise and pack once (llmlab.data cache), then export token arrays the trials memory-map."""
-    from llmlab.data import DataConfig, prepare_dataset
-    from llmlab.tokenizer import load_tokenizer
+    """Tokenise and pack once (llmlab.data.prepare cache), then export token arrays the trials memory-map."""
+    from llmlab.data.prepare import DataConfig, prepare_dataset
+    from llmlab.data.tokenizer import load_tokenizer
 
     budget = cfg.budget_spec
     block = cfg.block_size or budget.block_size
@@ -83,7 +83,7 @@ def trial_specs(cfg: SweepConfig, design: list[dict], data_info: dict, out_dir: 
         batch = trial.get("batch_size") or cfg.batch_size or budget.batch_size
         clip = trial["clip"]
         if cfg.grid == "lr_bs" and cfg.clip is not None:
-            from llmlab.training_utils import parse_clip
+            from llmlab.train.common import parse_clip
 
             clip = parse_clip(cfg.clip)
         steps = cfg.steps or (200 if cfg.grid == "lr_bs" and cfg.budget != "smoke" else budget.steps)
@@ -245,7 +245,7 @@ def load_results(out_dir: Path, design: list[dict]) -> list[dict]:
 def run_sweep(cfg: SweepConfig) -> list[dict]:
     from tqdm.auto import tqdm
 
-    from llmlab.runinfo import write_run_info
+    from llmlab.core.runinfo import write_run_info
     from llmlab.sweep import report
 
     out_dir = Path(cfg.output_dir)
@@ -320,7 +320,7 @@ def run_sweep(cfg: SweepConfig) -> list[dict]:
 def _print_parameters(cfg: SweepConfig) -> None:
     if cfg.model != "minimal":
         return
-    from llmlab.minimal_transformer import MinimalTransformer, MinimalTransformerConfig, parameter_table
+    from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig, parameter_table
 
     block = cfg.block_size or cfg.budget_spec.block_size
     table, trainable, frozen = parameter_table(MinimalTransformer(MinimalTransformerConfig(

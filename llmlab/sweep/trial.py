@@ -24,12 +24,12 @@ from lion_pytorch import Lion
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 from transformers.optimization import Adafactor, get_scheduler
 
-from llmlab.io import atomic_write_json
-from llmlab.minimal_transformer import MinimalTransformer, MinimalTransformerConfig, parameter_table
-from llmlab.runinfo import seed_everything
+from llmlab.core.io import atomic_write_json
+from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig, parameter_table
+from accelerate.utils import set_seed
 from llmlab.sweep import metrics as M
-from llmlab.tracking import MetricsLogger
-from llmlab.training_utils import GradClipper, causal_lm_loss
+from llmlab.core.tracking import MetricsLogger
+from llmlab.train.common import GradClipper, causal_lm_loss, perplexity
 
 RESULT_NAME = "result.json"
 LION_LR_DIVISOR = 3.0  # lion-pytorch README: lr 3-10x smaller than AdamW, weight decay 3-10x larger
@@ -43,12 +43,12 @@ class TrialStop(Exception):
         self.kind, self.reason = kind, reason
 
 
-def build_model(spec: dict) -> torch.nn.Module:
+def build_trial_model(spec: dict) -> torch.nn.Module:
     if spec["model"] == "minimal":
         cfg = MinimalTransformerConfig(max_seq_len=spec["block_size"], position_encoding=spec["position_encoding"],
                                        gradient_checkpointing=spec["gradient_checkpointing"])
         return MinimalTransformer(cfg)
-    from llmlab.models import build_gpt2_model
+    from llmlab.models.gpt2 import build_gpt2_model
 
     model = build_gpt2_model(spec["model"], vocab_size=50257, n_positions=spec["block_size"])
     if spec["gradient_checkpointing"]:
@@ -110,8 +110,8 @@ def update_ratios(model, before: dict[str, torch.Tensor]) -> dict[str, float]:
 
 def train_attempt(spec: dict, hp: dict, data: dict, device: torch.device, log_dir: Path, started: float) -> dict:
     """Train once with hyperparameters `hp`; returns the curves and metrics, or raises TrialStop."""
-    seed_everything(spec["seed"])
-    model = build_model(spec).to(device)
+    set_seed(spec["seed"])
+    model = build_trial_model(spec).to(device)
     if spec.get("print_parameters"):
         print(parameter_table(model)[0], flush=True)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -203,7 +203,7 @@ def train_attempt(spec: dict, hp: dict, data: dict, device: torch.device, log_di
                 if projected > spec["timeout_s"]:
                     raise TrialStop("slow", f"pre-check: projected {projected:.0f} s exceeds the trial timeout "
                                             f"{spec['timeout_s']} s; lower --steps or raise --trial_timeout")
-        evaluation = evaluate(model, data["validation"], spec, device, amp)
+        evaluation = evaluate_trial(model, data["validation"], spec, device, amp)
     except TrialStop as stop:
         stop.curves = curves  # kept in result.json so a failed run's curve can still be inspected
         if len(curves["loss"]) <= spec["precheck_steps"] and not stop.reason.startswith("pre-check"):
@@ -237,7 +237,7 @@ def train_attempt(spec: dict, hp: dict, data: dict, device: torch.device, log_di
     return {"summary": summary, "curves": curves}
 
 
-def evaluate(model, validation: np.ndarray, spec: dict, device, amp: bool, segments: int = 4) -> dict:
+def evaluate_trial(model, validation: np.ndarray, spec: dict, device, amp: bool, segments: int = 4) -> dict:
     """Validation loss / perplexity overall and per position segment, and the last layer's attention entropy."""
     model.eval()
     if hasattr(model, "set_attn_implementation"):
@@ -267,9 +267,9 @@ def evaluate(model, validation: np.ndarray, spec: dict, device, amp: bool, segme
     val_loss = float(per_token.mean())
     return {
         "val_loss": val_loss,
-        "val_perplexity": M.perplexity(val_loss),
+        "val_perplexity": perplexity(val_loss),
         "val_loss_by_position": by_segment,
-        "val_perplexity_by_position": {k: M.perplexity(v) for k, v in by_segment.items()},
+        "val_perplexity_by_position": {k: perplexity(v) for k, v in by_segment.items()},
         "attention_entropy_last_layer": float(np.mean(entropies)) if entropies else None,
     }
 

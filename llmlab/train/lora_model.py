@@ -9,11 +9,11 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmlab.errors import UserError
-from llmlab.inference import PROMPT_FILE
+from llmlab.core.errors import UserError
+from llmlab.data.instruct import PROMPT_FILE
 
 if TYPE_CHECKING:
-    from llmlab.lora import LoraTrainConfig
+    from llmlab.train.lora import LoraTrainConfig
 
 DEFAULT_BASE_MODEL = "runs/pretrain/final"
 
@@ -36,13 +36,13 @@ def quiet_optional_backends() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def load_base(cfg: LoraTrainConfig):
+def load_base_model(cfg: LoraTrainConfig):
     """(model, tokenizer, whether the tokenizer came from the base model's folder).
 
     A missing default model is a one-line hint, not a traceback."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from llmlab.tokenizer import load_tokenizer
+    from llmlab.data.tokenizer import load_tokenizer
 
     check_base_model(cfg)
     try:
@@ -91,11 +91,6 @@ def add_lora(model, cfg: LoraTrainConfig):
                         "set --target_modules to the attention projections of this model") from None
 
 
-def parameter_counts(model) -> tuple[int, int]:
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return trainable, sum(p.numel() for p in model.parameters())
-
-
 def adapter_state(model) -> dict:
     """A CPU copy of the adapter weights (kept in memory as the best-so-far adapter)."""
     from peft import get_peft_model_state_dict
@@ -108,7 +103,7 @@ def save_adapter(model, cfg: LoraTrainConfig, path: Path, tokenizer=None) -> Non
 
     `tokenizer` is saved alongside only when it is not the base model's own (which inference finds there).
     """
-    from llmlab.io import atomic_write_json, publish_dir
+    from llmlab.core.io import atomic_write_json, publish_dir
 
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     model.save_pretrained(tmp)

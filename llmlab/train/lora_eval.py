@@ -11,11 +11,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from llmlab.instruct_data import collate_prompts
-
-
-def perplexity(loss: float) -> float:
-    return math.exp(min(loss, 700.0))  # exp overflows a float past ~709
+from llmlab.data.instruct import collate_prompts
+from llmlab.train.common import perplexity
 
 
 def supports_logits_to_keep(model) -> bool:
@@ -56,7 +53,7 @@ def answer_logits(model, batch: dict, mode: str = "full", head=None) -> tuple[to
 
 def answer_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
     """llmlab's causal_lm_loss on the answer tokens, laid out as one sequence it can shift."""
-    from llmlab.training_utils import causal_lm_loss
+    from llmlab.train.common import causal_lm_loss
 
     sequence_logits = torch.cat([logits, logits.new_zeros(1, logits.shape[-1])])[None]  # last one predicts nothing
     sequence_labels = torch.cat([targets.new_full((1,), -100), targets])[None]  # first one is never predicted
@@ -102,11 +99,10 @@ def validation_loss(model, val_loader, accelerator, mode: str = "full", head=Non
 def generate_ids(model, eos_id: int, examples: list[dict], pad_id: int, batch_size: int,
                  max_new_tokens: int) -> list[list[int]]:
     """Greedy continuations of the examples' prompts (left-padded batches), up to and without eos."""
-    from llmlab.models import context_length
 
     model.eval()
     device = next(model.parameters()).device
-    limit = context_length(model)
+    limit = model.config.max_position_embeddings
     continuations = []
     for start in range(0, len(examples), batch_size):
         batch = collate_prompts(examples[start: start + batch_size], pad_id)
@@ -136,7 +132,7 @@ def rouge_l(predictions: list[str], references: list[str]) -> float | None:
     return sum(scores) / len(scores)
 
 
-def evaluate(model, *, accelerator, tokenizer, val_loader, rouge_examples: list[dict], pad_id: int,
+def evaluate_adapter(model, *, accelerator, tokenizer, val_loader, rouge_examples: list[dict], pad_id: int,
              batch_size: int, max_new_tokens: int, mode: str = "full", head=None) -> dict:
     """val_loss, val_perplexity (all processes) and rougeL + generations (main process, then shared)."""
     from accelerate.utils import broadcast_object_list

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from llmlab.errors import UserError
+from llmlab.core.errors import UserError
 
 
 class SpikeDetector:

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from llmlab.errors import UserError
-from llmlab.io import atomic_write_text
+from llmlab.core.errors import UserError
+from llmlab.core.io import atomic_write_text
 
 PYDOC_BUILDER_VERSION = 2
 
@@ -209,9 +209,9 @@ def load_pydoc(cache_dir: str | os.PathLike) -> list[dict[str, str]]:
     path = pydoc_cache_path(cache_dir)
     if not path.is_file():
         env = {**os.environ, "DISPLAY": "", "WAYLAND_DISPLAY": "", "BROWSER": "true"}
-        proc = subprocess.run([sys.executable, "-m", "llmlab.pydoc_data", "--build-pydoc", str(path)],
+        proc = subprocess.run([sys.executable, "-m", "llmlab.data.pydoc_qa", "--build-pydoc", str(path)],
                               capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL,
-                              cwd=str(Path(__file__).resolve().parent.parent), timeout=600)
+                              cwd=str(Path(__file__).resolve().parents[2]), timeout=600)
         if proc.returncode != 0 or not path.is_file():
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise UserError(f"building builtin:pydoc failed ({tail[:200]}); pass a JSONL file to --dataset instead")
@@ -224,8 +224,8 @@ def _write_pydoc_cache(path: str) -> None:
 
 
 if __name__ == "__main__":
-    # Child-process entry used by load_pydoc: `python -m llmlab.pydoc_data --build-pydoc OUT.jsonl`.
+    # Child-process entry used by load_pydoc: `python -m llmlab.data.pydoc_qa --build-pydoc OUT.jsonl`.
     if len(sys.argv) == 3 and sys.argv[1] == "--build-pydoc":
         _write_pydoc_cache(sys.argv[2])
     else:
-        sys.exit("usage: python -m llmlab.pydoc_data --build-pydoc OUT.jsonl")
+        sys.exit("usage: python -m llmlab.data.pydoc_qa --build-pydoc OUT.jsonl")

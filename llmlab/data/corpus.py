@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from llmlab.errors import UserError
+from llmlab.core.errors import UserError
 
 BUILTIN_WIKI = "builtin:wiki"
 LOCAL_SUFFIXES = (".txt", ".jsonl", ".parquet")

@@ -17,11 +17,11 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from llmlab.config import opt
-from llmlab.errors import UserError
-from llmlab.inference import ModelSourceConfig, heldout_token_blocks, perplexity
-from llmlab.io import atomic_write_json
-from llmlab.quantize import PRECISIONS
+from llmlab.core.config import opt
+from llmlab.core.errors import UserError
+from llmlab.infer.generate import ModelSourceConfig, heldout_perplexity, heldout_token_blocks
+from llmlab.core.io import atomic_write_json
+from llmlab.infer.quantize import PRECISIONS
 
 BENCH_PROMPT = "The history of the city begins in the early middle ages, when"
 
@@ -29,7 +29,7 @@ BENCH_PROMPT = "The history of the city begins in the early middle ages, when"
 @dataclass
 class BenchConfig(ModelSourceConfig):
     precisions: list[str] = opt([], "precisions to compare; empty = every one this machine runs (fp32 first)")
-    eval_data: str = opt("builtin:wiki", "held-out text: a .txt file, or a corpus whose llmlab.data validation "
+    eval_data: str = opt("builtin:wiki", "held-out text: a .txt file, or a corpus whose llmlab.data.prepare validation "
                                          "split is used (builtin:wiki = the offline Wikipedia sample)")
     eval_tokens: int = opt(4096, "held-out tokens for perplexity")
     block_size: int = opt(256, "tokens per perplexity window and per prefill measurement")
@@ -172,7 +172,7 @@ def _seconds(fn) -> float:
 
 def bench_one(name: str, precision: str, device: str, blocks, cfg: BenchConfig, *, model: str | None,
               base_model: str | None = None, adapter: str | None = None, merge: bool = False) -> dict:
-    from llmlab.quantize import load_for_inference
+    from llmlab.infer.loading import load_for_inference
 
     with PeakMemory(device) as peak:  # what running the model costs: load + batch-1 prefill and decode
         start = time.perf_counter()
@@ -183,19 +183,12 @@ def bench_one(name: str, precision: str, device: str, blocks, cfg: BenchConfig, 
                "quantized_layers": loaded.quantized_layers}
         row.update(speed(loaded.model, loaded.tokenizer, blocks, cfg))
     row["peak_mb"] = peak.peak_mb
-    row["perplexity"] = perplexity(loaded.model, blocks, batch_size=1)
+    row["perplexity"] = heldout_perplexity(loaded.model, blocks, batch_size=1)
     in_memory, serialized = weight_bytes(loaded.model)
     row.update(weights_mb=in_memory / 2**20, disk_mb=serialized / 2**20)
     del loaded
     gc.collect()
     return row
-
-
-def context_length(model: str) -> int | None:
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model)
-    return getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
 
 
 def warm_up_imports(model_dir: str, with_adapter: bool) -> None:
@@ -210,9 +203,11 @@ def warm_up_imports(model_dir: str, with_adapter: bool) -> None:
 
 
 def run_bench(cfg: BenchConfig, log=print) -> dict:
-    from llmlab.merge import MergeConfig, merge_adapter
-    from llmlab.quantize import available_precisions, check_precision, load_tokenizer_for, quiet_backend_logs
-    from llmlab.runinfo import resolve_device
+    from llmlab.infer.merge import MergeConfig, merge_adapter
+    from llmlab.infer.loading import load_tokenizer_for, quiet_backend_logs
+    from llmlab.infer.quantize import available_precisions, check_precision
+    from llmlab.core.device import resolve_device
+    from llmlab.models.gpt2 import context_length_of
 
     quiet_backend_logs()
     cfg.apply_threads()
@@ -222,7 +217,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
         check_precision(p, device)
     precisions = sorted(set(precisions), key=PRECISIONS.index)
     tokenizer = load_tokenizer_for(cfg.adapter, cfg.model or cfg.base_model, name=cfg.tokenizer)
-    context = context_length(cfg.model or cfg.base_model)
+    context = context_length_of(cfg.model or cfg.base_model)
     if context and cfg.block_size > context:
         raise UserError(f"--block_size {cfg.block_size} exceeds the model's {context}-token context; "
                         f"pass --block_size {context} or less")
@@ -254,7 +249,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
         row["decode_vs_fp32"] = row["decode_tok_s"] / fp32["decode_tok_s"] if fp32 else None
     import torch
 
-    from llmlab.runinfo import hardware_info, package_versions
+    from llmlab.core.runinfo import hardware_info, package_versions
 
     result = {"device": device, "threads": torch.get_num_threads(), "hardware": hardware_info(),
               "versions": package_versions(), "eval_data": cfg.eval_data, "eval_tokens": len(blocks) * cfg.block_size,

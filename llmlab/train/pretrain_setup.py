@@ -7,14 +7,14 @@ from pathlib import Path
 
 import torch
 
-from llmlab.errors import UserError
+from llmlab.core.errors import UserError
 
 
 def make_accelerator(cfg):
     from accelerate import Accelerator
     from accelerate.utils import GradientAccumulationPlugin
 
-    from llmlab.training_utils import process_group_handlers
+    from llmlab.train.common import process_group_handlers
 
     # Accumulation is counted in optimizer steps by the loop itself, across epoch boundaries.
     plugin = GradientAccumulationPlugin(num_steps=1, sync_with_dataloader=False)
@@ -29,7 +29,7 @@ def make_accelerator(cfg):
                         "use --mixed_precision bf16 or no")
     ds_plugin = accelerator.state.deepspeed_plugin
     if ds_plugin is not None:
-        from llmlab.training_utils import parse_clip
+        from llmlab.train.common import parse_clip
 
         clip = parse_clip(cfg.clip)
         if clip == "adaptive":
@@ -40,8 +40,8 @@ def make_accelerator(cfg):
     return accelerator
 
 
-def build_model(cfg, tokenizer):
-    from llmlab.models import build_gpt2_model, load_pretrained_model
+def build_pretrain_model(cfg, tokenizer):
+    from llmlab.models.gpt2 import build_gpt2_model, load_pretrained_model
 
     if cfg.init_from:
         model = load_pretrained_model(cfg.init_from)
@@ -105,8 +105,8 @@ def batch_stream(accelerator, train_dl, position: int):
 
 
 @torch.no_grad()
-def evaluate(accelerator, model, val_dl, max_batches: int) -> float:
-    from llmlab.training_utils import causal_lm_loss
+def validation_loss(accelerator, model, val_dl, max_batches: int) -> float:
+    from llmlab.train.common import causal_lm_loss
 
     model.eval()
     losses = []
@@ -139,7 +139,7 @@ def loss_scale(accelerator, optimizer) -> float | None:
 
 def save_final(accelerator, model, tokenizer, output_dir: Path) -> Path:
     """output_dir/final: save_pretrained model + tokenizer, published only when complete."""
-    from llmlab.io import publish_dir
+    from llmlab.core.io import publish_dir
 
     final = output_dir / "final"
     tmp = output_dir / ".final.tmp"

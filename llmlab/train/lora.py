@@ -2,7 +2,7 @@
 
 One readable loop under accelerate (CPU, one GPU or several): prompt-masked loss on the answer tokens,
 AdamW + linear warmup/decay, early stopping on validation loss that keeps the best adapter, and a
-before/after evaluation (validation perplexity and ROUGE-L of greedy answers, see llmlab.lora_eval).
+before/after evaluation (validation perplexity and ROUGE-L of greedy answers, see llmlab.train.lora_eval).
 """
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from functools import partial
 from pathlib import Path
 from typing import Literal, Optional
 
-from llmlab.config import opt
-from llmlab.errors import UserError
-from llmlab.instruct_data import DEFAULT_PROMPT, DEFAULT_PROMPT_NO_INPUT, check_templates
-from llmlab.io import llmlab_cache
-from llmlab.lora_model import (BEST_ADAPTER_FILE, DEFAULT_BASE_MODEL, adapter_state, add_lora, check_base_model,
-                               checkpoint_trainable_weights_only, load_base, parameter_counts,
+from llmlab.core.config import opt
+from llmlab.core.errors import UserError
+from llmlab.data.instruct import DEFAULT_PROMPT, DEFAULT_PROMPT_NO_INPUT, check_templates
+from llmlab.core.io import llmlab_cache
+from llmlab.train.lora_model import (BEST_ADAPTER_FILE, DEFAULT_BASE_MODEL, adapter_state, add_lora, check_base_model,
+                               checkpoint_trainable_weights_only, load_base_model,
                                quiet_optional_backends, save_adapter)
 
 
@@ -101,7 +101,7 @@ class LoraTrainConfig:
             raise UserError(f"--label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.learning_rate < 0 or self.weight_decay < 0:
             raise UserError("--learning_rate and --weight_decay must be >= 0")
-        from llmlab.training_utils import parse_clip
+        from llmlab.train.common import parse_clip
 
         parse_clip(self.clip)
         check_templates(self.prompt_template, self.prompt_template_no_input)
@@ -114,7 +114,7 @@ class LoraTrainConfig:
 def make_accelerator(cfg: LoraTrainConfig):
     from accelerate import Accelerator
 
-    from llmlab.training_utils import process_group_handlers
+    from llmlab.train.common import process_group_handlers
 
     return Accelerator(gradient_accumulation_steps=cfg.gradient_accumulation_steps,
                        kwargs_handlers=process_group_handlers())
@@ -122,7 +122,7 @@ def make_accelerator(cfg: LoraTrainConfig):
 
 def train(cfg: LoraTrainConfig) -> dict:
     """Adapt, evaluate before and after, save the best adapter; returns the eval.json content."""
-    from llmlab import checkpointing as ckpt
+    from llmlab.train import checkpointing as ckpt
 
     check_base_model(cfg)  # before the slow imports: the most common first-run mistake answers at once
     resume_path = None
@@ -136,17 +136,16 @@ def train(cfg: LoraTrainConfig) -> dict:
     from tqdm.auto import tqdm
     from transformers import get_scheduler
 
-    from llmlab import lora_eval
-    from llmlab.instruct_data import collate, load_records, pad_id_for, split_records, tokenize_records
-    from llmlab.models import context_length
-    from llmlab.runinfo import write_run_info
-    from llmlab.tracking import MetricsLogger
-    from llmlab.training_utils import GradClipper
+    from llmlab.train import lora_eval
+    from llmlab.data.instruct import collate, load_records, pad_id_for, split_records, tokenize_records
+    from llmlab.core.runinfo import write_run_info
+    from llmlab.core.tracking import MetricsLogger
+    from llmlab.train.common import GradClipper, perplexity
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file, save_file
 
     out = Path(cfg.output_dir)
-    model, tokenizer, tokenizer_from_base = load_base(cfg)
+    model, tokenizer, tokenizer_from_base = load_base_model(cfg)
     accelerator = make_accelerator(cfg)
     checkpoint_trainable_weights_only(accelerator)
     main = accelerator.is_main_process
@@ -155,7 +154,7 @@ def train(cfg: LoraTrainConfig) -> dict:
 
     records = load_records(cfg.dataset, cfg.cache_dir, cfg.dataset_config, cfg.dataset_split)
     train_records, val_records = split_records(records, cfg.val_fraction, cfg.data_seed, cfg.max_examples)
-    max_length = min(cfg.max_length, context_length(model))
+    max_length = min(cfg.max_length, model.config.max_position_embeddings)
     tokenize = partial(tokenize_records, tokenizer, max_length=max_length, prompt_template=cfg.prompt_template,
                        prompt_template_no_input=cfg.prompt_template_no_input)
     (train_examples, train_dropped), (val_examples, val_dropped) = tokenize(train_records), tokenize(val_records)
@@ -167,7 +166,7 @@ def train(cfg: LoraTrainConfig) -> dict:
            if train_dropped + val_dropped else ""))
 
     model = add_lora(model, cfg)
-    trainable, total = parameter_counts(model)
+    trainable, total = model.get_nb_trainable_parameters()
     say(f"LoRA r={cfg.lora_r} alpha={cfg.lora_alpha} on {sorted(model.peft_config['default'].target_modules)}: "
         f"{trainable:,} trainable of {total:,} parameters ({100 * trainable / total:.3f}%)")
 
@@ -203,7 +202,7 @@ def train(cfg: LoraTrainConfig) -> dict:
     logger = MetricsLogger(out, enabled=main)
     rouge_examples = val_examples[: cfg.eval_examples]
     sample_examples = val_examples[: cfg.num_samples]
-    evaluate = partial(lora_eval.evaluate, accelerator=accelerator, tokenizer=tokenizer, val_loader=val_loader,
+    evaluate = partial(lora_eval.evaluate_adapter, accelerator=accelerator, tokenizer=tokenizer, val_loader=val_loader,
                        pad_id=pad_id, batch_size=cfg.eval_batch_size, max_new_tokens=cfg.max_new_tokens,
                        mode=logits_mode, head=head)
 
@@ -299,7 +298,7 @@ def train(cfg: LoraTrainConfig) -> dict:
 
             if step % cfg.eval_every == 0 or step == total_steps:
                 val_loss = lora_eval.validation_loss(model, val_loader, accelerator, logits_mode, head)
-                logger.log({"val/loss": val_loss, "val/perplexity": lora_eval.perplexity(val_loss)}, step)
+                logger.log({"val/loss": val_loss, "val/perplexity": perplexity(val_loss)}, step)
                 if val_loss < best_loss - cfg.min_delta:
                     best_loss, best_step, bad_evals = val_loss, step, 0
                     best_state = adapter_state(accelerator.unwrap_model(model))
@@ -337,7 +336,7 @@ def train(cfg: LoraTrainConfig) -> dict:
         "examples": lora_eval.example_rows(rouge_examples, before["generations"], after["generations"]),
     }
     if main:
-        from llmlab.io import atomic_write_json
+        from llmlab.core.io import atomic_write_json
 
         report["adapter_bytes"] = sum(f.stat().st_size for f in (out / "adapter").iterdir())
         atomic_write_json(out / "eval.json", report)

@@ -29,17 +29,6 @@ class MinimalTransformerConfig:
     gradient_checkpointing: bool = False
 
 
-class GainOnlyLayerNorm(nn.Module):
-    """LayerNorm whose only trained parameter is gamma (no beta)."""
-
-    def __init__(self, width: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(width))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, (x.size(-1),), self.weight, None)
-
-
 def sinusoidal_table(length: int, width: int) -> torch.Tensor:
     position = torch.arange(length, dtype=torch.float32)[:, None]
     frequency = torch.exp(torch.arange(0, width, 2, dtype=torch.float32) * (-math.log(10000.0) / width))
@@ -91,9 +80,9 @@ class CausalSelfAttention(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: MinimalTransformerConfig):
         super().__init__()
-        self.ln_attn = GainOnlyLayerNorm(cfg.width)
+        self.ln_attn = nn.LayerNorm(cfg.width, bias=False)
         self.attn = CausalSelfAttention(cfg)
-        self.ln_ff = GainOnlyLayerNorm(cfg.width)
+        self.ln_ff = nn.LayerNorm(cfg.width, bias=False)
         self.ff_in = nn.Linear(cfg.width, cfg.ff_width, bias=False)
         self.ff_out = nn.Linear(cfg.ff_width, cfg.width, bias=False)
 
@@ -124,7 +113,7 @@ class MinimalTransformer(nn.Module):
         else:
             raise ValueError(f"unknown position encoding {cfg.position_encoding!r}")
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.ln_final = GainOnlyLayerNorm(cfg.width)
+        self.ln_final = nn.LayerNorm(cfg.width, bias=False)
         self.apply(self._init_weights)
         for block in self.blocks:  # GPT-2's scaled init of the residual projections
             for layer in (block.attn.proj, block.ff_out):

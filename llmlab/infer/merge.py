@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
-from llmlab.config import opt
-from llmlab.errors import UserError
-from llmlab.inference import PROMPT_FILE
-from llmlab.io import atomic_write_json, publish_dir
+from llmlab.core.config import opt
+from llmlab.core.errors import UserError
+from llmlab.data.instruct import PROMPT_FILE
+from llmlab.core.io import atomic_write_json, publish_dir
 
 SAMPLE_TEXTS = (
     "The quick brown fox jumps over the lazy dog.",
@@ -56,7 +56,7 @@ class MergeConfig:
 
     def check_paths(self) -> tuple[str, str, Path]:
         """Cheap checks before any model is loaded: folders exist, --out is new, the base is not quantized."""
-        from llmlab.quantize import check_adapter_source, check_model_source, quantization_config_of
+        from llmlab.infer.loading import check_adapter_source, check_model_source, quantization_config_of
 
         base = check_model_source(self.base_model, "--base_model")
         adapter = check_adapter_source(self.adapter)
@@ -99,9 +99,9 @@ def merge_adapter(cfg: MergeConfig, log=print) -> dict:
     """Merge, verify, save; returns the report written to <out>/merge_report.json."""
     import torch
 
-    from llmlab.quantize import (FLOAT_DTYPES, attach_adapter, from_pretrained_or_error, load_tokenizer_for,
-                                 quiet_backend_logs)
-    from llmlab.runinfo import resolve_device
+    from llmlab.infer.loading import attach_adapter, from_pretrained_or_error, load_tokenizer_for, quiet_backend_logs
+    from llmlab.infer.quantize import FLOAT_DTYPES
+    from llmlab.core.device import resolve_device
 
     quiet_backend_logs()
     base, adapter, out = cfg.validate()
@@ -113,7 +113,7 @@ def merge_adapter(cfg: MergeConfig, log=print) -> dict:
         raise UserError("the base model loaded quantized; merge into the full-precision base, then quantize")
     model = attach_adapter(model, adapter)
     tokenizer = load_tokenizer_for(adapter, base, name=cfg.tokenizer)
-    batch = _sample_batch(tokenizer, getattr(model.config, "n_positions", None) or 1024)
+    batch = _sample_batch(tokenizer, model.config.max_position_embeddings)
 
     with model.disable_adapter():
         base_logits = _logits(model, batch)

@@ -5,7 +5,7 @@ import os
 import time
 from pathlib import Path
 
-from llmlab.io import append_jsonl
+from llmlab.core.io import append_jsonl
 
 
 class MetricsLogger:

@@ -1,7 +1,9 @@
 """Small pieces both trainers share: gradient clipping (fixed or adaptive) and the causal-LM loss."""
 from __future__ import annotations
 
+import math
 from collections import deque
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -9,7 +11,7 @@ import torch.nn.functional as F
 
 def parse_clip(value: str | float) -> float | str:
     """`--clip` takes a max grad norm (a number; 0 disables clipping) or "adaptive"."""
-    from llmlab.errors import UserError
+    from llmlab.core.errors import UserError
 
     if isinstance(value, str) and value.strip().lower() == "adaptive":
         return "adaptive"
@@ -84,3 +86,10 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: 
         ignore_index=-100,
         label_smoothing=label_smoothing,
     )
+
+
+def perplexity(loss: Optional[float]) -> Optional[float]:
+    """exp(loss), capped where exp would overflow a float (~709); None for a missing or non-finite loss."""
+    if loss is None or not math.isfinite(loss):
+        return None
+    return math.exp(min(loss, 700.0))

@@ -14,7 +14,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
-from llmlab.errors import UserError
+from llmlab.core.errors import UserError
 
 T = TypeVar("T")
 

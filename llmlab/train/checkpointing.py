@@ -15,8 +15,8 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from llmlab.errors import UserError
-from llmlab.io import atomic_write_json, publish_dir
+from llmlab.core.errors import UserError
+from llmlab.core.io import atomic_write_json, publish_dir
 
 STATE_FILE = "trainer_state.json"
 FORMAT = "llmlab-pretrain-checkpoint/1"

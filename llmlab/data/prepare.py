@@ -25,10 +25,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from llmlab import cleaning, corpus
-from llmlab.config import opt
-from llmlab.errors import UserError
-from llmlab.io import atomic_write_json, atomic_write_text, llmlab_cache
+from llmlab.data import cleaning, corpus
+from llmlab.data.packing import blocks_dataset, pack_blocks, split_documents
+from llmlab.core.config import opt
+from llmlab.core.errors import UserError
+from llmlab.core.io import atomic_write_json, atomic_write_text, llmlab_cache
 
 COMPLETE_MARKER = "COMPLETE"
 PIPELINE_VERSION = 1  # bump when packing/splitting output changes
@@ -84,7 +85,7 @@ def prepare_dataset(cfg: DataConfig, tokenizer=None) -> PreparedData:
 
     start = time.perf_counter()
     if tokenizer is None:
-        from llmlab.tokenizer import load_tokenizer
+        from llmlab.data.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(cfg.tokenizer)
         tokenizer_label = cfg.tokenizer or "gpt2 (offline BPE)"
@@ -240,9 +241,9 @@ def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, c
     _remove_abandoned_temp_dirs(cache_path)
     tmp = cache_path.with_name(f".{cache_path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
-        splits = {"train": _blocks_dataset(train_blocks)}
+        splits = {"train": blocks_dataset(train_blocks)}
         if len(val_blocks):  # datasets cannot load a saved zero-row split; an empty one is rebuilt on load
-            splits["validation"] = _blocks_dataset(val_blocks)
+            splits["validation"] = blocks_dataset(val_blocks)
         DatasetDict(splits).save_to_disk(str(tmp))
         lap("save")
         report["prepare_seconds"] = round(time.perf_counter() - start, 3)
@@ -318,39 +319,6 @@ def _flat_token_ids(tokenized) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.asarray(column.offsets, dtype=np.int64)
     values = np.asarray(column.values, dtype=np.int64)
     return values[offsets[0] : offsets[-1]], offsets - offsets[0]
-
-
-def split_documents(doc_lengths: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded document-level split: shuffled documents go to validation until it holds val_fraction of tokens.
-
-    Whole documents, so no text is shared between the splits. Returns (train, validation) document
-    indices, each in shuffled order.
-    """
-    order = np.random.default_rng(seed).permutation(len(doc_lengths))
-    if val_fraction <= 0:
-        return order, order[:0]
-    target = val_fraction * float(np.sum(doc_lengths))
-    n_val = int(np.searchsorted(np.cumsum(doc_lengths[order]), target)) + 1
-    n_val = min(n_val, len(order) - 1) if len(order) > 1 else len(order)
-    return order[n_val:], order[:n_val]
-
-
-def pack_blocks(values: np.ndarray, offsets: np.ndarray, doc_indices: np.ndarray, block_size: int) -> np.ndarray:
-    """Concatenate the documents (each already ending in eos) and cut full blocks; the tail is dropped."""
-    if len(doc_indices) == 0:
-        return np.zeros((0, block_size), dtype=np.int64)
-    stream = np.concatenate([values[offsets[i] : offsets[i + 1]] for i in doc_indices])
-    n_blocks = len(stream) // block_size
-    return stream[: n_blocks * block_size].reshape(n_blocks, block_size)
-
-
-def _blocks_dataset(blocks: np.ndarray):
-    import pyarrow as pa
-    from datasets import Dataset
-
-    flat = pa.array(blocks.reshape(-1), type=pa.int64())
-    column = pa.FixedSizeListArray.from_arrays(flat, blocks.shape[1])
-    return Dataset(pa.table({"input_ids": column}))
 
 
 def _remove_abandoned_temp_dirs(cache_path: Path) -> None:

@@ -12,12 +12,12 @@ import time
 from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
-from llmlab.config import opt
-from llmlab.data import DataConfig
-from llmlab.errors import UserError
-from llmlab.models import GPT2_PRESETS
-from llmlab.spikes import parse_inject_spike
-from llmlab.training_utils import parse_clip
+from llmlab.core.config import opt
+from llmlab.data.prepare import DataConfig
+from llmlab.core.errors import UserError
+from llmlab.models.gpt2 import GPT2_PRESETS
+from llmlab.train.spikes import parse_inject_spike
+from llmlab.train.common import parse_clip
 
 TINY_MAX_STEPS = 150  # gpt2-tiny defaults: 150 steps x 8 x 128 tokens take a few minutes on two CPU cores
 TINY_BLOCK_SIZE = 128
@@ -132,17 +132,9 @@ class PretrainConfig(DataConfig):
 def model_context_length(cfg: PretrainConfig) -> int:
     if cfg.init_from is None:
         return GPT2_PRESETS[cfg.model]["n_positions"]
-    from transformers import AutoConfig
+    from llmlab.models.gpt2 import context_length_of
 
-    try:
-        config = AutoConfig.from_pretrained(cfg.init_from)
-    except (OSError, ValueError) as err:
-        raise UserError(f"cannot load model config {cfg.init_from!r} for --init_from "
-                        f"({str(err).splitlines()[0][:160]}); pass a folder written by save_pretrained") from None
-    for name in ("n_positions", "max_position_embeddings", "n_ctx"):
-        if isinstance(getattr(config, name, None), int):
-            return getattr(config, name)
-    return 1024
+    return context_length_of(cfg.init_from)
 
 
 def resolved_for_run(cfg: PretrainConfig, train_blocks: int) -> PretrainConfig:
@@ -177,18 +169,18 @@ def train(cfg: PretrainConfig) -> dict:
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
-    from llmlab import checkpointing as ckpt
-    from llmlab.data import prepare_dataset
-    from llmlab.io import append_jsonl
-    from llmlab.mfu import current_device_name, mfu, peak_flops
-    from llmlab.models import count_parameters, flops_per_token
-    from llmlab.pretrain_setup import (batch_stream, build_model, build_optimizer, evaluate, innermost_optimizer,
-                                       loss_scale, make_accelerator, make_dataloaders, make_scheduler, save_final)
-    from llmlab.runinfo import write_run_info
-    from llmlab.spikes import SpikeDetector
-    from llmlab.tokenizer import load_tokenizer
-    from llmlab.tracking import MetricsLogger
-    from llmlab.training_utils import GradClipper, causal_lm_loss
+    from llmlab.train import checkpointing as ckpt
+    from llmlab.data.prepare import prepare_dataset
+    from llmlab.core.io import append_jsonl
+    from llmlab.models.flops import current_device_name, mfu, peak_flops
+    from llmlab.models.flops import flops_per_token
+    from llmlab.train.pretrain_setup import (batch_stream, build_optimizer, build_pretrain_model, innermost_optimizer,
+                                       loss_scale, make_accelerator, make_dataloaders, make_scheduler, save_final, validation_loss)
+    from llmlab.core.runinfo import write_run_info
+    from llmlab.train.spikes import SpikeDetector
+    from llmlab.data.tokenizer import load_tokenizer
+    from llmlab.core.tracking import MetricsLogger
+    from llmlab.train.common import GradClipper, causal_lm_loss
 
     accelerator = make_accelerator(cfg)
     resume_path = None
@@ -206,7 +198,7 @@ def train(cfg: PretrainConfig) -> dict:
     accelerator.gradient_accumulation_steps = cfg.effective_batch_size // (cfg.batch_size * world)
     cfg = resolved_for_run(cfg, len(data.train))
 
-    model = build_model(cfg, tokenizer)
+    model = build_pretrain_model(cfg, tokenizer)
     optimizer = build_optimizer(cfg, model)
     train_dl, val_dl = make_dataloaders(cfg, data)
     try:
@@ -284,7 +276,7 @@ def train(cfg: PretrainConfig) -> dict:
 
     tokens_per_step = cfg.effective_batch_size * cfg.block_size
     accelerator.print(
-        f"model {cfg.init_from or cfg.model}: {count_parameters(accelerator.unwrap_model(model)) / 1e6:.1f}M params; "
+        f"model {cfg.init_from or cfg.model}: {accelerator.unwrap_model(model).num_parameters() / 1e6:.1f}M params; "
         f"{cfg.max_steps} steps of {cfg.effective_batch_size} x {cfg.block_size} tokens "
         f"({cfg.batch_size}/device x {accelerator.gradient_accumulation_steps} accumulation x {world} processes); "
         f"precision {accelerator.mixed_precision}; optimizer {type(innermost_optimizer(optimizer)).__name__}; "
@@ -349,7 +341,7 @@ def train(cfg: PretrainConfig) -> dict:
 
             paused = False  # evaluation and saving are not training time: keep them out of tokens/s
             if len(val_dl) and ((cfg.eval_every and state.step % cfg.eval_every == 0) or state.step == cfg.max_steps):
-                last_val = evaluate(accelerator, model, val_dl, cfg.eval_batches)
+                last_val = validation_loss(accelerator, model, val_dl, cfg.eval_batches)
                 logger.log({"val/loss": last_val, "val/perplexity": math.exp(min(last_val, 50))}, state.step)
                 model.train()
                 paused = True

@@ -11,8 +11,8 @@ import shutil
 from importlib import resources
 from pathlib import Path
 
-from llmlab.errors import UserError
-from llmlab.io import llmlab_cache
+from llmlab.core.errors import UserError
+from llmlab.core.io import llmlab_cache
 
 GPT2_VOCAB_SIZE = 50257
 GPT2_EOS = "<|endoftext|>"

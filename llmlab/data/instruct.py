@@ -1,4 +1,4 @@
-"""Instruction data for LoRA: builtin:pydoc (llmlab.pydoc_data), JSONL/JSON/hub loading, prompts, tokenisation.
+"""Instruction data for LoRA: builtin:pydoc (llmlab.data.pydoc_qa), JSONL/JSON/hub loading, prompts, tokenisation.
 
 A record is {"instruction", "input", "output"} (input may be empty). `tokenize_example` turns one into
 `input_ids` + `labels` where every prompt token is labelled -100, so the loss only sees the answer and
@@ -13,13 +13,15 @@ import random
 from pathlib import Path
 from typing import Any
 
-from llmlab.errors import UserError
-from llmlab.pydoc_data import load_pydoc
+from llmlab.core.errors import UserError
+from llmlab.data.pydoc_qa import load_pydoc
 
 REQUIRED_FIELDS = ("instruction", "output")  # "input" may be missing or empty
 
 DEFAULT_PROMPT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
 DEFAULT_PROMPT_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
+# train_lora.py saves its prompt templates under this name next to the adapter; merge copies it, generate reads it
+PROMPT_FILE = "llmlab_prompt.json"
 
 
 # --------------------------------------------------------------------------------------------------

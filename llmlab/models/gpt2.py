@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmlab.errors import UserError
+from llmlab.core.errors import UserError
 
 GPT2_PRESETS: dict[str, dict[str, int]] = {
     "gpt2-tiny": {"n_layer": 4, "n_embd": 256, "n_head": 4, "n_positions": 256},
@@ -51,22 +51,13 @@ def load_pretrained_model(name_or_path: str):
                         "pass a folder written by save_pretrained, or a hub name when online") from None
 
 
-def context_length(model) -> int:
-    config = model.config
-    for name in ("n_positions", "max_position_embeddings", "n_ctx"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    raise UserError(f"cannot tell the context length of model type {config.model_type!r}; set --block_size")
+def context_length_of(name_or_path: str) -> int:
+    """The context length a saved or hub model was built for, read from its config alone (no weights)."""
+    from transformers import AutoConfig
 
-
-def count_parameters(model, trainable_only: bool = False) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
-
-
-def flops_per_token(model, seq_len: int) -> float:
-    """Training FLOPs per token (forward + backward), PaLM appendix B: 6N + 12·L·d·T (attention)."""
-    config = model.config
-    n_layer = getattr(config, "n_layer", None) or getattr(config, "num_hidden_layers")
-    width = getattr(config, "n_embd", None) or getattr(config, "hidden_size")
-    return 6 * count_parameters(model) + 12 * n_layer * width * seq_len
+    try:
+        config = AutoConfig.from_pretrained(name_or_path)
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot load the model config of {name_or_path!r} ({str(err).splitlines()[0][:160]}); "
+                        "pass a folder written by save_pretrained, or a hub name when online") from None
+    return config.max_position_embeddings

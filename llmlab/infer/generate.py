@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
-from llmlab.config import opt
-from llmlab.errors import UserError
-from llmlab.io import atomic_write_text
+from llmlab.core.config import opt
+from llmlab.core.errors import UserError
+from llmlab.core.io import atomic_write_text
+from llmlab.data.instruct import PROMPT_FILE
 
-PROMPT_FILE = "llmlab_prompt.json"  # train_lora.py saves its prompt template next to the adapter; merge copies it
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_TOP_P = 0.9
 
@@ -29,7 +29,7 @@ class ModelSourceConfig:
                           "fewer threads than cores can be much faster)")
 
     def validate_source(self, model_with_adapter: bool = False) -> None:
-        from llmlab.quantize import check_adapter_source, check_model_source
+        from llmlab.infer.loading import check_adapter_source, check_model_source
 
         if not self.model and not self.base_model and not self.adapter:
             raise UserError("no model given: pass --model DIR (merged) or --base_model DIR --adapter DIR")
@@ -160,7 +160,7 @@ def model_inputs(records: list[dict], field: str, template: dict | None) -> list
     """The text each record feeds the model: as is, or formatted the way train_lora.py trained the adapter."""
     if template is None:
         return [r[field] if isinstance(r.get(field), str) else r["instruction"] for r in records]
-    from llmlab.instruct_data import format_prompt
+    from llmlab.data.instruct import format_prompt
 
     inputs = []
     for r in records:
@@ -171,7 +171,7 @@ def model_inputs(records: list[dict], field: str, template: dict | None) -> list
 
 
 def _max_prompt_tokens(model, max_new_tokens: int) -> int:
-    limit = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
+    limit = getattr(model.config, "max_position_embeddings", None)
     if limit is None:
         return 10**9
     if max_new_tokens >= limit:
@@ -215,7 +215,7 @@ def _until_eos(ids: list[int], eos: int) -> list[int]:
 def run_generate(cfg: GenerateConfig, log=print) -> list[dict]:
     from transformers import TextStreamer
 
-    from llmlab.quantize import load_for_inference
+    from llmlab.infer.loading import load_for_inference
 
     cfg.apply_threads()
     loaded = load_for_inference(model=cfg.model, base_model=cfg.base_model, adapter=cfg.adapter,
@@ -251,7 +251,7 @@ def run_generate(cfg: GenerateConfig, log=print) -> list[dict]:
 # ---- perplexity on held-out text ---------------------------------------------------------------------------------
 
 def heldout_token_blocks(source: str, tokenizer, block_size: int, max_tokens: int) -> list[list[int]]:
-    """Blocks of `block_size` token ids: a text file's whole content, or the validation split that llmlab.data
+    """Blocks of `block_size` token ids: a text file's whole content, or the validation split that llmlab.data.prepare
     holds out of a corpus (builtin:wiki by default), so models trained by this repo never saw it."""
     path = Path(source).expanduser()
     n_blocks = max(1, max_tokens // block_size)
@@ -261,7 +261,7 @@ def heldout_token_blocks(source: str, tokenizer, block_size: int, max_tokens: in
         if not blocks:
             raise UserError(f"--eval_data {source} has {len(ids)} tokens; it needs at least --block_size {block_size}")
         return blocks[:n_blocks]
-    from llmlab.data import DataConfig, prepare_dataset
+    from llmlab.data.prepare import DataConfig, prepare_dataset
 
     prepared = prepare_dataset(DataConfig(dataset=source, block_size=block_size), tokenizer)
     validation = prepared.validation
@@ -270,7 +270,7 @@ def heldout_token_blocks(source: str, tokenizer, block_size: int, max_tokens: in
     return [list(row) for row in validation.select(range(min(n_blocks, len(validation))))["input_ids"]]
 
 
-def perplexity(model, blocks: list[list[int]], batch_size: int = 4) -> float:
+def heldout_perplexity(model, blocks: list[list[int]], batch_size: int = 4) -> float:
     """exp(mean next-token NLL) over the blocks (every token but each block's first is predicted)."""
     import torch
 

@@ -3,15 +3,13 @@ from __future__ import annotations
 
 import os
 import platform
-import random
 import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from llmlab.config import dump_yaml
-from llmlab.errors import UserError
-from llmlab.io import atomic_write_json, atomic_write_text
+from llmlab.core.config import dump_yaml
+from llmlab.core.io import atomic_write_json, atomic_write_text
 
 TRACKED_PACKAGES = (
     "torch", "transformers", "accelerate", "deepspeed", "datasets", "peft", "bitsandbytes", "torchao",
@@ -52,17 +50,6 @@ def hardware_info() -> dict[str, Any]:
     return info
 
 
-def resolve_device(device: str) -> str:
-    """auto = CUDA when available, else CPU; asking for CUDA without one is a user error."""
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA GPU is visible to PyTorch; use --device cpu (or auto)")
-    return device
-
-
 def write_run_info(output_dir: str | os.PathLike, cfg: Any) -> None:
     """Write config.yaml (re-runnable with --config) and run_info.json (versions, hardware, command)."""
     out = Path(output_dir)
@@ -72,12 +59,3 @@ def write_run_info(output_dir: str | os.PathLike, cfg: Any) -> None:
         "versions": package_versions(),
         "hardware": hardware_info(),
     })
-
-
-def seed_everything(seed: int) -> None:
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)

@@ -39,3 +39,9 @@ def mfu(tokens_per_sec: float, flops_per_token: float, peak_per_device: float | 
     if not peak_per_device or tokens_per_sec <= 0:
         return None
     return tokens_per_sec * flops_per_token / (peak_per_device * num_devices)
+
+
+def flops_per_token(model, seq_len: int) -> float:
+    """Training FLOPs per token (forward + backward), PaLM appendix B: 6N + 12·L·d·T (attention)."""
+    config = model.config  # GPT-2's attribute_map gives it the generic names too
+    return 6 * model.num_parameters() + 12 * config.num_hidden_layers * config.hidden_size * seq_len

@@ -1,0 +1,1 @@
+"""After training: load at a precision, quantize, merge an adapter, generate, and benchmark precisions."""
