@@ -1,4 +1,5 @@
-"""The minimal Transformer: the spec's parameter budget, frozen tied head, causality per position encoding."""
+"""The minimal Transformer: the spec's parameter budget, tied head (trainable or frozen), causality per position
+encoding."""
 import math
 
 import pytest
@@ -17,12 +18,12 @@ def small(pe="sinusoidal", **kw):
 
 
 def test_parameter_table_matches_the_spec():
-    model = small()
+    model = small(embedding="frozen")  # the original lab design: everything but the embedding trains
     table, trainable, frozen = parameter_table(model)
     assert trainable == SPEC_TRAINABLE == expected_trainable_parameters(model.cfg)
     assert frozen == 50257 * 192
     assert "token_embedding" in table and "TOTAL" in table and "1,181,376" in table
-    learned = small("learned")
+    learned = small("learned", embedding="frozen")
     assert parameter_table(learned)[1] == SPEC_TRAINABLE + 32 * 192 == expected_trainable_parameters(learned.cfg)
     # no biases anywhere; LayerNorms hold only a gain
     assert not [n for n, _ in model.named_parameters() if n.endswith("bias")]
@@ -30,7 +31,7 @@ def test_parameter_table_matches_the_spec():
 
 
 def test_embedding_is_frozen_and_tied_to_the_head():
-    model = small()
+    model = small(embedding="frozen")
     ids = torch.randint(100, 50257, (2, 16))
     logits = model(ids)
     loss = causal_lm_loss(logits, ids)
@@ -80,3 +81,17 @@ def test_gradient_checkpointing_gives_the_same_gradients():
         causal_lm_loss(model(ids), ids).backward()
         grads.append(model.blocks[0].attn.qkv.weight.grad.clone())
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+def test_default_embedding_trains_and_stays_tied_to_the_head():
+    model = small()
+    _, trainable, frozen = parameter_table(model)
+    assert frozen == 0 and trainable == SPEC_TRAINABLE + 50257 * 192 == expected_trainable_parameters(model.cfg)
+    ids = torch.randint(100, 50257, (2, 16))
+    causal_lm_loss(model(ids), ids).backward()
+    grad = model.token_embedding.weight.grad
+    # both uses reach the one matrix: rows of tokens in the input get input gradients, every row gets head ones
+    assert grad is not None and bool((grad != 0).all())
+    with torch.no_grad():
+        model.token_embedding.weight[7].mul_(2)  # the head is still the embedding matrix
+        assert model(ids)[..., 7].abs().sum() > 0

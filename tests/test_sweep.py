@@ -67,9 +67,10 @@ def test_balance_repair_fixes_a_deficient_latin_hypercube():
 def test_lr_bs_grid_and_yaml_grids(tmp_path):
     grid = lr_bs_design([1e-4, 1e-3], [8, 16])
     assert [(t["lr"], t["batch_size"]) for t in grid] == [(1e-4, 8), (1e-3, 8), (1e-4, 16), (1e-3, 16)]
-    explicit = grid_from_yaml(write_grid(tmp_path / "e.yaml", "trials:\n  - {optimizer: lion}\n  - {trial_id: x, clip: adaptive}\n"))
+    explicit, settings = grid_from_yaml(write_grid(tmp_path / "e.yaml", "trials:\n  - {optimizer: lion}\n  - {trial_id: x, clip: adaptive}\n"))
+    assert settings == {}
     assert explicit[0] == {"trial_id": "g01", **{**CONTROL, "optimizer": "lion"}} and explicit[1]["clip"] == "adaptive"
-    factorial = grid_from_yaml(write_grid(tmp_path / "f.yaml", "factorial:\n  optimizer: [adamw, lion]\n  warmup: [100, 500, 1000]\n"))
+    factorial, _ = grid_from_yaml(write_grid(tmp_path / "f.yaml", "factorial:\n  optimizer: [adamw, lion]\n  warmup: [100, 500, 1000]\n"))
     assert len(factorial) == 6 and {(t["optimizer"], t["warmup"]) for t in factorial} == {
         (o, w) for o in ("adamw", "lion") for w in (100, 500, 1000)}
 
@@ -81,7 +82,7 @@ def test_lr_bs_grid_and_yaml_grids(tmp_path):
     ("factorial: {clip: 1.0}", "non-empty list"),
     ("factorial: {clip: [-1]}", "clip = -1 is invalid"),
     ("trials: [{warmup: 1.5}]", "warmup = 1.5 is invalid"),
-    ("grid: [1, 2]", "exactly one key"),
+    ("grid: [1, 2]", "exactly one of"),
     ("trials: [{trial_id: a}, {trial_id: a}]", "used more than once"),
     ("trials: [unclosed", "not valid YAML"),
 ])
@@ -113,10 +114,10 @@ def smoke_doe20(tmp_path_factory, data_cache):
 @pytest.mark.slow
 def test_smoke_doe20_end_to_end(smoke_doe20):
     out, proc = smoke_doe20
-    assert "1,181,376 trainable" in proc.stdout  # parameter table printed at start
+    assert "10,830,720 trainable" in proc.stdout  # parameter table printed at start (embedding trains)
     assert proc.stdout.index("| control | cosine | 1.0 | 500 | 0.01 | adamw |") < proc.stdout.index("sweep done")
     rows = read_csv(out / "results.csv")
-    assert len(rows) == 20 and {r["status"] for r in rows} == {"ok"}
+    assert len(rows) == 22 and {r["status"] for r in rows} == {"ok"}  # 19 points + the control 3 times
     for row in rows:
         for key in ("final_loss", "val_perplexity", "stability_index", "attention_entropy_last_layer",
                     "update_ratio_mean", "grad_norm_mean", "grad_norm_std", "peak_memory_mb", "wall_time_s",
@@ -133,7 +134,7 @@ def test_smoke_doe20_end_to_end(smoke_doe20):
     for plot in ("loss_curves.png", "main_effects.png"):
         assert (out / "plots" / plot).stat().st_size > 10_000
     design = json.loads((out / "design.json").read_text())
-    assert len(design) == 20
+    assert len(design) == 22 and [t["seed"] for t in design[:3]] == [42, 43, 44]
     # TensorBoard: curves and an HParams record in every trial's run folder
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -272,7 +273,7 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
             "validation": rng.integers(0, 50257, (8, 16)).astype(np.uint16)}
     spec = {"model": "minimal", "block_size": 16, "position_encoding": "sinusoidal", "gradient_checkpointing": False,
             "steps": 2, "seed": 42, "label_smoothing": 0.0, "warmup_scale": 1.0, "log_every": 1, "flat_window": 100,
-            "flat_tolerance": 1e-5, "fail_loss": 10.0, "fail_grad_norm": 1000.0, "precheck_steps": 2,
+            "flat_tolerance": 1e-5, "fail_loss": None, "fail_grad_norm": 1000.0, "precheck_steps": 2,
             "timeout_s": 600, "eval_batches": 1, "eval_batch_size": 4}
     hp = {**CONTROL, "warmup": 0, "lr": 1e-3, "batch_size": 4}
     import torch
@@ -289,29 +290,50 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
     assert np.allclose(runs[0]["curves"]["grad_norm"], runs[1]["curves"]["grad_norm"], rtol=1e-3)
 
 
-def test_effective_gain_needs_all_three_criteria():
+def _gain_case(with_replicates: bool):
     import numpy as np
 
-    from llmlab.sweep.report import derived_metrics, main_effects
+    from llmlab.sweep.design import replicate
+    from llmlab.sweep.report import derived_metrics
 
     steps = np.arange(200)
     control_curve = list(8 - 2 * (1 - np.exp(-steps / 60)) + 0.05 * np.sin(steps))
     fast_steady = list(8 - 2.2 * (1 - np.exp(-steps / 30)) + 0.01 * np.sin(steps))
     fast_noisy = list(8 - 2.2 * (1 - np.exp(-steps / 30)) + 0.3 * np.sin(steps))
+    base = [{"trial_id": "control", **CONTROL}, {"trial_id": "win", **CONTROL, "optimizer": "lion"},
+            {"trial_id": "noisy", **CONTROL, "optimizer": "adafactor"}, {"trial_id": "small", **CONTROL}]
+    design = replicate(base, 3 if with_replicates else 1, False, 42)
 
     def result(trial_id, curve, final_loss):
         tail = np.array(curve[-100:])
-        hparams = {k: v for k, v in next(t for t in design if t["trial_id"] == trial_id).items() if k != "trial_id"}
+        hparams = {k: v for k, v in next(t for t in design if t["trial_id"] == trial_id).items()
+                   if k in CONTROL}
         return {"trial_id": trial_id, "status": "ok", "hparams": hparams, "curves": {"loss": curve},
                 "final_loss": final_loss, "stability_index": float(tail.std() / tail.mean())}
 
-    design = [{"trial_id": "control", **CONTROL}, {"trial_id": "win", **CONTROL, "optimizer": "lion"},
-              {"trial_id": "noisy", **CONTROL, "optimizer": "adafactor"}, {"trial_id": "small", **CONTROL}]
     results = [result("control", control_curve, 6.0), result("win", fast_steady, 5.8),
                result("noisy", fast_noisy, 5.8), result("small", fast_steady, 5.97)]
-    rows, facts = derived_metrics(design, results, None)
+    if with_replicates:  # seed noise of 0.01 nats: a 0.2 gain is resolved, a 0.03 one is not
+        results += [result("control-r1", control_curve, 6.01), result("control-r2", control_curve, 5.99)]
+    return derived_metrics(design, results, None)
+
+
+def test_effective_gain_needs_all_three_criteria_and_a_resolved_difference():
+    from llmlab.sweep.report import main_effects
+
+    rows, facts = _gain_case(with_replicates=True)
     verdict = {r["trial_id"]: r["effective_gain"] for r in rows}
-    assert verdict == {"control": False, "win": True, "noisy": False, "small": False}
-    assert rows[1]["steps_to_target"] < 0.9 * facts["reference_steps_to_target"]
+    assert verdict == {"control": False, "control-r1": False, "control-r2": False, "win": True, "noisy": False,
+                       "small": False}
+    win = next(r for r in rows if r["trial_id"] == "win")
+    assert win["gain_resolved"] and win["delta_ci_high"] < 0 < win["delta_ci_high"] + 0.3
+    assert win["steps_to_target"] < 0.9 * facts["reference_steps_to_target"]
+    assert facts["noise"]["df"] == 2 and abs(facts["noise"]["sd"] - 0.01) < 1e-9
     effects = {(e["factor"], e["level"]): e for e in main_effects(rows, ["optimizer"])}
     assert effects[("optimizer", "lion")]["effect"] < 0 < effects[("optimizer", "adamw")]["effect"]
+
+
+def test_without_replicates_no_gain_is_resolved():
+    rows, facts = _gain_case(with_replicates=False)
+    assert facts["noise"]["sd"] is None
+    assert not any(r["effective_gain"] or r["gain_resolved"] for r in rows)

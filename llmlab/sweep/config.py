@@ -1,6 +1,7 @@
 """The sweep's typed config and its three budgets (smoke / cpu / full)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -48,7 +49,17 @@ class SweepConfig:
                                                          "on 2 cores; full: ~10 MB text, seq 512, 3 epochs (GPU)")
     workers: int = opt(1, "trials run at once, each in its own subprocess (one GPU each when GPUs exist)")
     model: str = opt("minimal", "minimal (the lab's minimal Transformer) or a GPT-2 preset: gpt2-tiny, gpt2, ...")
-    position_encoding: Literal["sinusoidal", "learned", "rope"] = opt("sinusoidal", "minimal model's positions")
+    position_encoding: Literal["sinusoidal", "learned", "rope"] = opt("rope", "minimal model's positions (YAML grids "
+                                                                      "may vary it per trial); sinusoidal is the "
+                                                                      "original lab design (see README)")
+    embedding: Literal["trainable", "frozen"] = opt("trainable", "minimal model's token embedding, tied to the output "
+                                                    "head: trainable, or frozen (the original lab design, which "
+                                                    "stays near the uniform guess at the cpu budget; see README)")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = opt(
+        "auto", "trial compute: auto = bf16 autocast on CPUs with AVX512-BF16/AMX and on bf16 GPUs, fp16 + loss "
+                "scaling on older GPUs, else fp32")
+    compile: Optional[bool] = opt(None, "torch.compile each trial's forward + loss (a one-off ~10-45 s per trial, "
+                                        "about 1.6x faster steps); unset = on except at the smoke budget")
     gradient_checkpointing: bool = opt(False, "recompute each block in backward to save memory")
     lr: Optional[float] = opt(None, "peak learning rate of AdamW/Adafactor (Lion uses lr/3, weight decay x3); "
                                     "default 1e-3 for the minimal model, 2e-5 for GPT-2 presets")
@@ -65,14 +76,21 @@ class SweepConfig:
     clip: Optional[str] = opt(None, "lr_bs: max grad norm (number, 0 = off, or 'adaptive'); default 1.0")
     scale_warmup: bool = opt(True, "scale warmup levels (steps of the full protocol) to the budget's steps")
     seed: int = opt(42, "seed of every trial (model init, data order) and of the Latin hypercube")
+    replicates: Optional[int] = opt(None, "runs of the reference trial (the control) with seeds seed, seed+1, ... "
+                                          "(model init and data order; the data split stays fixed): the noise floor "
+                                          "every effect is judged against; default 3 for doe20, else 1 (lr_bs: "
+                                          "every point); a YAML grid may set `replicates:`")
+    replicate_all: bool = opt(False, "replicate every design point, not only the reference")
     launcher: Literal["auto", "forkserver", "spawn"] = opt("auto", "forkserver: fork trials from a server that "
                                                              "imported torch once (fast; CPU default); spawn: a fresh "
                                                              "`python -m llmlab.sweep.trial` per trial (CUDA default)")
     threads_per_worker: int = opt(0, "CPU threads per trial; 0 = cores / workers (on a busy machine 1 is often faster)")
     trial_timeout: Optional[int] = opt(None, "seconds before a trial is killed (default: the budget's)")
     rerun_crashed: bool = opt(True, "on resume, rerun trials recorded as crashed or timed out")
-    fail_loss: float = opt(10.0, "fail-safe: stop when the loss exceeds this (or initial loss + 1 before it "
-                                 "ever got below; an untrained 50257-way model starts at ln 50257 = 10.8)")
+    fail_loss: Optional[float] = opt(None, "fail-safe: stop when the 10-step moving average of the loss exceeds "
+                                           "this; unset = the first step's loss + 1 (worse than untrained)")
+    fail_margin: float = opt(1.0, "fail-safe: stop when the 10-step moving average of the loss rises more than "
+                                  "this many nats above its best (noise moves that average by hundredths)")
     fail_grad_norm: float = opt(1000.0, "fail-safe: stop when the pre-clip gradient norm exceeds this")
     flat_tolerance: float = opt(1e-5, "fail-safe: stop when the probe-batch loss moved less than this ...")
     flat_window: int = opt(100, "... over this many steps")
@@ -88,6 +106,10 @@ class SweepConfig:
     def validate(self) -> None:
         if self.threads_per_worker < 0:
             raise UserError(f"--threads_per_worker must be >= 0 (0 = automatic), got {self.threads_per_worker}")
+        if self.replicates is not None and self.replicates < 1:
+            raise UserError(f"--replicates must be >= 1, got {self.replicates}")
+        if not self.fail_margin > 0 or (self.fail_loss is not None and not math.isfinite(self.fail_loss)):
+            raise UserError("--fail_margin must be > 0 and --fail_loss a finite number")
         if self.workers < 1:
             raise UserError(f"--workers must be >= 1, got {self.workers}")
         for name in ("steps", "batch_size", "block_size", "micro_batch_size", "trial_timeout", "max_documents"):

@@ -26,6 +26,10 @@ MIN_LEVEL_COUNT = 6
 
 SCHEDULERS = ("linear", "cosine", "polynomial", "constant_with_warmup")
 OPTIMIZERS = ("adamw", "lion", "adafactor")
+POSITION_ENCODINGS = ("sinusoidal", "learned", "rope")
+CLIP_MODES = ("norm", "value")  # global-norm clipping, or clamping every gradient element to [-clip, clip]
+# Factors a YAML grid may vary beyond doe20's five; left out, they take the sweep-wide setting.
+EXTRA_FACTORS = ("lr", "batch_size", "position_encoding", "clip_mode", "label_smoothing")
 DEFAULT_LRS = {"minimal": [1e-4, 3e-4, 1e-3, 3e-3], "gpt2": [5e-6, 1e-5, 2e-5, 3e-5]}
 DEFAULT_BATCH_SIZES = [8, 16, 32, 64, 128]
 
@@ -108,7 +112,8 @@ def lr_bs_design(lrs: list[float], batch_sizes: list[int]) -> list[dict[str, Any
             for bs in batch_sizes for lr in lrs]
 
 
-GRID_KEYS = set(FACTORS) | {"lr", "batch_size", "trial_id"}
+GRID_KEYS = set(FACTORS) | set(EXTRA_FACTORS) | {"trial_id", "seed"}
+GRID_FILE_KEYS = {"trials", "factorial", "replicates", "replicate_all"}
 
 
 def _check_value(key: str, value: Any, where: str) -> Any:
@@ -118,6 +123,14 @@ def _check_value(key: str, value: Any, where: str) -> Any:
     if key == "scheduler":
         if value not in SCHEDULERS:
             raise bad(f"one of {', '.join(SCHEDULERS)}")
+    elif key in ("position_encoding", "clip_mode"):
+        choices = POSITION_ENCODINGS if key == "position_encoding" else CLIP_MODES
+        if value not in choices:
+            raise bad(f"one of {', '.join(choices)}")
+    elif key == "label_smoothing":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise bad("a number in [0, 1)")
+        value = float(value)
     elif key == "optimizer":
         if str(value).lower() not in OPTIMIZERS:
             raise bad(f"one of {', '.join(OPTIMIZERS)}")
@@ -128,9 +141,9 @@ def _check_value(key: str, value: Any, where: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise bad("a number >= 0 or 'adaptive'")
         value = float(value)
-    elif key in ("warmup", "batch_size"):
+    elif key in ("warmup", "batch_size", "seed"):
         if isinstance(value, bool) or not isinstance(value, int) or value < (1 if key == "batch_size" else 0):
-            raise bad("a whole number >= 0" if key == "warmup" else "a whole number >= 1")
+            raise bad("a whole number >= 1" if key == "batch_size" else "a whole number >= 0")
     elif key in ("weight_decay", "lr"):
         if isinstance(value, str):
             try:
@@ -154,8 +167,9 @@ def _check_keys(keys, where: str) -> None:
                         f"allowed: {', '.join(sorted(GRID_KEYS))}")
 
 
-def grid_from_yaml(path: str | Path) -> list[dict[str, Any]]:
-    """A user grid: `trials: [{...}, ...]` (explicit) or `factorial: {factor: [levels]}` (full factorial).
+def grid_from_yaml(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A user grid: `trials: [{...}, ...]` (explicit) or `factorial: {factor: [levels]}` (full factorial),
+    optionally with `replicates: K` and `replicate_all: true`. Returns (trials, replication settings).
 
     Factors left out take the control level; the first trial (or one named `control`) is the reference.
     """
@@ -168,9 +182,10 @@ def grid_from_yaml(path: str | Path) -> list[dict[str, Any]]:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise UserError(f"grid file {path} is not valid YAML ({str(err).splitlines()[0]})") from None
-    if not isinstance(data, dict) or len(set(data) & {"trials", "factorial"}) != 1 or len(data) != 1:
-        raise UserError(f"grid file {path} must hold exactly one key: `trials:` (a list of settings) "
-                        "or `factorial:` (factor: [levels])")
+    if not isinstance(data, dict) or len(set(data) & {"trials", "factorial"}) != 1 or set(data) - GRID_FILE_KEYS:
+        raise UserError(f"grid file {path} must hold exactly one of `trials:` (a list of settings) or `factorial:` "
+                        "(factor: [levels]), plus optionally `replicates:` and `replicate_all:`")
+    settings = _replication_settings(data, path)
     if "trials" in data:
         entries = data["trials"]
         if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
@@ -195,21 +210,72 @@ def grid_from_yaml(path: str | Path) -> list[dict[str, Any]]:
         checked = [[_check_value(n, v, f"grid file {path}") for v in levels[n]] for n in names]
         rows = [{"trial_id": f"g{i:02d}", **CONTROL, **dict(zip(names, combo))}
                 for i, combo in enumerate(itertools.product(*checked), start=1)]
+    for row in rows:
+        if row.get("clip_mode") == "value" and not (isinstance(row["clip"], float) and row["clip"] > 0):
+            raise UserError(f"grid file {path}, trial {row['trial_id']}: clip_mode value needs a number clip > 0 "
+                            f"(got {row['clip']!r}); fix the grid file")
     ids = Counter(r["trial_id"] for r in rows)
     repeated = [i for i, n in ids.items() if n > 1]
     if repeated:
         raise UserError(f"grid file {path}: trial_id {repeated[0]!r} is used more than once")
-    return rows
+    return rows, settings
 
 
-def build_design(grid: str, lrs: list[float] | None = None, batch_sizes: list[int] | None = None,
-                 model: str = "minimal", seed: int = 42) -> list[dict[str, Any]]:
-    """Resolve `--grid`: a registered name (doe20, lr_bs) or a YAML file path."""
+def _replication_settings(data: dict, path: Path) -> dict[str, Any]:
+    settings = {}
+    if "replicates" in data:
+        value = data["replicates"]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"grid file {path}: replicates = {value!r} is invalid (a whole number >= 1)")
+        settings["replicates"] = value
+    if "replicate_all" in data:
+        if not isinstance(data["replicate_all"], bool):
+            raise UserError(f"grid file {path}: replicate_all must be true or false")
+        settings["replicate_all"] = data["replicate_all"]
+    return settings
+
+
+def replicate(design: list[dict[str, Any]], replicates: int, replicate_all: bool, seed: int) -> list[dict[str, Any]]:
+    """Add seed replicates: K runs of the reference trial (or of every trial), each with its own seed for model
+    init and data order. Replicate r of a trial runs with the trial's seed + r and is named `<id>-r<r>`; the
+    data split never changes (it has its own seed). Trials keep any `seed` the grid gave them."""
+    reference = reference_id(design)
+    out = []
+    for trial in design:
+        base = {**trial, "seed": trial.get("seed", seed), "replicate": 0, "point": trial["trial_id"]}
+        out.append(base)
+        if replicate_all or trial["trial_id"] == reference:
+            out += [{**base, "trial_id": f"{trial['trial_id']}-r{r}", "seed": base["seed"] + r, "replicate": r}
+                    for r in range(1, replicates)]
+    return out
+
+
+def reference_id(design: list[dict]) -> str:
+    """The trial others are compared with: the one named `control`, else the first."""
+    ids = [t["trial_id"] for t in design]
+    return "control" if "control" in ids else ids[0]
+
+def base_design(grid: str, lrs: list[float] | None = None, batch_sizes: list[int] | None = None,
+                model: str = "minimal", seed: int = 42) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Resolve `--grid` (a registered name or a YAML file) to its trials before replication, plus the
+    replication settings a YAML file gave."""
     if grid in GRIDS:
-        return GRIDS[grid](lrs=lrs, batch_sizes=batch_sizes, model=model, seed=seed)
+        return GRIDS[grid](lrs=lrs, batch_sizes=batch_sizes, model=model, seed=seed), {}
     if grid.endswith((".yaml", ".yml")) or Path(grid).exists():
         return grid_from_yaml(grid)
     raise UserError(f"--grid {grid!r} is neither a known grid ({', '.join(GRIDS)}) nor a .yaml file")
+
+
+DEFAULT_REPLICATES = {"doe20": 3}  # the control three times: the smallest sample that gives a noise estimate
+
+
+def build_design(cfg) -> list[dict[str, Any]]:
+    """The full design of a sweep config: its grid, then seed replicates (flags win over the grid file)."""
+    design, settings = base_design(cfg.grid, lrs=cfg.lrs, batch_sizes=cfg.batch_sizes, model=cfg.model,
+                                   seed=cfg.seed)
+    replicates = cfg.replicates or settings.get("replicates") or DEFAULT_REPLICATES.get(cfg.grid, 1)
+    replicate_all = cfg.replicate_all or settings.get("replicate_all", False) or cfg.grid == "lr_bs"
+    return replicate(design, replicates, replicate_all, cfg.seed)
 
 
 def _lr_bs(lrs=None, batch_sizes=None, model="minimal", **_) -> list[dict[str, Any]]:
@@ -225,7 +291,7 @@ GRIDS: dict[str, Callable[..., list[dict[str, Any]]]] = {
 
 def design_table(trials: list[dict[str, Any]], columns: list[str] | None = None) -> str:
     """A Markdown table of the design (printed before any run starts, and put in report.md)."""
-    columns = columns or ["trial_id"] + [c for c in list(FACTORS) + ["lr", "batch_size"]
+    columns = columns or ["trial_id"] + [c for c in list(FACTORS) + list(EXTRA_FACTORS) + ["seed"]
                                          if any(c in t for t in trials)]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for trial in trials:

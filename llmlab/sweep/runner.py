@@ -26,9 +26,9 @@ import numpy as np
 
 from llmlab.core.errors import UserError
 from llmlab.core.io import atomic_write_json, atomic_write_text
-from llmlab.core.device import resolve_device
+from llmlab.core.device import resolve_device, resolve_precision
 from llmlab.sweep.config import FULL_NOMINAL_STEPS, SweepConfig
-from llmlab.sweep.design import build_design, design_table
+from llmlab.sweep.design import EXTRA_FACTORS, base_design, build_design, design_table
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FINISHED = ("ok", "failed", "oom")
@@ -78,41 +78,53 @@ def prepare_data(cfg: SweepConfig, out_dir: Path) -> dict:
 def trial_specs(cfg: SweepConfig, design: list[dict], data_info: dict, out_dir: Path) -> list[dict]:
     budget = cfg.budget_spec
     device = resolve_device(cfg.device)
+    shared = {
+        "data_dir": str(out_dir / "data"), "model": cfg.model, "position_encoding": cfg.position_encoding,
+        "embedding": cfg.embedding, "gradient_checkpointing": cfg.gradient_checkpointing,
+        "block_size": data_info["block_size"], "eval_batch_size": budget.batch_size,
+        "eval_batches": budget.eval_batches, "log_every": budget.log_every, "label_smoothing": cfg.label_smoothing,
+        "fail_loss": cfg.fail_loss, "fail_margin": cfg.fail_margin, "fail_grad_norm": cfg.fail_grad_norm,
+        "flat_tolerance": cfg.flat_tolerance, "flat_window": cfg.flat_window, "precheck_steps": cfg.precheck_steps,
+        "retry": cfg.retry, "timeout_s": cfg.trial_timeout or budget.trial_timeout, "device": device,
+        "precision": resolve_precision(cfg.precision, device),
+        "compile": cfg.budget != "smoke" if cfg.compile is None else cfg.compile,
+    }
     specs = []
     for trial in design:
-        batch = trial.get("batch_size") or cfg.batch_size or budget.batch_size
-        clip = trial["clip"]
-        if cfg.grid == "lr_bs" and cfg.clip is not None:
-            from llmlab.train.common import parse_clip
-
-            clip = parse_clip(cfg.clip)
+        hp = trial_hparams(cfg, trial)
         steps = cfg.steps or (200 if cfg.grid == "lr_bs" and cfg.budget != "smoke" else budget.steps)
         if steps is None:
-            steps = max(1, budget.epochs * data_info["train_rows"] // batch)
-        hp = {"scheduler": trial["scheduler"], "clip": clip, "warmup": trial["warmup"],
-              "weight_decay": trial["weight_decay"], "optimizer": trial["optimizer"],
-              "lr": trial.get("lr", cfg.default_lr()), "batch_size": batch}
-        trial_dir = out_dir / "trials" / trial["trial_id"]
-        specs.append({
-            "trial_id": trial["trial_id"], "trial_dir": str(trial_dir), "data_dir": str(out_dir / "data"),
-            "hparams": hp, "model": cfg.model, "position_encoding": cfg.position_encoding,
-            "gradient_checkpointing": cfg.gradient_checkpointing, "steps": steps,
-            "block_size": data_info["block_size"], "micro_batch_size": cfg.micro_batch_size or (batch if cfg.grid == "lr_bs" else budget.batch_size),
-            "eval_batch_size": budget.batch_size, "eval_batches": budget.eval_batches, "log_every": budget.log_every,
-            "seed": cfg.seed, "label_smoothing": cfg.label_smoothing,
-            "warmup_scale": steps / FULL_NOMINAL_STEPS if cfg.scale_warmup and cfg.budget != "full" else 1.0,
-            "fail_loss": cfg.fail_loss, "fail_grad_norm": cfg.fail_grad_norm, "flat_tolerance": cfg.flat_tolerance,
-            "flat_window": cfg.flat_window, "precheck_steps": cfg.precheck_steps, "retry": cfg.retry,
-            "timeout_s": cfg.trial_timeout or budget.trial_timeout, "device": device,
-        })
+            steps = max(1, budget.epochs * data_info["train_rows"] // hp["batch_size"])
+        micro = cfg.micro_batch_size or (hp["batch_size"] if cfg.grid == "lr_bs" else budget.batch_size)
+        specs.append({**shared, "trial_id": trial["trial_id"], "trial_dir": str(out_dir / "trials" / trial["trial_id"]),
+                      "hparams": hp, "seed": trial["seed"], "replicate": trial["replicate"], "steps": steps,
+                      "micro_batch_size": micro,
+                      "warmup_scale": steps / FULL_NOMINAL_STEPS if cfg.scale_warmup and cfg.budget != "full" else 1.0})
     return specs
 
 
-def settings_fingerprint(cfg: SweepConfig, design: list[dict]) -> str:
-    """What must match for a rerun to resume rather than mix two different sweeps in one folder."""
+def trial_hparams(cfg: SweepConfig, trial: dict) -> dict:
+    """The hyperparameters one trial trains with: its design values, then the sweep-wide defaults."""
+    clip = trial["clip"]
+    if cfg.grid == "lr_bs" and cfg.clip is not None:
+        from llmlab.train.common import parse_clip
+
+        clip = parse_clip(cfg.clip)
+    hp = {"scheduler": trial["scheduler"], "clip": clip, "warmup": trial["warmup"],
+          "weight_decay": trial["weight_decay"], "optimizer": trial["optimizer"],
+          "lr": trial.get("lr", cfg.default_lr()),
+          "batch_size": trial.get("batch_size") or cfg.batch_size or cfg.budget_spec.batch_size}
+    hp.update({k: trial[k] for k in EXTRA_FACTORS if k in trial and k not in hp})
+    return hp
+
+
+def settings_fingerprint(cfg: SweepConfig) -> str:
+    """What must match for a rerun to resume rather than mix two different sweeps in one folder. Replication is
+    left out: adding replicates to a finished sweep runs only the new ones."""
     ignore = {"output_dir", "workers", "trial_timeout", "device", "rerun_crashed", "report_only", "data_cache_dir",
-              "threads_per_worker", "launcher", "target_loss"}
+              "threads_per_worker", "launcher", "target_loss", "replicates", "replicate_all"}
     settings = {k: v for k, v in asdict(cfg).items() if k not in ignore}
+    design, _ = base_design(cfg.grid, lrs=cfg.lrs, batch_sizes=cfg.batch_sizes, model=cfg.model, seed=cfg.seed)
     return hashlib.sha256(json.dumps([settings, design], sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -249,8 +261,8 @@ def run_sweep(cfg: SweepConfig) -> list[dict]:
     from llmlab.sweep import report
 
     out_dir = Path(cfg.output_dir)
-    design = build_design(cfg.grid, lrs=cfg.lrs, batch_sizes=cfg.batch_sizes, model=cfg.model, seed=cfg.seed)
-    fingerprint = settings_fingerprint(cfg, design)
+    design = build_design(cfg)
+    fingerprint = settings_fingerprint(cfg)
     state_path = out_dir / "sweep.json"
     if state_path.is_file() and json.loads(state_path.read_text()).get("fingerprint") != fingerprint:
         raise UserError(f"{out_dir} holds a sweep with different settings; rerun with its original options to "
@@ -324,9 +336,9 @@ def _print_parameters(cfg: SweepConfig) -> None:
 
     block = cfg.block_size or cfg.budget_spec.block_size
     table, trainable, frozen = parameter_table(MinimalTransformer(MinimalTransformerConfig(
-        max_seq_len=block, position_encoding=cfg.position_encoding)))
-    print(f"minimal Transformer ({cfg.position_encoding} positions): {trainable:,} trainable, "
-          f"{frozen:,} frozen parameters\n{table}", flush=True)
+        max_seq_len=block, position_encoding=cfg.position_encoding, embedding=cfg.embedding)))
+    print(f"minimal Transformer ({cfg.position_encoding} positions, {cfg.embedding} embedding): {trainable:,} "
+          f"trainable, {frozen:,} frozen parameters\n{table}", flush=True)
 
 
 def _scaling_hook(out_dir: Path, rows: list[dict]) -> None:

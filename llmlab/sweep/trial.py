@@ -1,12 +1,13 @@
 """One sweep trial, run in its own process: `python -m llmlab.sweep.trial TRIAL_DIR/spec.json`.
 
-Reads the spec the runner wrote, trains with the fail-safes (10-step pre-check; loss, grad-norm and
-flat-loss stops; one retry with a fallback), evaluates, and writes TRIAL_DIR/result.json atomically.
+Reads the spec the runner wrote, trains with the fail-safes (10-step pre-check; diverging, exploding and flat
+losses stop the run; one retry with a fallback), evaluates, and writes TRIAL_DIR/result.json atomically.
 No result.json after the process ends means it crashed or was killed; the runner records that.
 Heavy imports sit at module level so a forkserver can preload them once for every trial.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -14,25 +15,28 @@ import resource
 import sys
 import time
 import traceback
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from accelerate.utils import set_seed
 from lion_pytorch import Lion
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 from transformers.optimization import Adafactor, get_scheduler
 
 from llmlab.core.io import atomic_write_json
-from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig, parameter_table
-from accelerate.utils import set_seed
-from llmlab.sweep import metrics as M
 from llmlab.core.tracking import MetricsLogger
+from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig, parameter_table
+from llmlab.sweep import metrics as M
 from llmlab.train.common import GradClipper, causal_lm_loss, perplexity
 
 RESULT_NAME = "result.json"
 LION_LR_DIVISOR = 3.0  # lion-pytorch README: lr 3-10x smaller than AdamW, weight decay 3-10x larger
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class TrialStop(Exception):
@@ -43,9 +47,16 @@ class TrialStop(Exception):
         self.kind, self.reason = kind, reason
 
 
-def build_trial_model(spec: dict) -> torch.nn.Module:
+def trial_setting(spec: dict, hp: dict, name: str, default: Any = None) -> Any:
+    """A per-trial factor (YAML grids may vary it) falling back to the sweep-wide setting."""
+    return hp.get(name, spec.get(name, default))
+
+
+def build_trial_model(spec: dict, hp: dict) -> torch.nn.Module:
     if spec["model"] == "minimal":
-        cfg = MinimalTransformerConfig(max_seq_len=spec["block_size"], position_encoding=spec["position_encoding"],
+        cfg = MinimalTransformerConfig(max_seq_len=spec["block_size"],
+                                       position_encoding=trial_setting(spec, hp, "position_encoding", "rope"),
+                                       embedding=spec.get("embedding", "trainable"),
                                        gradient_checkpointing=spec["gradient_checkpointing"])
         return MinimalTransformer(cfg)
     from llmlab.models.gpt2 import build_gpt2_model
@@ -68,7 +79,7 @@ def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float, weigh
         lr, weight_decay = lr / LION_LR_DIVISOR, weight_decay * LION_LR_DIVISOR
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
     if name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr)
+        return torch.optim.AdamW(groups, lr=lr, fused=True)  # one kernel for all tensors, CPU and GPU
     if name == "lion":
         return Lion(groups, lr=lr)
     if name == "adafactor":  # fixed lr (no relative step) so the scheduler factor applies to it too
@@ -108,10 +119,26 @@ def update_ratios(model, before: dict[str, torch.Tensor]) -> dict[str, float]:
     return {g: math.sqrt(u) / math.sqrt(p) for g, (u, p) in sums.items() if p > 0}
 
 
-def train_attempt(spec: dict, hp: dict, data: dict, device: torch.device, log_dir: Path, started: float) -> dict:
-    """Train once with hyperparameters `hp`; returns the curves and metrics, or raises TrialStop."""
+@dataclass
+class TrialSetup:
+    """Everything one attempt trains with; built fresh (same seed) for the retry."""
+    model: torch.nn.Module
+    params: list
+    optimizer: Any
+    scheduler: Any
+    clipper: GradClipper
+    clip_mode: str
+    scaler: torch.amp.GradScaler
+    loss_fn: Callable
+    autocast: Callable[[], Any]
+    batch: int
+    micro: int
+    warmup: int
+
+
+def build_setup(spec: dict, hp: dict, device: torch.device) -> TrialSetup:
     set_seed(spec["seed"])
-    model = build_trial_model(spec).to(device)
+    model = build_trial_model(spec, hp).to(device)
     if spec.get("print_parameters"):
         print(parameter_table(model)[0], flush=True)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -120,103 +147,165 @@ def train_attempt(spec: dict, hp: dict, data: dict, device: torch.device, log_di
     kwargs = {"power": 2.0} if hp["scheduler"] == "polynomial" else None  # power 1 would equal linear
     scheduler = get_scheduler(hp["scheduler"], optimizer, num_warmup_steps=warmup, num_training_steps=steps,
                               scheduler_specific_kwargs=kwargs)
-    clipper = GradClipper(hp["clip"], warmup_steps=warmup)
-    amp = device.type == "cuda"
-    scaler = torch.amp.GradScaler("cuda", init_scale=1024, enabled=amp)
-    batch, micro = hp["batch_size"], min(spec["micro_batch_size"] or hp["batch_size"], hp["batch_size"])
-    accumulation = math.ceil(batch / micro)
+    dtype = AUTOCAST_DTYPES.get(spec.get("precision", "fp32"))
+    smoothing = trial_setting(spec, hp, "label_smoothing", 0.0)
+
+    def autocast():
+        return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+
+    def loss_of(chunk):  # the autocast region is inside, so a compiled graph holds the casts too
+        with autocast():
+            return causal_lm_loss(forward_logits(model, chunk), chunk, smoothing)
+
+    batch = hp["batch_size"]
+    return TrialSetup(model=model, params=params, optimizer=optimizer, scheduler=scheduler,
+                      clipper=GradClipper(hp["clip"], warmup_steps=warmup), clip_mode=hp.get("clip_mode", "norm"),
+                      scaler=torch.amp.GradScaler(device.type, init_scale=1024, enabled=dtype is torch.float16),
+                      loss_fn=torch.compile(loss_of) if spec.get("compile") else loss_of, autocast=autocast,
+                      batch=batch, micro=min(spec["micro_batch_size"] or batch, batch), warmup=warmup)
+
+
+def train_step(s: TrialSetup, rows: torch.Tensor, step: int) -> tuple[float, float, bool]:
+    """One optimizer step over `rows` (gradient accumulation over micro batches): loss, pre-clip grad norm,
+    whether the clip bound was active."""
+    loss_sum = 0.0
+    for chunk in rows.split(s.micro):
+        loss = s.loss_fn(chunk)
+        s.scaler.scale(loss * len(chunk) / s.batch).backward()
+        loss_sum += float(loss.detach()) * len(chunk) / s.batch
+    s.scaler.unscale_(s.optimizer)
+    bound = s.clipper.max_norm(step)
+    if s.clip_mode == "value" and bound:  # per-element clamp; the norm is measured first for the record
+        norm = float(torch.nn.utils.get_total_norm([p.grad for p in s.params if p.grad is not None]))
+        torch.nn.utils.clip_grad_value_(s.params, bound)
+        clipped = any(bool((p.grad.abs() >= bound).any()) for p in s.params if p.grad is not None)
+    else:
+        norm = float(torch.nn.utils.clip_grad_norm_(s.params, bound if bound else float("inf")))
+        clipped = bound is not None and norm > bound
+    s.clipper.observe(norm)
+    return loss_sum, norm, clipped
+
+
+class FailSafes:
+    """Stops a trial that cannot give a useful answer, without firing on the noise of a healthy one.
+
+    Divergence is judged on the moving average of the last `smooth` losses: it must rise more than
+    `margin` above its best value so far, or above `ceiling` (default: the untrained loss + 1, i.e. worse
+    than a model that never trained). One noisy batch moves that average by ~1/smooth of its excursion."""
+
+    def __init__(self, spec: dict, probe_loss: Callable[[], float]):
+        self.spec, self.probe_loss = spec, probe_loss
+        self.recent: deque[float] = deque(maxlen=spec.get("fail_smooth", 10))
+        self.best, self.ceiling, self.probes = math.inf, spec.get("fail_loss"), []
+
+    def check(self, step: int, loss: float, norm: float, overflow: bool) -> None:
+        if not math.isfinite(loss):
+            raise TrialStop("diverged", f"loss is {loss} at step {step}")
+        self.recent.append(loss)
+        smoothed = sum(self.recent) / len(self.recent)
+        if self.ceiling is None:
+            self.ceiling = loss + 1.0
+        margin = self.spec.get("fail_margin", 1.0)
+        if smoothed > self.ceiling:
+            raise TrialStop("diverged", f"smoothed loss {smoothed:.3f} > {self.ceiling:.3f} at step {step}")
+        if smoothed > self.best + margin:
+            raise TrialStop("diverged", f"smoothed loss {smoothed:.3f} rose more than {margin:g} above its "
+                                        f"best {self.best:.3f} (step {step})")
+        if len(self.recent) == self.recent.maxlen:  # the best of full windows only: the start is noisy
+            self.best = min(self.best, smoothed)
+        if not overflow and not math.isfinite(norm):
+            raise TrialStop("diverged", f"gradient norm is {norm} at step {step}")
+        if math.isfinite(norm) and norm > self.spec["fail_grad_norm"]:
+            raise TrialStop("diverged", f"gradient norm {norm:.1f} > {self.spec['fail_grad_norm']:g} at step {step}")
+        if step % self.spec["flat_window"] == 0:
+            self.probes.append(self.probe_loss())
+            moved = abs(self.probes[-1] - self.probes[-2]) if len(self.probes) >= 2 else math.inf
+            if moved < self.spec["flat_tolerance"]:
+                raise TrialStop("flat", f"probe loss moved {moved:.2e} < {self.spec['flat_tolerance']:g} over "
+                                        f"{self.spec['flat_window']} steps (step {step})")
+
+
+def _precheck(spec: dict, step: int, step_times: list[float], started: float) -> None:
+    if step + 1 != spec["precheck_steps"]:
+        return
+    # the median ignores the first step's one-off costs (torch.compile, allocator warm-up)
+    projected = (time.time() - started) + (spec["steps"] - step - 1) * float(np.median(step_times))
+    if projected > spec["timeout_s"]:
+        raise TrialStop("slow", f"pre-check: projected {projected:.0f} s exceeds the trial timeout "
+                                f"{spec['timeout_s']} s; lower --steps or raise --trial_timeout")
+
+
+def train_attempt(spec: dict, hp: dict, data: dict, device: torch.device, log_dir: Path, started: float) -> dict:
+    """Train once with hyperparameters `hp`; returns the curves and metrics, or raises TrialStop."""
+    s = build_setup(spec, hp, device)
     batches = Batches(data["train"], spec["seed"])
     probe = torch.from_numpy(np.asarray(data["validation"][: min(4, len(data["validation"]))], dtype=np.int64)).to(device)
-    logger = MetricsLogger(log_dir)
-    curves: dict[str, list] = {"loss": [], "grad_norm": [], "lr": []}
-    ratios: dict[str, list[float]] = {}
-    step_times, clipped, skipped, probe_history = [], 0, 0, []
-    initial_loss, best_loss = None, math.inf
-    if amp:
-        torch.cuda.reset_peak_memory_stats(device)
 
-    def probe_loss() -> float:
-        model.eval()
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.float16, enabled=amp):
-            value = float(causal_lm_loss(forward_logits(model, probe), probe))
-        model.train()
+    def probe_loss() -> float:  # not through the compiled loss: eval mode and this shape would recompile it
+        s.model.eval()
+        with torch.no_grad(), s.autocast():
+            value = float(causal_lm_loss(forward_logits(s.model, probe), probe))
+        s.model.train()
         return value
 
+    logger = MetricsLogger(log_dir)
+    safes = FailSafes(spec, probe_loss)
+    curves: dict[str, list] = {"loss": [], "grad_norm": [], "lr": []}
+    ratios: dict[str, list[float]] = {}
+    step_times, counts = [], {"clipped": 0, "skipped": 0}
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     try:
-        model.train()
-        for step in range(steps):
+        s.model.train()
+        for step in range(spec["steps"]):
             tick = time.perf_counter()
-            rows = batches.take(batch).to(device)
-            loss_sum = 0.0
-            for chunk in rows.split(micro):
-                with torch.autocast(device.type, dtype=torch.float16, enabled=amp):
-                    loss = causal_lm_loss(forward_logits(model, chunk), chunk, spec["label_smoothing"])
-                scaler.scale(loss * len(chunk) / batch).backward()
-                loss_sum += float(loss.detach()) * len(chunk) / batch
-            scaler.unscale_(optimizer)
-            max_norm = clipper.max_norm(step)
-            norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf")))
-            clipper.observe(norm)
-            clipped += int(max_norm is not None and norm > max_norm)
-            snapshot = ({n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+            snapshot = ({n: p.detach().clone() for n, p in s.model.named_parameters() if p.requires_grad}
                         if step % spec["log_every"] == 0 else None)
-            lr_now = scheduler.get_last_lr()[0]
-            scale_before = scaler.get_scale() if amp else None
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            loss, norm, clipped = train_step(s, batches.take(s.batch).to(device), step)
+            lr_now = s.scheduler.get_last_lr()[0]
+            scale_before = s.scaler.get_scale() if s.scaler.is_enabled() else None
+            s.scaler.step(s.optimizer)
+            s.scaler.update()
+            s.scheduler.step()
+            s.optimizer.zero_grad(set_to_none=True)
             step_times.append(time.perf_counter() - tick)
-            curves["loss"].append(loss_sum)
-            curves["grad_norm"].append(norm)
-            curves["lr"].append(lr_now)
-            overflow = amp and scaler.get_scale() < scale_before  # fp16 overflow: step skipped by the scaler
-            skipped += int(overflow)
+            overflow = scale_before is not None and s.scaler.get_scale() < scale_before  # fp16: step skipped
+            counts["clipped"] += int(clipped)
+            counts["skipped"] += int(overflow)
+            for name, value in (("loss", loss), ("grad_norm", norm), ("lr", lr_now)):
+                curves[name].append(value)
             if snapshot is not None and not overflow:
-                for group, value in update_ratios(model, snapshot).items():
+                for group, value in update_ratios(s.model, snapshot).items():
                     ratios.setdefault(group, []).append(value)
-            if step % spec["log_every"] == 0 or step == steps - 1:
-                logger.log({"train/loss": loss_sum, "train/grad_norm": norm, "train/lr": lr_now}, step)
-                print(f"step {step:>5}/{steps}  loss {loss_sum:.4f}  grad_norm {norm:.3g}  lr {lr_now:.3g}  "
+            if step % spec["log_every"] == 0 or step == spec["steps"] - 1:
+                logger.log({"train/loss": loss, "train/grad_norm": norm, "train/lr": lr_now}, step)
+                print(f"step {step:>5}/{spec['steps']}  loss {loss:.4f}  grad_norm {norm:.3g}  lr {lr_now:.3g}  "
                       f"{step_times[-1]:.3f} s/step", flush=True)
-            # --- fail-safes ---
-            if initial_loss is None:
-                initial_loss = loss_sum
-            if not math.isfinite(loss_sum):
-                raise TrialStop("diverged", f"loss is {loss_sum} at step {step}")
-            limit = spec["fail_loss"] if best_loss < spec["fail_loss"] else max(spec["fail_loss"], initial_loss + 1.0)
-            if loss_sum > limit:
-                raise TrialStop("diverged", f"loss {loss_sum:.3f} > {limit:.3f} at step {step}")
-            best_loss = min(best_loss, loss_sum)
-            if not overflow and not math.isfinite(norm):
-                raise TrialStop("diverged", f"gradient norm is {norm} at step {step}")
-            if math.isfinite(norm) and norm > spec["fail_grad_norm"]:
-                raise TrialStop("diverged", f"gradient norm {norm:.1f} > {spec['fail_grad_norm']:g} at step {step}")
-            if step % spec["flat_window"] == 0:
-                probe_history.append(probe_loss())
-                if len(probe_history) >= 2 and abs(probe_history[-1] - probe_history[-2]) < spec["flat_tolerance"]:
-                    raise TrialStop("flat", f"probe loss moved {abs(probe_history[-1] - probe_history[-2]):.2e} "
-                                            f"< {spec['flat_tolerance']:g} over {spec['flat_window']} steps "
-                                            f"(step {step})")
-            if step + 1 == spec["precheck_steps"]:
-                projected = (time.time() - started) + (steps - step - 1) * float(np.mean(step_times))
-                if projected > spec["timeout_s"]:
-                    raise TrialStop("slow", f"pre-check: projected {projected:.0f} s exceeds the trial timeout "
-                                            f"{spec['timeout_s']} s; lower --steps or raise --trial_timeout")
-        evaluation = evaluate_trial(model, data["validation"], spec, device, amp)
+            safes.check(step, loss, norm, overflow)
+            _precheck(spec, step, step_times, started)
+        evaluation = evaluate_trial(s.model, data["validation"], spec, device, s.autocast)
+        logger.log({"eval/loss": evaluation["val_loss"], "eval/perplexity": evaluation["val_perplexity"]},
+                   spec["steps"])
     except TrialStop as stop:
         stop.curves = curves  # kept in result.json so a failed run's curve can still be inspected
         if len(curves["loss"]) <= spec["precheck_steps"] and not stop.reason.startswith("pre-check"):
             stop.reason = f"pre-check: {stop.reason}"
         raise
-        logger.log({"eval/loss": evaluation["val_loss"], "eval/perplexity": evaluation["val_perplexity"]}, steps)
     finally:
         logger.flush()
-    peak = (torch.cuda.max_memory_allocated(device) / 2**20 if amp
+    summary = summarise(spec, s, curves, ratios, step_times, counts, evaluation, device)
+    write_hparams(logger, hp, summary)
+    logger.close()
+    return {"summary": summary, "curves": curves}
+
+
+def summarise(spec: dict, s: TrialSetup, curves: dict, ratios: dict, step_times: list[float], counts: dict,
+              evaluation: dict, device: torch.device) -> dict:
+    peak = (torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda"
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     timed = step_times[spec["precheck_steps"]:] or step_times
     grad_mean, grad_std = M.mean_std(curves["grad_norm"])
-    summary = {
+    return {
         "final_train_loss": float(np.mean(curves["loss"][-10:])),
         "final_loss": evaluation["val_loss"],
         **evaluation,
@@ -224,20 +313,20 @@ def train_attempt(spec: dict, hp: dict, data: dict, device: torch.device, log_di
         "initial_loss_slope": M.initial_loss_slope(curves["loss"]),
         "early_loss_std": M.early_loss_std(curves["loss"]),
         "grad_norm_mean": grad_mean, "grad_norm_std": grad_std,
-        "clipped_steps": clipped, "skipped_steps": skipped,
+        "clipped_steps": counts["clipped"], "skipped_steps": counts["skipped"],
         "update_ratio": {g: float(np.mean(v)) for g, v in ratios.items()},
         "update_ratio_mean": float(np.mean([np.mean(v) for v in ratios.values()])) if ratios else None,
         "peak_memory_mb": round(peak, 1),
         "time_per_step_s": float(np.mean(timed)),
-        "train_tokens": steps * batch * spec["block_size"],
-        "warmup_steps": warmup, "accumulation_steps": accumulation,
+        "tokens_per_s": s.batch * spec["block_size"] / float(np.median(timed)),
+        "train_tokens": spec["steps"] * s.batch * spec["block_size"],
+        "warmup_steps": s.warmup, "accumulation_steps": math.ceil(s.batch / s.micro),
+        "precision": spec.get("precision", "fp32"), "compiled": bool(spec.get("compile")),
     }
-    write_hparams(logger, hp, summary)
-    logger.close()
-    return {"summary": summary, "curves": curves}
 
 
-def evaluate_trial(model, validation: np.ndarray, spec: dict, device, amp: bool, segments: int = 4) -> dict:
+def evaluate_trial(model, validation: np.ndarray, spec: dict, device, autocast: Optional[Callable] = None,
+                   segments: int = 4) -> dict:
     """Validation loss / perplexity overall and per position segment, and the last layer's attention entropy."""
     model.eval()
     if hasattr(model, "set_attn_implementation"):
@@ -245,7 +334,7 @@ def evaluate_trial(model, validation: np.ndarray, spec: dict, device, amp: bool,
     micro = spec["micro_batch_size"] or spec["eval_batch_size"]
     rows = validation[: spec["eval_batches"] * spec["eval_batch_size"]]
     token_losses, entropies = [], []
-    with torch.no_grad(), torch.autocast(device.type, dtype=torch.float16, enabled=amp):
+    with torch.no_grad(), (autocast or contextlib.nullcontext)():
         for start in range(0, len(rows), micro):
             ids = torch.from_numpy(np.asarray(rows[start:start + micro], dtype=np.int64)).to(device)
             if spec["model"] == "minimal":
@@ -318,9 +407,9 @@ def run_trial(spec_path: str | Path) -> dict:
     data_loaded = time.time() - started
     hp = dict(spec["hparams"])
     result: dict[str, Any] = {"trial_id": spec["trial_id"], "hparams": spec["hparams"], "model": spec["model"],
-                              "steps": spec["steps"], "attempts": 0,
-                              "boundary": False, "failures": [], "fallback": None}
-    print(f"[{spec['trial_id']}] {spec['steps']} steps, model {spec['model']}, {hp}", flush=True)
+                              "steps": spec["steps"], "seed": spec["seed"], "replicate": spec.get("replicate", 0),
+                              "attempts": 0, "boundary": False, "failures": [], "fallback": None}
+    print(f"[{spec['trial_id']}] {spec['steps']} steps, model {spec['model']}, seed {spec['seed']}, {hp}", flush=True)
     for attempt in (1, 2):
         result["attempts"] = attempt
         log_dir = trial_dir if attempt == 1 else trial_dir / "retry"

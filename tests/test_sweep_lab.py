@@ -1,0 +1,172 @@
+"""The calibrated lab (issue 11): seed replicates, pure-error statistics, new factors, eval scalars, resume."""
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from llmlab.sweep import stats
+from llmlab.sweep.design import CONTROL, FACTORS, doe20_design, replicate
+from tests.conftest import run_script
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def smoke_args(out, cache, grid, *extra):
+    return ["sweep.py", "--budget", "smoke", "--output_dir", str(out), "--data_cache_dir", str(cache),
+            "--threads_per_worker", "1", "--grid", str(grid), *extra]
+
+
+@pytest.fixture(scope="module")
+def data_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("lab_data_cache")
+
+
+# ------------------------------------------------------------------ statistics on planted data (in-process)
+PLANTED = {"optimizer": {"adamw": -0.2, "lion": 0.3, "adafactor": -0.1},
+           "warmup": {100: 0.08, 500: 0.0, 1000: -0.08}}  # clip, scheduler, weight decay: no effect at all
+
+
+def planted_rows(noise_sd: float, seed: int = 0, replicates: int = 3) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    design = replicate(doe20_design(42), replicates, True, 42)
+    rows = []
+    for trial in design:
+        y = 7.0 + sum(PLANTED[f][trial[f]] for f in PLANTED) + rng.normal(0, noise_sd)
+        rows.append({**trial, "status": "ok", "final_loss": y})
+    return rows
+
+
+def test_least_squares_recovers_planted_effects_and_flags_the_zero_ones():
+    rows = planted_rows(noise_sd=0.02)
+    fitted = stats.fit_main_effects(rows, list(FACTORS), "final_loss", {k: list(v) for k, v in FACTORS.items()})
+    assert fitted["noise"]["source"].startswith("replicates") and fitted["noise"]["df"] == 40
+    effects = {(e["factor"], e["level"]): e for e in fitted["effects"]}
+    for factor, levels in PLANTED.items():
+        for level, truth in levels.items():
+            e = effects[(factor, str(level))]
+            assert abs(e["effect"] - truth) < 3 * e["se"], (factor, level, e)
+    assert effects[("optimizer", "lion")]["verdict"] == "resolved"
+    assert effects[("warmup", "100")]["verdict"] == "resolved"
+    tests = {f["factor"]: f for f in stats.factor_tests(fitted)}
+    assert tests["optimizer"]["verdict"] == tests["warmup"]["verdict"] == "resolved"
+    for factor in ("scheduler", "clip", "weight_decay"):  # planted zero effects
+        assert tests[factor]["verdict"] == "within noise", tests[factor]
+    shares = stats.variance_shares(rows, list(FACTORS), ["final_loss"])["final_loss"]
+    assert shares["optimizer"] > 0.7 and shares["clip"] < 0.02
+
+
+def test_effect_intervals_cover_the_truth_95_percent_of_the_time():
+    order = {k: list(v) for k, v in FACTORS.items()}
+    covered = []
+    for seed in range(60):
+        rows = planted_rows(noise_sd=0.05, seed=seed, replicates=2)
+        effect = next(e for e in stats.fit_main_effects(rows, list(FACTORS), "final_loss", order)["effects"]
+                      if e["factor"] == "optimizer" and e["level"] == "lion")
+        covered.append(effect["ci_low"] <= PLANTED["optimizer"]["lion"] <= effect["ci_high"])
+    assert 0.88 <= np.mean(covered) <= 1.0  # binomial(60, 0.95): 0.88 is ~2.5 sd below
+
+
+def test_noise_floor_and_replicates_needed():
+    rows = planted_rows(noise_sd=0.05, seed=1)
+    floor = stats.pure_error(rows, "final_loss")
+    assert floor["df"] == 40 and floor["ci"][0] < 0.05 < floor["ci"][1]
+    # 2 ((1.96 + 0.84) x 0.05 / 0.05)^2 = 15.7 -> 16 runs per configuration at sd 0.05
+    assert stats.replicates_needed(0.05) == 16 and stats.replicates_needed(None) is None
+    without = stats.pure_error([{**r, "point": r["trial_id"]} for r in rows if r["replicate"] == 0], "final_loss")
+    assert without["sd"] is None and without["df"] == 0
+
+
+def test_replicates_add_seeds_for_the_reference_only_unless_asked():
+    design = replicate(doe20_design(42), 3, False, 42)
+    assert [t["trial_id"] for t in design[:4]] == ["control", "control-r1", "control-r2", "t01"]
+    assert [t["seed"] for t in design[:4]] == [42, 43, 44, 42]
+    assert {t["point"] for t in design[:3]} == {"control"} and len(design) == 22
+    everything = replicate(doe20_design(42), 2, True, 7)
+    assert len(everything) == 40 and all(t["seed"] in (7, 8) for t in everything)
+
+
+# ------------------------------------------------------------------ real processes at the smoke budget
+GRID = """\
+replicates: 2
+trials:
+  - {trial_id: control}
+  - {trial_id: same_a, seed: 7}
+  - {trial_id: same_b, seed: 7}
+  - {trial_id: learned, position_encoding: learned, seed: 8}
+  - {trial_id: sinus, position_encoding: sinusoidal}
+  - {trial_id: valueclip, clip_mode: value, clip: 0.05}
+  - {trial_id: smooth, label_smoothing: 0.1, lr: 0.003}
+  - {trial_id: bigbatch, batch_size: 4}
+"""
+
+
+@pytest.fixture(scope="module")
+def lab_grid_run(tmp_path_factory, data_cache):
+    folder = tmp_path_factory.mktemp("lab")
+    grid = folder / "grid.yaml"
+    grid.write_text(GRID)
+    out = folder / "out"
+    proc = run_script(smoke_args(out, data_cache, grid, "--workers", "2"), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return folder, grid, out, proc
+
+
+@pytest.mark.slow
+def test_yaml_grid_with_seeds_replicates_and_every_new_factor(lab_grid_run):
+    _, _, out, _ = lab_grid_run
+    rows = {r["trial_id"]: r for r in read_csv(out / "results.csv")}
+    assert set(rows) == {"control", "control-r1", "same_a", "same_b", "learned", "sinus", "valueclip", "smooth",
+                         "bigbatch"}
+    assert {r["status"] for r in rows.values()} == {"ok"}
+    assert (rows["control"]["seed"], rows["control-r1"]["seed"], rows["control-r1"]["replicate"]) == ("42", "43", "1")
+    # same seed and settings reproduce exactly; another seed gives another run
+    assert rows["same_a"]["final_loss"] == rows["same_b"]["final_loss"]
+    assert rows["control"]["final_loss"] != rows["control-r1"]["final_loss"]
+    assert rows["learned"]["position_encoding"] == "learned" and rows["sinus"]["position_encoding"] == "sinusoidal"
+    assert rows["valueclip"]["clip_mode"] == "value" and int(rows["valueclip"]["clipped_steps"]) > 0
+    assert rows["smooth"]["label_smoothing"] == "0.1" and rows["bigbatch"]["accumulation_steps"] == "2"
+    report = (out / "report.md").read_text()
+    assert report.index("## Calibration: the noise floor") < report.index("## Design")
+    assert "seed SD" in report and "Runs per configuration to resolve 0.05 nats" in report
+    assert "## Sensitivity map" in report and (out / "plots" / "sensitivity.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_finished_trial_has_eval_scalars_in_tensorboard(lab_grid_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, _, out, _ = lab_grid_run
+    result = json.loads((out / "trials" / "sinus" / "result.json").read_text())
+    acc = EventAccumulator(str(out / "trials" / "sinus" / "tensorboard")).Reload()
+    assert {"eval/loss", "eval/perplexity"} <= set(acc.Tags()["scalars"])
+    assert acc.Scalars("eval/loss")[-1].value == pytest.approx(result["final_loss"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_resume_with_more_replicates_runs_only_the_new_seeds(lab_grid_run, data_cache):
+    folder, grid, out, _ = lab_grid_run
+    before = {p.parent.name: p.stat().st_mtime_ns for p in (out / "trials").glob("*/result.json")}
+    proc = run_script(smoke_args(out, data_cache, grid, "--replicates", "3"), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resuming: 9 finished trial(s) skipped" in proc.stdout and "; 1 to run" in proc.stdout
+    after = {p.parent.name: p.stat().st_mtime_ns for p in (out / "trials").glob("*/result.json")}
+    assert set(after) - set(before) == {"control-r2"}
+    assert all(after[t] == mtime for t, mtime in before.items())  # nothing ran twice
+    again = run_script(smoke_args(out, data_cache, grid, "--replicates", "3"), timeout=600)
+    assert again.returncode == 0 and "; 0 to run" in again.stdout
+
+
+def test_bad_replication_settings_are_one_line_errors(tmp_path, data_cache):
+    for text, needle in (("replicates: 0\ntrials: [{optimizer: adamw}]\n", "replicates = 0 is invalid"),
+                         ("replicate_all: 3\ntrials: [{optimizer: adamw}]\n", "replicate_all must be true or false"),
+                         ("trials: [{clip_mode: value, clip: adaptive}]\n", "clip_mode value needs a number clip"),
+                         ("trials: [{position_encoding: alibi}]\n", "position_encoding = 'alibi' is invalid")):
+        grid = tmp_path / "bad.yaml"
+        grid.write_text(text)
+        proc = run_script(smoke_args(tmp_path / "out", data_cache, grid))
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr[-2000:]
