@@ -310,3 +310,35 @@ def test_prepare_only_cli_summary_and_one_line_error(tmp_path):
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
     errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
     assert errors == [f"error: {path}:7 has no field 'text'; give every line that field or pass --text_field NAME"]
+
+
+def test_near_duplicates_are_found_by_exact_jaccard_with_full_recall_and_precision():
+    """Planted edits of long documents, true Jaccard 0.86-0.99 (duplicates) and 0.55-0.80 (not): every
+    duplicate removed, nothing else."""
+    import random
+
+    from llmlab.data import cleaning
+
+    rng = random.Random(0)
+    vocabulary = [f"w{i}" for i in range(3000)]
+    originals = [[rng.choice(vocabulary) for _ in range(600)] for _ in range(60)]
+    docs, truth = [], []
+    for words in originals:
+        docs.append(" ".join(words))
+        truth.append(False)
+    for index, words in enumerate(originals):
+        edited = list(words)
+        for position in rng.sample(range(len(edited)), rng.choice([1, 2, 3, 5, 8, 25, 40])):
+            edited[position] = rng.choice(vocabulary)
+        text = " ".join(edited)
+        similarity = cleaning.jaccard(cleaning.shingles(docs[index]), cleaning.shingles(text))
+        docs.append(text)
+        truth.append(similarity >= 0.85)
+    planted = sum(truth)
+    assert 20 <= planted <= 45 and sum(not t for t in truth[60:]) >= 10  # both kinds are really there
+    signatures = cleaning.minhash_signatures(docs)
+    found = set(cleaning.near_duplicate_indices(signatures, 0.85, docs.__getitem__))
+    expected = {i for i, dup in enumerate(truth) if dup}
+    recall = len(found & expected) / len(expected)
+    precision = len(found & expected) / max(len(found), 1)
+    assert (recall, precision) == (1.0, 1.0), (sorted(expected - found), sorted(found - expected))

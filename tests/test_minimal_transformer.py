@@ -95,3 +95,32 @@ def test_default_embedding_trains_and_stays_tied_to_the_head():
     with torch.no_grad():
         model.token_embedding.weight[7].mul_(2)  # the head is still the embedding matrix
         assert model(ids)[..., 7].abs().sum() > 0
+
+
+def test_mup_equals_standard_at_base_width_and_scales_lr_readout_and_init_with_width():
+    from llmlab.models.minimal import MinimalTransformerConfig as Config
+    from llmlab.sweep.trial import make_optimizer
+
+    torch.manual_seed(0)
+    standard = MinimalTransformer(Config.of_size(128, 2, max_seq_len=16))
+    torch.manual_seed(0)
+    base = MinimalTransformer(Config.of_size(128, 2, max_seq_len=16, parametrization="mup", mup_base_width=128))
+    assert all(torch.equal(a, b) for a, b in zip(standard.parameters(), base.parameters()))
+    wide = MinimalTransformer(Config.of_size(512, 2, max_seq_len=16, parametrization="mup", mup_base_width=128))
+    multipliers = wide.lr_multipliers()
+    assert multipliers["blocks.0.attn.qkv.weight"] == multipliers["blocks.1.ff_out.weight"] == 0.25
+    assert multipliers["token_embedding.weight"] == multipliers["blocks.0.ln_attn.weight"] == 1.0
+    # hidden init shrinks as 1/sqrt(width_mult): 0.02 / 2 at 4x the base width
+    assert abs(float(wide.blocks[0].attn.qkv.weight.std()) - 0.01) < 0.001
+    optimizer = make_optimizer("adamw", list(wide.parameters()), 1e-3, 0.01,
+                               {id(p): multipliers[n] for n, p in wide.named_parameters()})
+    lrs = sorted({(g["lr"], g["weight_decay"]) for g in optimizer.param_groups})
+    assert lrs == [(2.5e-4, 0.01), (1e-3, 0.0), (1e-3, 0.01)]
+    assert optimizer.param_groups[0]["lr"] == 1e-3  # the lr the curves record is the one the user set
+    ids = torch.randint(0, 50257, (1, 8))
+    with torch.no_grad():  # the readout divides the tied head's logits by width_mult
+        hidden = wide.ln_final(wide.blocks[1](wide.blocks[0](wide.token_embedding(ids),
+                                                              (wide.rope_cos, wide.rope_sin))[0],
+                                              (wide.rope_cos, wide.rope_sin))[0])
+        expected = torch.nn.functional.linear(hidden, wide.token_embedding.weight) / 4
+        assert torch.allclose(wide(ids), expected, atol=1e-5)

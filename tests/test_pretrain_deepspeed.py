@@ -98,13 +98,13 @@ def test_zero2_cpu_offload_trains_saves_and_resumes(tmp_path):
     assert AutoModelForCausalLM.from_pretrained(out / "final").config.n_embd == 32
 
 
-def test_fp16_on_cpu_is_refused_clearly():
+def test_fp16_on_cpu_is_refused_clearly(tmp_path):
     from accelerate.state import AcceleratorState
 
     from llmlab.core.config import parse_config
     from llmlab.core.errors import UserError
+    from llmlab.train.loop import TrainingSession
     from llmlab.train.pretrain import PretrainConfig
-    from llmlab.train.pretrain_setup import make_accelerator
 
     import torch
 
@@ -112,6 +112,8 @@ def test_fp16_on_cpu_is_refused_clearly():
         pytest.skip("fp16 is valid on a GPU")
     try:
         with pytest.raises(UserError, match="fp16 needs a GPU"):
-            make_accelerator(parse_config(PretrainConfig, ["--mixed_precision", "fp16"]))
+            cfg = parse_config(PretrainConfig, ["--mixed_precision", "fp16", "--output_dir", str(tmp_path / "run")])
+            TrainingSession(cfg, "pretraining", run_files=(), resumable=(), mixed_precision=cfg.mixed_precision)
+        assert not (tmp_path / "run").exists()  # refused before anything was written
     finally:
         AcceleratorState._reset_state(True)

@@ -303,3 +303,102 @@ def test_recommend_reanalyses_with_new_thresholds(tmp_path):
     recommend_main(["--from", str(folder), "--memory-gb", "8", "--n_bootstrap", "50"])  # other options kept
     kept = json.loads((folder / "scaling_fits.json").read_text())["options"]
     assert kept["unstable_std"] == 1.0 and kept["n_bootstrap"] == 50
+
+
+# ------------------------------------------------------------------ across model sizes (issue 13)
+TRUE_ALPHA, TRUE_BETA, TRUE_K0 = -0.5, 0.3, math.log(2.0)  # ln lr_opt = k0 + alpha ln N + beta ln B
+SIZES = {"64x2": 1.0e5, "128x2": 4.0e5, "256x2": 1.6e6, "512x2": 6.4e6}
+
+
+def sized_rows(seed: int = 3, off_largest: float = 1.0, sizes=SIZES, batches=(4, 8, 16)) -> list[dict]:
+    """A loss bowl in ln(lr) around the planted law for every (size, batch); `off_largest` moves the largest
+    size's true optimum away from the law (a forecast that must then fail its held-out check)."""
+    rng = np.random.default_rng(seed)
+    largest = max(sizes, key=sizes.get)
+    rows = []
+    for size, n in sizes.items():
+        for batch in batches:
+            lr_true = math.exp(TRUE_K0 + TRUE_ALPHA * math.log(n) + TRUE_BETA * math.log(batch))
+            lr_true *= off_largest if size == largest else 1.0
+            for lr in lr_true * np.geomspace(1 / 8, 8, 7) * math.exp(rng.normal(0, 0.05)):
+                rows.append({"trial_id": f"{size}_{batch}_{len(rows)}", "status": "ok", "size": size, "n_params": n,
+                             "lr": float(lr), "batch_size": batch, "model": "minimal", "steps": 200, "seq_len": 128,
+                             "train_tokens": 200 * batch * 128,
+                             "final_loss": 5.0 + 0.1 * math.log(lr / lr_true) ** 2 + rng.normal(0, 0.002),
+                             "early_loss_std": 0.1, "grad_norm_mean": 1.0, "peak_memory_mb": 300.0 * batch ** 0.8})
+    return rows
+
+
+def test_joint_fit_recovers_planted_exponents_and_the_held_out_size():
+    analysis = analyse(sized_rows(), SYNTHETIC_OPTIONS)
+    transfer = analysis["transfer"]
+    fit = transfer["joint_fit"]
+    assert fit["status"] == "ok" and fit["with_batch"]
+    assert fit["alpha_ci"][0] <= TRUE_ALPHA <= fit["alpha_ci"][1]
+    assert fit["beta_ci"][0] <= TRUE_BETA <= fit["beta_ci"][1]
+    holdout = transfer["holdout"]
+    assert holdout["status"] == "ok" and holdout["size"] == "512x2" and holdout["fitted_on"] == ["128x2", "256x2", "64x2"]
+    assert holdout["all_inside"] and 0.8 < holdout["median_ratio"] < 1.25 and holdout["extrapolation"] == 4.0
+    step_law = next(r for r in transfer["literature"] if r["size"] == "64x2")["Step Law (Li et al. 2025)"]
+    assert step_law == pytest.approx(1.79 * 1e5 ** -0.713 * (200 * 4 * 128) ** 0.307)
+
+
+def test_held_out_check_flags_a_planted_wrong_forecast(tmp_path):
+    analysis = write_lr_bs_report(tmp_path, sized_rows(off_largest=4.0), SYNTHETIC_OPTIONS)
+    holdout = analysis["transfer"]["holdout"]
+    assert holdout["status"] == "ok" and not holdout["all_inside"] and holdout["median_ratio"] < 0.35
+    report = (tmp_path / "scaling_report.md").read_text()
+    assert report.index("## Held-out check") < report.index("## Dropped trials")
+    assert "**outside the band**" in report and "Step Law" in report and "DeepSeek" in report
+    assert (tmp_path / "plots" / "lr_transfer.png").stat().st_size > 10_000
+
+
+def test_recommend_forecasts_lr_from_n_and_warns_beyond_the_validated_factor(tmp_path):
+    write_lr_bs_report(tmp_path, sized_rows(), SYNTHETIC_OPTIONS)
+    output = tmp_path / "rec.yaml"
+    near = recommend_main(["--from", str(tmp_path), "--memory-gb", "8", "--params", "6400000", "--output", str(output)])
+    far = recommend_main(["--from", str(tmp_path), "--memory-gb", "80", "--params", "640000000",
+                          "--output", str(tmp_path / "far.yaml")])
+    law = lambda n, b: math.exp(TRUE_K0 + TRUE_ALPHA * math.log(n) + TRUE_BETA * math.log(b))  # noqa: E731
+    assert near["learning_rate_interval"][0] < law(6.4e6, near["batch_size"]) < near["learning_rate_interval"][1]
+    assert far["learning_rate"] < near["learning_rate"] and far["extrapolation"] == pytest.approx(100.0)
+    width = lambda r: r["learning_rate_interval"][1] / r["learning_rate_interval"][0]  # noqa: E731
+    assert width(far) > width(near)  # the band widens with the extrapolation
+    assert not any("WARNING" in n for n in near["notes"]) and any("validated 4.0x" in n for n in far["notes"])
+    text = output.read_text()
+    assert "# confirm the lr first" in text and "--learning_rate" in text
+    assert "learning_rate:" in text and "# joint fit ln lr" in text
+    assert yaml.safe_load(text)["learning_rate"] == pytest.approx(near["learning_rate"], rel=1e-3)
+
+
+def test_multi_size_bad_inputs_are_one_line_errors():
+    from llmlab.core.config import parse_config
+    from llmlab.sweep.config import SweepConfig
+
+    for argv, needle in ((["--grid", "lr_bs", "--sizes", "128x2"], "at least two different sizes"),
+                         (["--grid", "lr_bs", "--sizes", "128x2", "gpt2-tiny"], "not WIDTHxDEPTH"),
+                         (["--grid", "lr_bs", "--sizes", "100x2", "128x2"], "multiple of the 32-wide"),
+                         (["--grid", "lr_bs", "--model", "gpt2-tiny", "--sizes", "96x2", "128x2"], "multiple of the 64-wide"),
+                         (["--grid", "doe20", "--sizes", "64x2", "128x2"], "belongs to --grid lr_bs"),
+                         (["--grid", "lr_bs", "--sizes", "64x2", "128x4", "--parametrization", "mup"], "one depth")):
+        with pytest.raises(UserError, match=needle):
+            parse_config(SweepConfig, argv)
+
+
+@pytest.mark.slow
+def test_smoke_multi_size_scan_end_to_end(tmp_path):
+    from tests.conftest import run_script
+
+    out = tmp_path / "sizes"
+    scan = run_script(["sweep.py", "--grid", "lr_bs", "--budget", "smoke", "--sizes", "32x1", "64x1", "96x1",
+                       "--lrs", "3e-3", "1e-2", "3e-2", "--batch_sizes", "2", "4", "--steps", "8",
+                       "--precheck_steps", "3", "--workers", "2", "--output_dir", str(out)], timeout=900)
+    assert scan.returncode == 0, scan.stderr[-3000:]
+    fits = json.loads((out / "scaling_fits.json").read_text())
+    transfer = fits["transfer"]
+    assert transfer["sizes"] == ["32x1", "64x1", "96x1"]
+    assert [p["n_params"] for p in transfer["points"] if p["batch_size"] == 2] == [8288, 32960, 74016]
+    assert transfer["holdout"]["status"] in ("ok", "unavailable")  # 8 steps may put every optimum at a grid edge
+    assert "## Held-out check" in (out / "scaling_report.md").read_text()
+    row = next(t for t in fits["trials"] if t["size"] == "96x1")
+    assert row["compute_flops"] == pytest.approx(6 * 74016 * row["train_tokens"])

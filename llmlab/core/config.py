@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -64,9 +65,12 @@ def _converter(tp: Any, name: str):
             if tp is int and isinstance(value, float) and not value.is_integer():
                 raise UserError(f"--{name}: expected an integer, got {value!r}")
             try:
-                return tp(float(value)) if tp is int and isinstance(value, str) and "e" in value.lower() else tp(value)
-            except (TypeError, ValueError):
+                number = tp(float(value)) if tp is int and isinstance(value, str) and "e" in value.lower() else tp(value)
+            except (TypeError, ValueError, OverflowError):
                 raise UserError(f"--{name}: expected {tp.__name__}, got {value!r}") from None
+            if tp is float and not math.isfinite(number):  # nan/inf would train, and save, garbage
+                raise UserError(f"--{name}: expected a finite number, got {value!r}")
+            return number
         return value
 
     return convert

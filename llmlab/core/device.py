@@ -1,5 +1,7 @@
-"""Where work runs: the device (CPU or CUDA) a command asked for."""
+"""Where work runs: the device (CPU or CUDA), its precision, and how many CPU threads a process gets."""
 from __future__ import annotations
+
+import os
 
 from llmlab.core.errors import UserError
 
@@ -35,3 +37,25 @@ def resolve_precision(precision: str, device: str) -> str:
     if precision == "fp16" and device != "cuda":
         raise UserError("--precision fp16 needs a CUDA GPU (no fp16 loss scaling on CPU); use bf16 or fp32")
     return precision
+
+
+def available_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def set_cpu_threads(requested: int, local_processes: int, log=print) -> int:
+    """Threads for a CPU run. `accelerate launch` without --cpu exports OMP_NUM_THREADS=1, which trains a single
+    process on one core (442 vs 705 tokens/s measured on 2 cores): undo that, giving each local process its share
+    of the cores, and say so. An explicit `requested` count always wins."""
+    import torch
+
+    if requested:
+        torch.set_num_threads(requested)
+        return requested
+    share = max(1, available_cores() // max(1, local_processes))
+    launcher_forced = os.environ.get("OMP_NUM_THREADS") == "1" and "ACCELERATE_DYNAMO_BACKEND" in os.environ
+    if launcher_forced and share > 1:
+        torch.set_num_threads(share)
+        log(f"note: accelerate launch set OMP_NUM_THREADS=1; using {share} threads per process "
+            f"({available_cores()} cores, {local_processes} local process(es)); --cpu_threads N overrides")
+    return torch.get_num_threads()

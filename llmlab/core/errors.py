@@ -19,5 +19,8 @@ def cli_entry(main):
         except UserError as err:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
+        except KeyboardInterrupt:  # Ctrl-C before a trainer could say where it stood
+            print("error: interrupted; nothing was published by this run", file=sys.stderr)
+            sys.exit(130)
 
     return wrapper

@@ -69,3 +69,17 @@ def publish_dir(tmp_dir: str | os.PathLike, final_dir: str | os.PathLike) -> Non
         shutil.rmtree(trash, ignore_errors=True)
     else:
         os.replace(tmp_dir, final_dir)
+
+
+def utf8_lines(path: str | os.PathLike):
+    """(line number, text) for each line of a UTF-8 file, streamed; bytes that are not UTF-8 are a one-line error
+    naming the file, line and column, instead of a decoder traceback deep inside a loader."""
+    from llmlab.core.errors import UserError
+
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                yield number, raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise UserError(f"{path}:{number} is not UTF-8 text (byte 0x{raw[err.start]:02x} at column "
+                                f"{err.start + 1}); save the file as UTF-8") from None

@@ -30,10 +30,16 @@ def package_versions() -> dict[str, str | None]:
 def hardware_info() -> dict[str, Any]:
     import torch
 
+    from llmlab.core.device import available_cores, cpu_has_fast_bf16
+
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
+        "cores_available": available_cores(),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_bf16": cpu_has_fast_bf16(),
         "cuda_available": torch.cuda.is_available(),
         "torch_cuda": torch.version.cuda,
     }
@@ -48,6 +54,16 @@ def hardware_info() -> dict[str, Any]:
             for i in range(torch.cuda.device_count())
         ]
     return info
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
 def write_run_info(output_dir: str | os.PathLike, cfg: Any) -> None:

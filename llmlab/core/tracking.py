@@ -1,18 +1,86 @@
-"""Metrics to TensorBoard and to a metrics.jsonl next to it, through one call."""
+"""Experiment trackers: the ones users already use, through accelerate's tracker API, plus metrics.jsonl.
+
+Trainers pass `make_trackers(cfg.report_to, output_dir)` to `Accelerator(log_with=...)` and log with
+`accelerator.log(...)`, as the Hugging Face examples do. `--report_to` takes tensorboard (default), wandb, mlflow,
+aim, comet_ml, all (every one installed) or none; a named tracker that is not installed is a one-line error
+(accelerate would skip it silently). metrics.jsonl is always written: one line per log call, numbers only, the
+record tests and tools read without a tracker. Sweep trials run outside accelerate and use `MetricsLogger`.
+"""
 from __future__ import annotations
 
+import importlib.util
+import math
 import os
 import time
 from pathlib import Path
+from typing import Any, Optional
 
+from accelerate.tracking import GeneralTracker
+
+from llmlab.core.errors import UserError
 from llmlab.core.io import append_jsonl
+
+TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "aim": "aim", "comet_ml": "comet_ml"}
+REPORT_TO_CHOICES = (*TRACKERS, "all", "none")
+
+
+def check_report_to(report_to: list[str]) -> list[str]:
+    """The tracker names to use; unknown or missing ones are one-line errors naming the fix."""
+    names = list(dict.fromkeys(report_to or ["none"]))
+    unknown = [n for n in names if n not in REPORT_TO_CHOICES]
+    if unknown:
+        raise UserError(f"--report_to {unknown[0]!r} is unknown; choose from {', '.join(REPORT_TO_CHOICES)}")
+    if "none" in names:
+        if len(names) > 1:
+            raise UserError("--report_to none cannot be combined with other trackers")
+        return []
+    if "all" in names:
+        return [n for n, package in TRACKERS.items() if importlib.util.find_spec(package)]
+    missing = [n for n in names if not importlib.util.find_spec(TRACKERS[n])]
+    if missing:
+        raise UserError(f"--report_to {missing[0]}: the {TRACKERS[missing[0]]} package is not installed; "
+                        f"pip install {TRACKERS[missing[0]]}, or drop it from --report_to")
+    return names
+
+
+def make_trackers(report_to: list[str], output_dir: str | os.PathLike) -> list:
+    """`log_with` for Accelerator: TensorBoard in OUTPUT_DIR/tensorboard, the others by name, and metrics.jsonl."""
+    from accelerate.tracking import TensorBoardTracker
+
+    trackers: list = [JsonlTracker(Path(output_dir) / "metrics.jsonl")]
+    for name in check_report_to(report_to):
+        trackers.append(TensorBoardTracker("tensorboard", output_dir) if name == "tensorboard" else name)
+    return trackers
+
+
+def tracker_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A resolved config as tracker hparams: scalars as they are, anything else (lists, None) as text."""
+    return {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in config.items()}
+
+
+class JsonlTracker(GeneralTracker):
+    """metrics.jsonl: `{"step": N, "time": T, "train/loss": ...}` per log call (numbers only; text goes to the
+    other trackers). Written with one write() per line, so a killed run leaves at most a torn last line."""
+
+    name = "jsonl"
+    requires_logging_directory = False
+
+    def __init__(self, path: str | os.PathLike):
+        super().__init__()
+        self.path = Path(path)
+
+    @property
+    def tracker(self):
+        return self.path
+
+    def log(self, values: dict, step: Optional[int] = None, **kwargs) -> None:
+        numbers = {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if numbers:
+            append_jsonl(self.path, {"step": step, "time": time.time(), **numbers})
 
 
 class MetricsLogger:
-    """`log({"train/loss": 2.3}, step)` writes TensorBoard scalars and one JSONL line.
-
-    Only the main process should log; pass `enabled=False` elsewhere and every call is a no-op.
-    """
+    """Sweep trials: `log({"train/loss": 2.3}, step)` writes TensorBoard scalars and one metrics.jsonl line."""
 
     def __init__(self, output_dir: str | os.PathLike, enabled: bool = True, jsonl_name: str = "metrics.jsonl"):
         self.enabled = enabled
@@ -28,13 +96,9 @@ class MetricsLogger:
         if not self.enabled:
             return
         for key, value in scalars.items():
-            if value is not None:
+            if value is not None and math.isfinite(float(value)):
                 self.writer.add_scalar(key, float(value), step)
         append_jsonl(self.jsonl_path, {"step": step, "time": time.time(), **scalars})
-
-    def text(self, tag: str, text: str, step: int) -> None:
-        if self.enabled:
-            self.writer.add_text(tag, text, step)
 
     def flush(self) -> None:
         if self.enabled:

@@ -112,33 +112,51 @@ def _wiki_article_markup(path: Path, max_documents: Optional[int]):
 
 def _read_local(path: Path, text_field: str) -> list[str]:
     if path.suffix == ".txt":
-        # A .txt file is one document; put many documents in .jsonl (one per line) instead.
-        return [path.read_text(encoding="utf-8", errors="replace")]
+        # A .txt file is one document (cut if huge); put many documents in .jsonl (one per line) instead.
+        return split_long_document(path.read_text(encoding="utf-8", errors="replace"))
     if path.suffix == ".jsonl":
         return _read_jsonl(path, text_field)
     return _read_parquet(path, text_field)
 
 
 def _read_jsonl(path: Path, text_field: str) -> list[str]:
+    from llmlab.core.io import utf8_lines
+
     texts = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UserError(f"{path}:{line_no} is not valid JSON ({err.msg}); fix or remove that line") from None
-            if not isinstance(record, dict) or text_field not in record:
-                raise UserError(
-                    f"{path}:{line_no} has no field {text_field!r}; "
-                    f"give every line that field or pass --text_field NAME"
-                )
-            value = record[text_field]
-            if not isinstance(value, str):
-                raise UserError(f"{path}:{line_no} field {text_field!r} is {type(value).__name__}, expected a string")
-            texts.append(value)
+    for line_no, line in utf8_lines(path):  # streamed; non-UTF-8 bytes are a one-line error naming the line
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise UserError(f"{path}:{line_no} is not valid JSON ({err.msg}); fix or remove that line") from None
+        if not isinstance(record, dict) or text_field not in record:
+            raise UserError(f"{path}:{line_no} has no field {text_field!r}; give every line that field or pass "
+                            "--text_field NAME")
+        value = record[text_field]
+        if not isinstance(value, str):
+            raise UserError(f"{path}:{line_no} field {text_field!r} is {type(value).__name__}, expected a string")
+        texts.extend(split_long_document(value))
     return texts
+
+
+# A document is cleaned, shingled and tokenised in one piece; a 50 MB one-line file done so peaked at 7.6 GB.
+# Longer documents are cut into pieces of at most this many characters, at a line break or space when possible.
+MAX_DOCUMENT_CHARS = 1_000_000
+
+
+def split_long_document(text: str, limit: int = MAX_DOCUMENT_CHARS) -> list[str]:
+    if len(text) <= limit:
+        return [text]
+    pieces, start = [], 0
+    while start < len(text):
+        end = min(start + limit, len(text))
+        if end < len(text):
+            cut = max(text.rfind("\n", start, end), text.rfind(" ", start, end))
+            end = cut + 1 if cut > start else end
+        pieces.append(text[start:end])
+        start = end
+    return pieces
 
 
 def _read_parquet(path: Path, text_field: str) -> list[str]:
@@ -151,7 +169,7 @@ def _read_parquet(path: Path, text_field: str) -> list[str]:
     if text_field not in schema.names:
         raise UserError(f"{path} has no column {text_field!r} (columns: {', '.join(schema.names)}); pass --text_field NAME")
     column = pq.read_table(path, columns=[text_field]).column(text_field)
-    return [t for t in column.to_pylist() if t is not None]
+    return [piece for t in column.to_pylist() if t is not None for piece in split_long_document(t)]
 
 
 def _load_hub(name: str, dataset_config: Optional[str], text_field: str):

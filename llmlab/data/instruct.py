@@ -48,23 +48,25 @@ def _check_record(record: Any, where: str) -> dict[str, str]:
 
 
 def _read_jsonl(path: Path) -> list[dict[str, str]]:
+    from llmlab.core.io import utf8_lines
+
     records = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UserError(f"{path}:{lineno}: not valid JSON ({err.msg}); "
-                                "each line must be one JSON object") from None
-            records.append(_check_record(record, f"{path}:{lineno}"))
+    for lineno, line in utf8_lines(path):  # non-UTF-8 bytes are a one-line error naming the line
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise UserError(f"{path}:{lineno}: not valid JSON ({err.msg}); each line must be one JSON object") from None
+        records.append(_check_record(record, f"{path}:{lineno}"))
     return records
 
 
 def _read_json(path: Path) -> list[dict[str, str]]:
     """A JSON array of records; each element is decoded on its own so errors can name its line."""
-    text = path.read_text(encoding="utf-8")
+    from llmlab.core.io import utf8_lines
+
+    text = "".join(line for _, line in utf8_lines(path))
     decoder = json.JSONDecoder()
 
     def line_of(pos: int) -> int:

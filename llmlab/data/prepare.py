@@ -102,12 +102,31 @@ def prepare_dataset(cfg: DataConfig, tokenizer=None) -> PreparedData:
         cache_hit = False
     else:
         cache_hit = True
-    splits = load_from_disk(str(cache_path))
-    report = json.loads((cache_path / "report.json").read_text())
+    try:
+        _check_cache_files(cache_path)
+        splits = load_from_disk(str(cache_path))
+        report = json.loads((cache_path / "report.json").read_text())
+    except Exception as err:  # a damaged cache would fail the same way on every run: rebuild it once
+        print(f"note: the data cache {cache_path} is damaged ({str(err)[:120]}); preparing it again", flush=True)
+        shutil.rmtree(cache_path, ignore_errors=True)
+        _build(cfg, tokenizer, tokenizer_label, key_inputs, cache_path, start)
+        cache_hit = False
+        splits = load_from_disk(str(cache_path))
+        report = json.loads((cache_path / "report.json").read_text())
     report.update(cache_hit=cache_hit, cache_path=str(cache_path), seconds=round(time.perf_counter() - start, 3))
     train = splits["train"]
     validation = splits["validation"] if "validation" in splits else Dataset.from_dict({"input_ids": []}, features=train.features)
     return PreparedData(train, validation, report, cache_path)
+
+
+def _check_cache_files(cache_path: Path) -> None:
+    """Every file the COMPLETE marker lists must be there at its recorded size (a truncated Arrow file can load
+    and then fail mid-training)."""
+    marker = json.loads((cache_path / COMPLETE_MARKER).read_text())
+    for name, size in marker["files"].items():
+        path = cache_path / name
+        if not path.is_file() or path.stat().st_size != size:
+            raise ValueError(f"{name} is missing or truncated")
 
 
 def check_tokenizer(tokenizer, block_size: int) -> None:
@@ -161,17 +180,47 @@ def cache_name(cfg: DataConfig, key_inputs: dict) -> str:
 
 def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, cache_path: Path, start: float) -> None:
     """Run the pipeline into a temp folder, mark it complete, then rename it to `cache_path`."""
-    from datasets import DatasetDict
-
-    num_proc = cfg.num_proc if cfg.num_proc > 1 else None
     stage_seconds: dict[str, float] = {}
     lap = _Lap(stage_seconds)
     docs, wikitext = corpus.load_corpus(cfg.dataset, cfg.dataset_config, cfg.text_field, cfg.max_documents)
     lap("load")
-    loaded = len(docs)
-    characters_in = int(_text_lengths(docs).sum())
-    steps = [{"step": "loaded", "in": loaded, "out": loaded}]
+    loaded, characters_in = len(docs), int(_text_lengths(docs).sum())
+    docs, steps = _clean_and_deduplicate(cfg, docs, wikitext, lap)
+    docs = docs.select_columns(["text"])
+    num_proc = cfg.num_proc if cfg.num_proc > 1 else None
+    tokenized = docs.map(_tokenize_batch, batched=True, num_proc=num_proc, remove_columns=docs.column_names,
+                         fn_kwargs={"tokenizer": tokenizer, "eos_id": tokenizer.eos_token_id}, desc="Tokenizing")
+    tokenize_seconds = lap("tokenize")
+    values, offsets = _flat_token_ids(tokenized)
+    train_docs, val_docs = split_documents(np.diff(offsets), cfg.val_fraction, cfg.data_seed)
+    train_blocks = pack_blocks(values, offsets, train_docs, cfg.block_size)
+    val_blocks = pack_blocks(values, offsets, val_docs, cfg.block_size)
+    if len(train_blocks) == 0 or (cfg.val_fraction > 0 and len(val_blocks) == 0):
+        side = "training" if len(train_blocks) == 0 else "validation"
+        raise UserError(
+            f"the {side} split holds fewer than --block_size {cfg.block_size} tokens ({len(values)} tokens in "
+            f"{len(offsets) - 1} documents); lower --block_size, add documents or change --val_fraction"
+        )
+    lap("pack")
+    report = {
+        "dataset": cfg.dataset, "dataset_config": cfg.dataset_config, "tokenizer": tokenizer_label,
+        "block_size": cfg.block_size, "num_proc": cfg.num_proc, "steps": steps, "documents": len(docs),
+        "characters_loaded": characters_in, "train_documents": len(train_docs), "validation_documents": len(val_docs),
+        "tokens": int(len(values)), "train_tokens": int(train_blocks.size), "validation_tokens": int(val_blocks.size),
+        "dropped_tail_tokens": int(len(values) - train_blocks.size - val_blocks.size),
+        "train_blocks": len(train_blocks), "validation_blocks": len(val_blocks), "stage_seconds": stage_seconds,
+        "tokenize_seconds": round(tokenize_seconds, 3),
+        "tokenize_tokens_per_second": round(len(values) / max(tokenize_seconds, 1e-9), 1),
+        "cache_key": key_inputs,
+    }
+    _write_cache(cache_path, train_blocks, val_blocks, report, loaded, start, lap)
 
+
+def _clean_and_deduplicate(cfg: DataConfig, docs, wikitext: bool, lap) -> tuple[Any, list[dict]]:
+    """Markup/NFKC cleaning and the length filter, then exact and near-duplicate removal; each step counted."""
+    num_proc = cfg.num_proc if cfg.num_proc > 1 else None
+    loaded = len(docs)
+    steps = [{"step": "loaded", "in": loaded, "out": loaded}]
     near_dedup = cfg.near_dup_threshold > 0
     docs = docs.map(cleaning.clean_batch, batched=True, batch_size=16, num_proc=num_proc, desc="Cleaning",
                     fn_kwargs={"wikitext": wikitext, "with_minhash": near_dedup})
@@ -183,59 +232,24 @@ def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, c
             f"corpus {cfg.dataset} is empty after cleaning ({loaded} documents loaded, none with "
             f">= {cfg.min_doc_chars} characters); pass more text or lower --min_doc_chars"
         )
-
     before = len(docs)
     docs = _drop(docs, cleaning.exact_duplicate_indices(docs["exact_hash"]))
     steps.append(_step("exact duplicates", before, len(docs)))
-
     before = len(docs)
     if near_dedup:
         signatures = _fixed_rows(docs, "minhash", cleaning.NUM_PERM)
-        docs = _drop(docs, cleaning.near_duplicate_indices(signatures, cfg.near_dup_threshold))
+        text_of = lambda i: docs[i]["text"]  # noqa: E731 -- only LSH candidates are read back
+        docs = _drop(docs, cleaning.near_duplicate_indices(signatures, cfg.near_dup_threshold, text_of))
         steps.append(_step(f"near duplicates (Jaccard >= {cfg.near_dup_threshold})", before, len(docs)))
     else:
         steps.append(_step("near duplicates (disabled)", before, before))
-
     lap("dedup")
-    docs = docs.select_columns(["text"])
-    tokenized = docs.map(_tokenize_batch, batched=True, num_proc=num_proc, remove_columns=docs.column_names,
-                         fn_kwargs={"tokenizer": tokenizer, "eos_id": tokenizer.eos_token_id}, desc="Tokenizing")
-    tokenize_seconds = lap("tokenize")
+    return docs, steps
 
-    values, offsets = _flat_token_ids(tokenized)
-    train_docs, val_docs = split_documents(np.diff(offsets), cfg.val_fraction, cfg.data_seed)
-    train_blocks = pack_blocks(values, offsets, train_docs, cfg.block_size)
-    val_blocks = pack_blocks(values, offsets, val_docs, cfg.block_size)
-    if len(train_blocks) == 0 or (cfg.val_fraction > 0 and len(val_blocks) == 0):
-        side = "training" if len(train_blocks) == 0 else "validation"
-        raise UserError(
-            f"the {side} split holds fewer than --block_size {cfg.block_size} tokens ({len(values)} tokens in "
-            f"{len(offsets) - 1} documents); lower --block_size, add documents or change --val_fraction"
-        )
 
-    lap("pack")
-    report = {
-        "dataset": cfg.dataset,
-        "dataset_config": cfg.dataset_config,
-        "tokenizer": tokenizer_label,
-        "block_size": cfg.block_size,
-        "num_proc": cfg.num_proc,
-        "steps": steps,
-        "documents": len(docs),
-        "characters_loaded": characters_in,
-        "train_documents": len(train_docs),
-        "validation_documents": len(val_docs),
-        "tokens": int(len(values)),
-        "train_tokens": int(train_blocks.size),
-        "validation_tokens": int(val_blocks.size),
-        "dropped_tail_tokens": int(len(values) - train_blocks.size - val_blocks.size),
-        "train_blocks": len(train_blocks),
-        "validation_blocks": len(val_blocks),
-        "stage_seconds": stage_seconds,
-        "tokenize_seconds": round(tokenize_seconds, 3),
-        "tokenize_tokens_per_second": round(len(values) / max(tokenize_seconds, 1e-9), 1),
-        "cache_key": key_inputs,
-    }
+def _write_cache(cache_path: Path, train_blocks, val_blocks, report: dict, loaded: int, start: float, lap) -> None:
+    """Save both splits under a temp name, seal them with COMPLETE (file sizes), rename into place."""
+    from datasets import DatasetDict
 
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_temp_dirs(cache_path)
@@ -248,14 +262,21 @@ def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, c
         lap("save")
         report["prepare_seconds"] = round(time.perf_counter() - start, 3)
         report["documents_per_second"] = round(loaded / max(report["prepare_seconds"], 1e-9), 2)
-        report["tokens_per_second"] = round(len(values) / max(report["prepare_seconds"], 1e-9), 1)
+        report["tokens_per_second"] = round(report["tokens"] / max(report["prepare_seconds"], 1e-9), 1)
         atomic_write_json(tmp / "report.json", report)
-        atomic_write_text(tmp / COMPLETE_MARKER, "ok\n")  # written last: only finished folders carry it
+        sizes = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
+        # written last: only finished folders carry it
+        atomic_write_text(tmp / COMPLETE_MARKER, json.dumps({"files": sizes}) + "\n")
         try:
             os.replace(tmp, cache_path)
         except OSError:
             if not (cache_path / COMPLETE_MARKER).is_file():  # not a concurrent finished build of the same key
                 raise
+    except OSError as err:
+        full = err.errno == 28 or "No space left" in str(err)
+        raise UserError(f"could not write the data cache {cache_path}: "
+                        f"{'the disk is full' if full else str(err).splitlines()[0][:160]}; free space or pass "
+                        "another --cache_dir") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -124,74 +124,83 @@ def build_pydoc_records(module_names: Iterable[str] | None = None) -> list[dict[
     first occurrence, so a paragraph never sits in both the train and the validation split.
     """
     import importlib
-    import inspect
     import warnings
 
-    names = sys.stdlib_module_names if module_names is None else module_names
-    records: list[dict[str, str]] = []
-    seen_objects: set[int] = set()
-    seen_answers: set[str] = set()
-
-    def add(qualname: str, obj: Any, kind: str) -> None:
-        short = qualname.rsplit(".", 1)[-1]
-        answer = _first_paragraph(getattr(obj, "__doc__", None), short)
-        if answer is None or answer in seen_answers:
-            return
-        seen_answers.add(answer)
-        if kind == "module":
-            instruction = f"What is the `{qualname}` module for?"
-        elif kind == "class":
-            instruction = f"What is the `{qualname}` class for?"
-        else:
-            instruction = f"What does `{qualname}` do?"
-        records.append({"instruction": instruction,
-                        "input": "" if kind == "module" else _signature(qualname, obj),
-                        "output": answer})
-
+    collector = _Collector()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for modname in _public_modules(names):
+        for modname in _public_modules(sys.stdlib_module_names if module_names is None else module_names):
             try:
                 module = importlib.import_module(modname)
             except Exception:
                 continue
-            shown = PYDOC_DISPLAY_NAME.get(modname, modname)
-            prefix = f"{shown}." if shown else ""
-            if shown:
-                add(shown, module, "module")
-            public = getattr(module, "__all__", None)
-            for attr in sorted(set(public) if isinstance(public, (list, tuple)) else dir(module)):
-                if attr.startswith("_"):
-                    continue
-                try:
-                    obj = getattr(module, attr)
-                except Exception:
-                    continue
-                # Only what this module defines (or its C accelerator: `_json` for `json`), or what a
-                # package re-exports from its own submodules in __all__ (`json.JSONDecoder`, not
-                # `json.decoder.JSONDecoder`); never things it merely imports from elsewhere.
-                home = getattr(obj, "__module__", None) or ""
-                own = home in (modname, f"_{modname}", *PYDOC_IMPLEMENTED_IN.get(modname, ()))
-                reexported = isinstance(public, (list, tuple)) and home.startswith(f"{modname}.")
-                if not (inspect.isclass(obj) or inspect.isroutine(obj)) or not (own or reexported):
-                    continue
-                if id(obj) in seen_objects:
-                    continue
-                seen_objects.add(id(obj))
-                if inspect.isclass(obj):
-                    add(f"{prefix}{attr}", obj, "class")
-                    for method_name in sorted(vars(obj)):
-                        if method_name.startswith("_"):
-                            continue
-                        method = vars(obj)[method_name]
-                        if isinstance(method, (staticmethod, classmethod)):
-                            method = method.__func__
-                        if inspect.isroutine(method) and id(method) not in seen_objects:
-                            seen_objects.add(id(method))
-                            add(f"{prefix}{attr}.{method_name}", method, "function")
-                else:
-                    add(f"{prefix}{attr}", obj, "function")
-    return records
+            collector.visit_module(modname, module)
+    return collector.records
+
+
+class _Collector:
+    """Walks modules and classes in sorted order, keeping the first occurrence of every object and answer."""
+
+    def __init__(self):
+        self.records: list[dict[str, str]] = []
+        self.seen_objects: set[int] = set()
+        self.seen_answers: set[str] = set()
+
+    def add(self, qualname: str, obj: Any, kind: str) -> None:
+        short = qualname.rsplit(".", 1)[-1]
+        answer = _first_paragraph(getattr(obj, "__doc__", None), short)
+        if answer is None or answer in self.seen_answers:
+            return
+        self.seen_answers.add(answer)
+        instruction = {"module": f"What is the `{qualname}` module for?",
+                       "class": f"What is the `{qualname}` class for?"}.get(kind, f"What does `{qualname}` do?")
+        self.records.append({"instruction": instruction, "input": "" if kind == "module" else _signature(qualname, obj),
+                             "output": answer})
+
+    def visit_module(self, modname: str, module: Any) -> None:
+        import inspect
+
+        shown = PYDOC_DISPLAY_NAME.get(modname, modname)
+        prefix = f"{shown}." if shown else ""
+        if shown:
+            self.add(shown, module, "module")
+        public = getattr(module, "__all__", None)
+        for attr in sorted(set(public) if isinstance(public, (list, tuple)) else dir(module)):
+            if attr.startswith("_"):
+                continue
+            try:
+                obj = getattr(module, attr)
+            except Exception:
+                continue
+            # Only what this module defines (or its C accelerator: `_json` for `json`), or what a
+            # package re-exports from its own submodules in __all__ (`json.JSONDecoder`, not
+            # `json.decoder.JSONDecoder`); never things it merely imports from elsewhere.
+            home = getattr(obj, "__module__", None) or ""
+            own = home in (modname, f"_{modname}", *PYDOC_IMPLEMENTED_IN.get(modname, ()))
+            reexported = isinstance(public, (list, tuple)) and home.startswith(f"{modname}.")
+            if not (inspect.isclass(obj) or inspect.isroutine(obj)) or not (own or reexported):
+                continue
+            if id(obj) in self.seen_objects:
+                continue
+            self.seen_objects.add(id(obj))
+            if inspect.isclass(obj):
+                self.visit_class(f"{prefix}{attr}", obj)
+            else:
+                self.add(f"{prefix}{attr}", obj, "function")
+
+    def visit_class(self, qualname: str, cls: Any) -> None:
+        import inspect
+
+        self.add(qualname, cls, "class")
+        for method_name in sorted(vars(cls)):
+            if method_name.startswith("_"):
+                continue
+            method = vars(cls)[method_name]
+            if isinstance(method, (staticmethod, classmethod)):
+                method = method.__func__
+            if inspect.isroutine(method) and id(method) not in self.seen_objects:
+                self.seen_objects.add(id(method))
+                self.add(f"{qualname}.{method_name}", method, "function")
 
 
 def pydoc_cache_path(cache_dir: str | os.PathLike) -> Path:

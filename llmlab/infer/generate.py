@@ -103,6 +103,8 @@ class GenerateConfig(ModelSourceConfig):
                 raise UserError(f"--{name} must be >= 1, got {getattr(self, name)}")
         if self.no_repeat_ngram_size < 0:
             raise UserError(f"--no_repeat_ngram_size must be >= 0 (0 = off), got {self.no_repeat_ngram_size}")
+        if self.output is not None and Path(self.output).is_dir():  # found before any model loads or text is generated
+            raise UserError(f"--output {self.output} is a folder; pass a file path for the JSONL results")
         if self.prompts_file is not None and not Path(self.prompts_file).is_file():
             raise UserError(f"--prompts_file {self.prompts_file} not found; pass a JSONL file with one "
                             f"{{\"{self.prompt_field}\": ...}} per line")
@@ -126,8 +128,10 @@ def generation_config(cfg: GenerateConfig, tokenizer):
 
 
 def read_prompts(path: str, field: str) -> list[dict]:
+    from llmlab.core.io import utf8_lines
+
     records = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for number, line in utf8_lines(path):
         if not line.strip():
             continue
         try:

@@ -62,10 +62,16 @@ class MergeConfig:
         adapter = check_adapter_source(self.adapter)
         out = Path(self.out).expanduser()
         for name, source in (("--base_model", base), ("--adapter", adapter)):
-            if Path(source).exists() and out.resolve() == Path(source).resolve():
-                raise UserError(f"--out {self.out} is the {name} folder; pick a new folder for the merged model")
+            inside = Path(source).exists() and (out.resolve() == Path(source).resolve()
+                                                or out.resolve() in Path(source).resolve().parents)
+            if inside:
+                raise UserError(f"--out {self.out} is or contains the {name} folder; pick a new folder for the "
+                                "merged model")
         if out.exists() and not self.overwrite:
             raise UserError(f"--out {self.out} already exists; pass --overwrite to replace it or choose another folder")
+        if out.exists() and not (out / "merge_report.json").is_file():  # never delete what merge did not write
+            raise UserError(f"--out {self.out} exists and is not a merged model written by this command (no "
+                            "merge_report.json); --overwrite only replaces an earlier merge: choose another folder")
         quant = quantization_config_of(base) if Path(base).is_dir() else None
         if quant:
             raise UserError(f"--base_model {self.base_model} is quantized ({quant.get('quant_method', 'quantized')}); "
@@ -99,14 +105,12 @@ def merge_adapter(cfg: MergeConfig, log=print) -> dict:
     """Merge, verify, save; returns the report written to <out>/merge_report.json."""
     import torch
 
-    from llmlab.infer.loading import attach_adapter, from_pretrained_or_error, load_tokenizer_for, quiet_backend_logs
-    from llmlab.infer.quantize import FLOAT_DTYPES
     from llmlab.core.device import resolve_device
+    from llmlab.infer.loading import attach_adapter, from_pretrained_or_error, load_tokenizer_for, quiet_backend_logs
 
     quiet_backend_logs()
     base, adapter, out = cfg.validate()
     device = resolve_device(cfg.device)
-
     log(f"loading {base} (fp32) + adapter {adapter}")
     model = from_pretrained_or_error(base, dtype=torch.float32).to(device).eval()
     if getattr(model, "is_quantized", False) or getattr(model.config, "quantization_config", None):
@@ -114,7 +118,18 @@ def merge_adapter(cfg: MergeConfig, log=print) -> dict:
     model = attach_adapter(model, adapter)
     tokenizer = load_tokenizer_for(adapter, base, name=cfg.tokenizer)
     batch = _sample_batch(tokenizer, model.config.max_position_embeddings)
+    merged_model, checks = _merge_checked(model, batch, cfg, log)
+    merged_model, cast, cast_checks = _cast_checked(merged_model, batch, checks["merged"], checks["scale"], cfg, log)
+    report = {"base_model": cfg.base_model, "adapter": cfg.adapter, "dtype": cfg.dtype,
+              "sample_tokens": checks["merged"].shape[0], **checks["report"], **cast_checks, "command": sys.argv}
+    reload_diff = _save_verified(merged_model, tokenizer, adapter, out, batch, cast, checks["scale"], cfg, report)
+    log(f"saved standalone {cfg.dtype} model + tokenizer to {out} (loads with transformers alone; reload check "
+        f"max diff {reload_diff:.1e})")
+    return report
 
+
+def _merge_checked(model, batch, cfg: MergeConfig, log) -> tuple:
+    """merge_and_unload, then the merged fp32 logits must equal base + adapter (unmerged) within the tolerance."""
     with model.disable_adapter():
         base_logits = _logits(model, batch)
     unmerged = _logits(model, batch)
@@ -122,8 +137,7 @@ def merge_adapter(cfg: MergeConfig, log=print) -> dict:
     merged = _logits(merged_model, batch)
     scale = float(unmerged.abs().max())
     tolerance = cfg.tolerance if cfg.tolerance is not None else FP32_REL_TOLERANCE * max(1.0, scale)
-    adapter_effect = _max_diff(unmerged, base_logits)
-    merge_diff = _max_diff(merged, unmerged)
+    adapter_effect, merge_diff = _max_diff(unmerged, base_logits), _max_diff(merged, unmerged)
     log(f"merge check (fp32, {merged.shape[0]} tokens): max |merged - base+adapter| = {merge_diff:.3e} "
         f"(tolerance {tolerance:.3e}); the adapter itself moves logits by up to {adapter_effect:.3e}")
     if not merge_diff <= tolerance:
@@ -131,9 +145,17 @@ def merge_adapter(cfg: MergeConfig, log=print) -> dict:
                         "the merge is wrong for this model (nothing was saved)")
     if adapter_effect == 0.0:
         log("note: the adapter does not change the logits at all (lora_B still zero: an untrained adapter?)")
+    report = {"max_abs_diff_merged_vs_unmerged_fp32": merge_diff, "tolerance_fp32": tolerance,
+              "max_abs_adapter_effect": adapter_effect}
+    return merged_model, {"merged": merged, "scale": scale, "report": report}
 
-    dtype = getattr(torch, FLOAT_DTYPES[cfg.dtype])
-    merged_model = merged_model.to(dtype)
+
+def _cast_checked(merged_model, batch, merged, scale: float, cfg: MergeConfig, log) -> tuple:
+    import torch
+
+    from llmlab.infer.quantize import FLOAT_DTYPES
+
+    merged_model = merged_model.to(getattr(torch, FLOAT_DTYPES[cfg.dtype]))
     cast = _logits(merged_model, batch)
     cast_diff = _max_diff(cast, merged)
     cast_tolerance = CAST_REL_TOLERANCE[cfg.dtype] * max(1.0, scale)
@@ -143,6 +165,16 @@ def merge_adapter(cfg: MergeConfig, log=print) -> dict:
     if cast_diff > cast_tolerance:
         raise UserError(f"{cfg.dtype} changes logits by {cast_diff:.3e} > {cast_tolerance:.3e}; "
                         "use --dtype bf16 or fp32")
+    return merged_model, cast, {"max_abs_diff_cast_vs_fp32": cast_diff, "cast_tolerance": cast_tolerance}
+
+
+def _save_verified(merged_model, tokenizer, adapter: str, out: Path, batch, cast, scale: float, cfg: MergeConfig,
+                   report: dict) -> float:
+    """Save into a temp folder, reload it with plain transformers, and publish only if it reproduces the logits."""
+    import torch
+
+    from llmlab.infer.loading import from_pretrained_or_error
+    from llmlab.infer.quantize import FLOAT_DTYPES
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
@@ -156,24 +188,14 @@ def merge_adapter(cfg: MergeConfig, log=print) -> dict:
             shutil.copyfile(Path(adapter) / PROMPT_FILE, tmp / PROMPT_FILE)
         if not list(tmp.glob("*.safetensors")):
             raise RuntimeError(f"save_pretrained wrote no safetensors file into {tmp}")
-        del merged_model, model
-        reloaded = from_pretrained_or_error(str(tmp), dtype=dtype).to(device).eval()
-        reload_diff = _max_diff(_logits(reloaded, batch), cast)
+        reloaded = from_pretrained_or_error(str(tmp), dtype=getattr(torch, FLOAT_DTYPES[cfg.dtype]))
+        reload_diff = _max_diff(_logits(reloaded.to(next(merged_model.parameters()).device).eval(), batch), cast)
         if reload_diff > 1e-6 * max(1.0, scale):
             raise RuntimeError(f"the saved model does not reproduce the merged logits (max diff {reload_diff:.3e})")
-        del reloaded
-        report = {
-            "base_model": cfg.base_model, "adapter": cfg.adapter, "dtype": cfg.dtype, "sample_tokens": merged.shape[0],
-            "max_abs_diff_merged_vs_unmerged_fp32": merge_diff, "tolerance_fp32": tolerance,
-            "max_abs_adapter_effect": adapter_effect, "max_abs_diff_cast_vs_fp32": cast_diff,
-            "cast_tolerance": cast_tolerance, "max_abs_diff_reloaded_vs_cast": reload_diff,
-            "command": sys.argv,
-        }
+        report["max_abs_diff_reloaded_vs_cast"] = reload_diff
         atomic_write_json(tmp / "merge_report.json", report)
         publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log(f"saved standalone {cfg.dtype} model + tokenizer to {out} (loads with transformers alone; reload check "
-        f"max diff {reload_diff:.1e})")
-    return report
+    return reload_diff

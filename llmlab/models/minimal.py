@@ -32,7 +32,20 @@ class MinimalTransformerConfig:
     # trainable: the token embedding learns (tied to the output head, as in GPT-2). frozen: the original lab
     # design, a fixed random embedding; at the CPU budget that probe never gets below ~10.2 nats (README).
     embedding: Literal["trainable", "frozen"] = "trainable"
+    # muP (Yang et al., "Tensor Programs V"): hidden matrices get init std and Adam lr scaled by 1/width_mult and
+    # the (tied) readout 1/width_mult, so the best lr stays put as the width grows; equal to standard at base_width.
+    parametrization: Literal["standard", "mup"] = "standard"
+    mup_base_width: int = 192
     gradient_checkpointing: bool = False
+
+    @property
+    def width_mult(self) -> float:
+        return self.width / self.mup_base_width if self.parametrization == "mup" else 1.0
+
+    @staticmethod
+    def of_size(width: int, n_layer: int, **kwargs) -> "MinimalTransformerConfig":
+        """The family the lab scans: heads of 32, feed-forward 2 x width (the default is 192 wide, 4 deep)."""
+        return MinimalTransformerConfig(width=width, n_layer=n_layer, n_head=width // 32, ff_width=2 * width, **kwargs)
 
 
 def sinusoidal_table(length: int, width: int) -> torch.Tensor:
@@ -123,9 +136,13 @@ class MinimalTransformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_final = nn.LayerNorm(cfg.width, bias=False)
         self.apply(self._init_weights)
-        for block in self.blocks:  # GPT-2's scaled init of the residual projections
-            for layer in (block.attn.proj, block.ff_out):
-                nn.init.normal_(layer.weight, std=0.02 / math.sqrt(2 * cfg.n_layer))
+        hidden_std = 0.02 / math.sqrt(cfg.width_mult)  # muP: hidden weights ~ 1/sqrt(fan_in); = 0.02 at base width
+        for block in self.blocks:
+            if cfg.width_mult != 1.0:  # (not redrawn otherwise: the same seed gives the same model as before)
+                for layer in (block.attn.qkv, block.ff_in):
+                    nn.init.normal_(layer.weight, std=hidden_std)
+            for layer in (block.attn.proj, block.ff_out):  # GPT-2's scaled init of the residual projections
+                nn.init.normal_(layer.weight, std=hidden_std / math.sqrt(2 * cfg.n_layer))
 
     @staticmethod
     def _init_weights(module):
@@ -155,7 +172,20 @@ class MinimalTransformer(nn.Module):
                 x, entropy_here = block(x, rope, want_entropy)
                 entropy = entropy_here if want_entropy else entropy
         logits = F.linear(self.ln_final(x), self.token_embedding.weight)  # tied head
+        if self.cfg.width_mult != 1.0:  # muP's readout multiplier (MuSharedReadout for a tied head)
+            logits = logits / self.cfg.width_mult
         return (logits, entropy) if return_attention_entropy else logits
+
+    def lr_multipliers(self) -> dict[str, float]:
+        """Per-parameter Adam lr multipliers: muP scales hidden matrices by 1/width_mult; 1 everywhere otherwise."""
+        hidden = ("attn.qkv.weight", "attn.proj.weight", "ff_in.weight", "ff_out.weight")
+        return {name: (1 / self.cfg.width_mult if name.endswith(hidden) else 1.0)
+                for name, _ in self.named_parameters()}
+
+    def non_embedding_parameters(self) -> int:
+        """N of the scaling-law papers: every parameter but the token (and learned position) embeddings."""
+        skip = ("token_embedding.weight", "position_embedding.weight")
+        return sum(p.numel() for name, p in self.named_parameters() if name not in skip)
 
 
 def parameter_table(model: nn.Module) -> tuple[str, int, int]:

@@ -37,6 +37,8 @@ class ScalingOptions:
     seed: int = opt(42, "seed for RANSAC and the bootstrap")
     keep_boundary: bool = opt(False, "keep trials that only finished after a fail-safe retry with a fallback "
                               "(clip - 0.1 or warmup 100); by default they are dropped as at the stability edge")
+    holdout: str = opt("auto", "multi-size scans: largest = fit on the smaller sizes and check the forecast on the "
+                               "largest; none = skip; auto = largest when there are >= 3 sizes")
 
     def validate(self) -> None:
         from llmlab.core.errors import UserError
@@ -47,6 +49,8 @@ class ScalingOptions:
             raise UserError(f"--n_bootstrap must be at least 10, got {self.n_bootstrap}")
         if self.unstable_factor <= 0 or (self.unstable_std is not None and self.unstable_std <= 0):
             raise UserError("--unstable_std / --unstable_factor must be > 0")
+        if self.holdout not in ("auto", "largest", "none"):
+            raise UserError(f"--holdout must be auto, largest or none, got {self.holdout!r}")
 
 
 def _number(value: Any) -> Optional[float]:
@@ -129,20 +133,26 @@ def lr_optimum(trials: list[dict]) -> dict:
     return {**result, "lr_opt": math.exp(vertex), "method": "parabola in ln(lr)", "at_edge": False}
 
 
+def _ransac_threshold(features: np.ndarray, target: np.ndarray, options: ScalingOptions) -> float:
+    """The user's, or 3 x the MAD residual scale of a Theil-Sen fit (at least MIN_RANSAC_THRESHOLD)."""
+    from sklearn.linear_model import TheilSenRegressor
+
+    if options.ransac_threshold is not None:
+        return options.ransac_threshold
+    robust = TheilSenRegressor(random_state=options.seed).fit(features, target)
+    scale = 1.4826 * float(np.median(np.abs(target - robust.predict(features))))
+    return max(3.0 * scale, MIN_RANSAC_THRESHOLD)
+
+
 def fit_loglinear(features: np.ndarray, target: np.ndarray, options: ScalingOptions, names: list[str]) -> dict:
     """ln-space linear fit y = w0 + w . x with RANSAC outlier rejection and residual-bootstrap intervals."""
     from scipy import stats
-    from sklearn.linear_model import LinearRegression, RANSACRegressor, TheilSenRegressor
+    from sklearn.linear_model import LinearRegression, RANSACRegressor
 
     features = np.asarray(features, dtype=float).reshape(len(target), -1)
     target = np.asarray(target, dtype=float)
     n, p = features.shape
-    if options.ransac_threshold is not None:
-        threshold = options.ransac_threshold
-    else:
-        robust = TheilSenRegressor(random_state=options.seed).fit(features, target)
-        scale = 1.4826 * float(np.median(np.abs(target - robust.predict(features))))
-        threshold = max(3.0 * scale, MIN_RANSAC_THRESHOLD)
+    threshold = _ransac_threshold(features, target, options)
     note = ""
     try:
         ransac = RANSACRegressor(LinearRegression(), min_samples=p + 1, residual_threshold=threshold,
@@ -179,8 +189,7 @@ def fit_loglinear(features: np.ndarray, target: np.ndarray, options: ScalingOpti
                            method="percentile", confidence_level=options.confidence,
                            rng=np.random.default_rng(options.seed))
     params = np.concatenate([[model.intercept_], model.coef_])
-    ss_res = float(np.sum((y_in - fitted) ** 2))
-    ss_tot = float(np.sum((y_in - y_in.mean()) ** 2))
+    ss_res, ss_tot = float(np.sum((y_in - fitted) ** 2)), float(np.sum((y_in - y_in.mean()) ** 2))
     return {
         "names": names,
         "params": params.tolist(),
@@ -279,39 +288,46 @@ def _loss_std_fit(feasible: list[dict], options: ScalingOptions) -> dict:
 
 
 def analyse(rows: list[dict], options: ScalingOptions) -> dict:
-    """Feasible region, best lr per batch size and the three fits, as one JSON-ready dict."""
+    """Feasible region, best lr per batch size and the three fits, as one JSON-ready dict; with several model sizes
+    also the joint fit across sizes and its held-out check (llmlab.scaling.transfer). Per-batch fits, memory and
+    the model the plan is for are then those of the largest size."""
     rows = [{**row, "trial_id": row.get("trial_id") or f"row{i}"} for i, row in enumerate(rows)]
     feasible, dropped, thresholds = feasible_region(rows, options)
+    transfer, sized_rows, sized_feasible = None, rows, feasible
+    if len({str(r.get("size")) for r in rows if r.get("size") not in (None, "")}) >= 2:
+        from llmlab.scaling.transfer import analyse_sizes
+
+        transfer = analyse_sizes(feasible, options)
+        largest = transfer["sizes"][-1] if transfer["sizes"] else None
+        sized_rows = [r for r in rows if str(r.get("size")) == largest]
+        sized_feasible = [r for r in feasible if str(r.get("size")) == largest]
     by_batch: dict[float, list[dict]] = {}
-    for row in feasible:
+    for row in sized_feasible:
         by_batch.setdefault(float(row["batch_size"]), []).append(row)
     lr_points = [{"batch_size": batch, **lr_optimum(trials)} for batch, trials in sorted(by_batch.items())]
     fits: dict[str, dict] = {}
     for name, make in (("lr_opt", lambda: _lr_fit(lr_points, options)),
-                       ("peak_memory_mb", lambda: _memory_fit(rows, options)),
-                       ("loss_std", lambda: _loss_std_fit(feasible, options))):
+                       ("peak_memory_mb", lambda: _memory_fit(sized_rows, options)),
+                       ("loss_std", lambda: _loss_std_fit(sized_feasible, options))):
         try:
             fits[name] = make()
         except (ValueError, np.linalg.LinAlgError) as err:  # degenerate data must not sink the sweep's report
             fits[name] = _unavailable(f"fit failed on these data ({err})")
+    return {
+        "options": {**vars(options)}, "thresholds": thresholds, "n_trials": len(rows), "n_feasible": len(feasible),
+        "feasible_ids": [r.get("trial_id") for r in feasible], "dropped": dropped, "lr_opt_per_batch": lr_points,
+        "fits": fits, "measured": _measured(sized_rows), "transfer": transfer, "trials": rows,
+    }
 
+
+def _measured(rows: list[dict]) -> dict:
     models = sorted({str(r.get("model")) for r in rows if r.get("model") is not None})
     seq_len = next(filter(None, (_sequence_length(r) for r in rows)), None)
     params = next(filter(None, (_number(r.get("n_params") or r.get("params")) for r in rows)), None)
     if params is None and len(models) == 1:
         params = swept_model_parameters(models[0], int(seq_len or 1024))
-    return {
-        "options": {**vars(options)},
-        "thresholds": thresholds,
-        "n_trials": len(rows),
-        "n_feasible": len(feasible),
-        "feasible_ids": [r.get("trial_id") for r in feasible],
-        "dropped": dropped,
-        "lr_opt_per_batch": lr_points,
-        "fits": fits,
-        "measured": {"models": models, "params": params, "seq_len": seq_len},
-        "trials": rows,
-    }
+    return {"models": models, "params": params, "seq_len": seq_len,
+            "size": next((str(r["size"]) for r in rows if r.get("size")), None)}
 
 
 def _sequence_length(row: dict) -> Optional[float]:

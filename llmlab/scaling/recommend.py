@@ -115,20 +115,37 @@ def recommend(cfg: RecommendConfig, reanalyse: tuple[str, ...] = ()) -> dict:
               f"(rewrites {FITS_FILE}, the scaling report and plots)")
         write_lr_bs_report(cfg.from_dir, fits["trials"], options)
         fits = load_fits(cfg.from_dir)
-    lr_fit, memory_fit = _require(fits, "lr_opt"), _require(fits, "peak_memory_mb")
-    confidence = fits["options"]["confidence"]
     swept_params, swept_seq = fits["measured"].get("params"), fits["measured"].get("seq_len")
-    notes: list[str] = []
-
     if cfg.params is not None and not swept_params:
         raise UserError("--params needs the swept model's parameter count, which this sweep did not record; "
                         "drop --params to plan for the swept model itself")
     if cfg.seq_len is not None and not swept_seq:
         raise UserError("--seq_len needs the sweep's sequence length, which it did not record; drop --seq_len")
+    notes: list[str] = []
+    plan = _batch_plan(cfg, fits, _require(fits, "peak_memory_mb"), notes)
+    plan.update(_learning_rate(cfg, fits, plan["batch_size"], notes))
+    plan.update(_schedule(cfg, swept_params, plan["batch_size"], plan["seq_len"], notes))
+    plan["expected_early_loss_std"] = None
+    if fits["fits"].get("loss_std", {}).get("status") == "ok":
+        point = np.array([[math.log(1 / plan["learning_rate"]), math.log(plan["batch_size"])]])
+        plan["expected_early_loss_std"] = [float(math.exp(v[0])) for v in predict_band(
+            fits["fits"]["loss_std"], point, fits["options"]["confidence"])]
+    nearest = _nearest_grad_norm(fits, plan["batch_size"], plan["learning_rate"])
+    plan["clip"] = round(1.5 * float(nearest["grad_norm_mean"]), 4) if nearest else None
+    plan["clip_basis"] = (f"1.5 x mean grad norm {float(nearest['grad_norm_mean']):.4g} of trial {nearest['trial_id']} "
+                          f"(lr {float(nearest['lr']):.3g}, batch {nearest['batch_size']})") if nearest else None
+    if nearest is None:
+        notes.append("no grad norms recorded: clip left to the trainer's default")
+    return {**plan, "confidence": fits["options"]["confidence"], "notes": notes}
+
+
+def _batch_plan(cfg: RecommendConfig, fits: dict, memory_fit: dict, notes: list[str]) -> dict:
+    """The largest batch whose upper-band memory fits the device (a multiple of 8 from 8 up)."""
+    confidence = fits["options"]["confidence"]
+    swept_params, swept_seq = fits["measured"].get("params"), fits["measured"].get("seq_len")
     param_scale = cfg.params / swept_params if cfg.params else 1.0
     seq_len = cfg.seq_len or int(swept_seq or DEFAULT_SEQ_LEN)
     token_scale = seq_len / swept_seq if swept_seq else 1.0
-
     budget_mb = cfg.memory_gb * MB_PER_GB * (1 - cfg.memory_headroom)
     cap = int(cfg.max_extrapolation * memory_fit["x_range"][1])
     batches = np.arange(1, cap + 1)
@@ -145,12 +162,22 @@ def recommend(cfg: RecommendConfig, reanalyse: tuple[str, ...] = ()) -> dict:
     limited_by = "extrapolation cap" if upper_mb[cap - 1] <= budget_mb else "memory"
     if limited_by == "extrapolation cap":
         notes.append(f"batch capped at {cfg.max_extrapolation:g} x the largest swept batch; memory would allow more")
-    predicted_mb = float(upper_mb[batch - 1])
     lo_m, hi_m = memory_fit["x_range"]
     if not lo_m <= batch * token_scale <= hi_m:
         notes.append(f"memory extrapolated: {batch * token_scale:g} swept-length sequences per micro batch is "
                      f"outside the swept {lo_m:g}-{hi_m:g}")
+    return {"batch_size": batch, "effective_batch_size": batch, "limited_by": limited_by, "seq_len": seq_len,
+            "predicted_memory_gb": float(upper_mb[batch - 1]) / MB_PER_GB, "usable_memory_gb": budget_mb / MB_PER_GB,
+            "param_scale": param_scale}
 
+
+def _learning_rate(cfg: RecommendConfig, fits: dict, batch: int, notes: list[str]) -> dict:
+    """From the joint fit across sizes when the scan had them (at the target N), else the one-size lr(B) fit."""
+    confidence = fits["options"]["confidence"]
+    transfer = fits.get("transfer") or {}
+    if transfer.get("joint_fit", {}).get("status") == "ok":
+        return _lr_across_sizes(cfg, fits, transfer, batch, notes)
+    lr_fit = _require(fits, "lr_opt")
     center, low, high = predict_band(lr_fit, np.array([[math.log(batch)]]), confidence)
     lr, lr_low, lr_high = (float(math.exp(v[0])) for v in (center, low, high))
     lo_b, hi_b = lr_fit["x_range"]
@@ -159,13 +186,45 @@ def recommend(cfg: RecommendConfig, reanalyse: tuple[str, ...] = ()) -> dict:
     if lr_fit.get("warning"):
         notes.append(lr_fit["warning"])
     if cfg.params:
-        notes.append("lr fitted on the swept model; larger models usually want a smaller lr -- start at the low end")
+        notes.append("lr fitted on one model size: it does not follow N; scan several sizes (--sizes) to forecast "
+                     "lr for a bigger model -- meanwhile start at the low end")
+    return {"learning_rate": lr, "learning_rate_interval": [lr_low, lr_high], "extrapolation": None,
+            "lr_basis": f"lr_opt = a * batch^b fit of the swept model at batch {batch}", "confirm_lrs": None}
 
+
+def _lr_across_sizes(cfg: RecommendConfig, fits: dict, transfer: dict, batch: int, notes: list[str]) -> dict:
+    from llmlab.scaling.transfer import forecast
+
+    fit, holdout = transfer["joint_fit"], transfer["holdout"]
+    largest = fit["n_range"][1]
+    target = float(cfg.params or fits["measured"]["params"] or largest)
+    lr, lr_low, lr_high = forecast(fit, target, batch, fits["options"]["confidence"])
+    factor = target / largest
+    # The held-out check is this lab's only evidence for extrapolating in N: beyond the factor it covered the
+    # forecast is unvalidated (published laws have missed by more than 4x far from their data).
+    validated = holdout["extrapolation"] if holdout.get("status") == "ok" else 1.0
+    if factor > validated:
+        notes.append(f"WARNING: target N is {factor:.1f}x the largest scanned size; the held-out check validated "
+                     f"{validated:.1f}x" + (f" (forecast / measured {holdout['median_ratio']:.2f})"
+                                             if holdout.get("status") == "ok" else " (no held-out check ran)")
+                     + ": run the confirmation scan before the long job")
+    if holdout.get("status") == "ok" and not holdout["all_inside"]:
+        notes.append("WARNING: on this scan's held-out size the measured lr_opt fell outside the forecast band")
+    if fit.get("warning"):
+        notes.append(fit["warning"])
+    basis = (f"joint fit ln lr = {fit['k0']:.3f} {fit['alpha']:+.3f} ln N"
+             + (f" {fit['beta']:+.3f} ln B" if fit["with_batch"] else "") + f" at N = {target:,.0f}, B = {batch}")
+    return {"learning_rate": lr, "learning_rate_interval": [lr_low, lr_high], "extrapolation": factor,
+            "lr_basis": basis, "target_params": target,
+            "confirm_lrs": [float(f"{lr * m:.3g}") for m in (0.5, 1.0, 2.0)]}
+
+
+def _schedule(cfg: RecommendConfig, swept_params, batch: int, seq_len: int, notes: list[str]) -> dict:
     if cfg.tokens:
-        tokens, tokens_basis = cfg.tokens, "--tokens"
+        tokens, basis = cfg.tokens, "--tokens"
     elif cfg.params or swept_params:
         tokens = int(cfg.tokens_per_param * (cfg.params or swept_params))
-        tokens_basis = f"{cfg.tokens_per_param:g} tokens/param (Chinchilla) x {int(cfg.params or swept_params):,} params"
+        basis = f"{cfg.tokens_per_param:g} tokens/param (Chinchilla) x {int(cfg.params or swept_params):,} params"
     else:
         raise UserError("the sweep did not record its model's parameter count, so there is no default token "
                         "budget; pass --tokens D (training tokens)")
@@ -174,49 +233,45 @@ def recommend(cfg: RecommendConfig, reanalyse: tuple[str, ...] = ()) -> dict:
     if warmup > total_steps // 2:
         warmup = max(1, total_steps // 2)
         notes.append("warmup capped at half of the run (the formula asked for more than the run has)")
-
-    loss_std = None
-    if fits["fits"].get("loss_std", {}).get("status") == "ok":
-        point = np.array([[math.log(1 / lr), math.log(batch)]])
-        loss_std = [float(math.exp(v[0])) for v in predict_band(fits["fits"]["loss_std"], point, confidence)]
-
-    nearest = _nearest_grad_norm(fits, batch, lr)
-    clip = round(1.5 * float(nearest["grad_norm_mean"]), 4) if nearest else None
-    if nearest is None:
-        notes.append("no grad norms recorded: clip left to the trainer's default")
-
-    return {
-        "learning_rate": lr, "learning_rate_interval": [lr_low, lr_high], "confidence": confidence,
-        "batch_size": batch, "effective_batch_size": batch, "limited_by": limited_by,
-        "predicted_memory_gb": predicted_mb / MB_PER_GB, "usable_memory_gb": budget_mb / MB_PER_GB,
-        "seq_len": seq_len, "tokens": tokens, "tokens_basis": tokens_basis, "max_steps": total_steps,
-        "warmup_steps": warmup, "clip": clip,
-        "clip_basis": (f"1.5 x mean grad norm {float(nearest['grad_norm_mean']):.4g} of trial {nearest['trial_id']} "
-                       f"(lr {float(nearest['lr']):.3g}, batch {nearest['batch_size']})") if nearest else None,
-        "param_scale": param_scale, "expected_early_loss_std": loss_std, "notes": notes,
-    }
+    return {"tokens": tokens, "tokens_basis": basis, "max_steps": total_steps, "warmup_steps": warmup}
 
 
-def config_yaml(rec: dict, cfg: RecommendConfig) -> str:
-    """The YAML train_pretrain.py --config reads; comments keep the intervals and where each value came from."""
+def confirmation_commands(rec: dict, output: str) -> list[str]:
+    """Three short runs around the forecast at the target size: cheap insurance before the long job."""
+    if not rec.get("confirm_lrs"):
+        return []
+    steps = min(rec["max_steps"], max(200, rec["max_steps"] // 10))
+    return [f"accelerate launch train_pretrain.py --config {output} --learning_rate {lr:g} --max_steps {steps} "
+            f"--output_dir runs/confirm_lr{lr:g}" for lr in rec["confirm_lrs"]]
+
+
+def config_yaml(rec: dict, cfg: RecommendConfig, output: str = "RECOMMENDED.yaml") -> str:
+    """The YAML train_pretrain.py --config reads; every value says where it came from."""
     low, high = rec["learning_rate_interval"]
-    header = [
-        f"# Recommended by `sweep.py recommend --from {cfg.from_dir} --memory-gb {cfg.memory_gb:g}`",
-        f"# learning_rate {rec['confidence']:.0%} interval: [{low:.3g}, {high:.3g}]",
-        f"# batch limited by {rec['limited_by']}: predicted {rec['predicted_memory_gb']:.2f} GiB (upper band) "
-        f"of {rec['usable_memory_gb']:.2f} GiB usable",
-        f"# max_steps from {rec['tokens']:,} tokens ({rec['tokens_basis']}) at block_size {rec['seq_len']}",
-    ] + [f"# note: {n}" for n in rec["notes"]]
     learning_rate = float(f"{rec['learning_rate']:.4g}")
-    values = {"learning_rate": learning_rate, "effective_batch_size": rec["effective_batch_size"],
-              "batch_size": rec["batch_size"], "warmup_steps": rec["warmup_steps"], "max_steps": rec["max_steps"],
-              # The memory prediction and max_steps hold for this sequence length, so the config pins it.
-              "block_size": rec["seq_len"],
-              # Cosine floor lr/10 (nanoGPT/Chinchilla); the trainer's fixed 1e-5 would exceed GPT-2-sized lrs.
-              "min_lr": float(f"{learning_rate / 10:.4g}")}
+    extrapolation = f"; extrapolated {rec['extrapolation']:.1f}x in N" if rec.get("extrapolation") else ""
+    values = [
+        ("learning_rate", learning_rate, f"{rec['lr_basis']}; {rec['confidence']:.0%} band [{low:.3g}, {high:.3g}]"
+                                         f"{extrapolation}"),
+        ("effective_batch_size", rec["effective_batch_size"], "= batch_size (no accumulation needed)"),
+        ("batch_size", rec["batch_size"], f"largest whose upper-band memory {rec['predicted_memory_gb']:.2f} GiB fits "
+                                          f"{rec['usable_memory_gb']:.2f} GiB usable (limited by {rec['limited_by']})"),
+        ("warmup_steps", rec["warmup_steps"], "max(50, 0.03 x max_steps x batch / 32)"),
+        ("max_steps", rec["max_steps"], f"{rec['tokens']:,} tokens ({rec['tokens_basis']}) / (batch x block_size)"),
+        ("block_size", rec["seq_len"], "the memory prediction and max_steps hold for this sequence length"),
+        ("min_lr", float(f"{learning_rate / 10:.4g}"), "cosine floor lr/10 (nanoGPT, Chinchilla)"),
+    ]
     if rec["clip"] is not None:
-        values["clip"] = rec["clip"]
-    return "\n".join(header) + "\n" + yaml.safe_dump(values, sort_keys=False)
+        values.append(("clip", rec["clip"], rec["clip_basis"]))
+    lines = [f"# Recommended by `sweep.py recommend --from {cfg.from_dir} --memory-gb {cfg.memory_gb:g}`"]
+    lines += [f"# note: {n}" for n in rec["notes"]]
+    commands = confirmation_commands(rec, output)
+    if commands:
+        lines += ["# confirm the lr first: three short runs at the target size, keep the lowest validation loss"]
+        lines += [f"#   {c}" for c in commands]
+    lines += [f"{key}: {yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
+              f"  # {basis}" for key, value, basis in values]
+    return "\n".join(lines) + "\n"
 
 
 def summary_table(rec: dict) -> str:
@@ -225,8 +280,9 @@ def summary_table(rec: dict) -> str:
         ("batch_size", str(rec["batch_size"]), f"largest batch (a multiple of 8 from 8 up) whose upper-band memory fits "
          f"({rec['predicted_memory_gb']:.2f} of {rec['usable_memory_gb']:.2f} GiB); limited by {rec['limited_by']}"),
         ("effective_batch_size", str(rec["effective_batch_size"]), "= batch_size (no accumulation needed)"),
-        ("learning_rate", f"{rec['learning_rate']:.3g}", f"lr_opt fit, {rec['confidence']:.0%} interval "
-         f"[{low:.3g}, {high:.3g}]"),
+        ("learning_rate", f"{rec['learning_rate']:.3g}", f"{rec['lr_basis']}, {rec['confidence']:.0%} interval "
+         f"[{low:.3g}, {high:.3g}]" + (f"; {rec['extrapolation']:.1f}x the largest scanned N"
+                                       if rec.get("extrapolation") else "")),
         ("max_steps", str(rec["max_steps"]), f"{rec['tokens']:,} tokens / (batch x {rec['seq_len']})"),
         ("warmup_steps", str(rec["warmup_steps"]), "max(50, 0.03 x max_steps x batch / 32)"),
         ("clip", "-" if rec["clip"] is None else f"{rec['clip']:.4g}", rec["clip_basis"] or "not measured"),
@@ -253,7 +309,11 @@ def recommend_main(argv: list[str]) -> dict:
     given = set(vars(namespace)) | set(load_yaml(namespace.config) if namespace.config else {})
     rec = recommend(cfg, reanalyse=tuple(name for name in ANALYSIS_OPTIONS if name in given))
     output = Path(cfg.output) if cfg.output else Path(cfg.from_dir) / "recommended_config.yaml"
-    atomic_write_text(output, config_yaml(rec, cfg))
+    atomic_write_text(output, config_yaml(rec, cfg, str(output)))
     print(summary_table(rec))
+    commands = confirmation_commands(rec, str(output))
+    if commands:
+        print("before the long run, confirm the lr at the target size (keep the lowest validation loss):")
+        print("\n".join(f"  {c}" for c in commands))
     print(f"wrote {output}  (use: accelerate launch train_pretrain.py --config {output})")
     return rec

@@ -65,7 +65,15 @@ class SweepConfig:
                                     "default 1e-3 for the minimal model, 2e-5 for GPT-2 presets")
     lrs: Optional[list[float]] = opt(None, "lr_bs: learning rates to scan (default 1e-4 3e-4 1e-3 3e-3 for the "
                                            "minimal model, 5e-6 1e-5 2e-5 3e-5 for GPT-2 presets)")
-    batch_sizes: list[int] = opt([8, 16, 32, 64, 128], "lr_bs: effective batch sizes to scan")
+    batch_sizes: Optional[list[int]] = opt(None, "lr_bs: effective batch sizes to scan (default 8 16 32 64 128; "
+                                                 "with --sizes 4 8)")
+    sizes: Optional[list[str]] = opt(None, "lr_bs: model sizes WIDTHxDEPTH of --model's family to scan (e.g. 64x2 "
+                                           "128x2 256x2); fits ln lr_opt = k0 + a ln N + b ln B across them")
+    holdout: Literal["auto", "largest", "none"] = opt("auto", "multi-size scans: fit on the smaller sizes and check "
+                                                              "the forecast on the largest (auto: when >= 3 sizes)")
+    parametrization: Literal["standard", "mup"] = opt("standard", "minimal model: standard, or muP (maximal update: "
+                                                                  "width-scaled init, readout and Adam lr)")
+    mup_base_width: int = opt(192, "muP: the width at which muP equals the standard parametrization")
     micro_batch_size: Optional[int] = opt(None, "largest batch per forward pass; bigger batches use gradient "
                                                 "accumulation (default: lr_bs: the trial's batch, so memory is measured at "
                                                 "every batch size; otherwise the budget's batch size)")
@@ -104,6 +112,8 @@ class SweepConfig:
     report_only: bool = opt(False, "only rebuild report.md, results.csv and plots from finished trials")
 
     def validate(self) -> None:
+        if self.mup_base_width < 32 or self.mup_base_width % 32:
+            raise UserError(f"--mup_base_width must be a multiple of 32, got {self.mup_base_width}")
         if self.threads_per_worker < 0:
             raise UserError(f"--threads_per_worker must be >= 0 (0 = automatic), got {self.threads_per_worker}")
         if self.replicates is not None and self.replicates < 1:
@@ -116,8 +126,10 @@ class SweepConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise UserError(f"--{name} must be >= 1, got {value}")
-        if any(b < 1 for b in self.batch_sizes) or not self.batch_sizes:
+        if self.batch_sizes is not None and (not self.batch_sizes or any(b < 1 for b in self.batch_sizes)):
             raise UserError("--batch_sizes must be one or more whole numbers >= 1")
+        if self.sizes is not None:
+            self.validate_sizes()
         if self.lrs is not None and (not self.lrs or any(lr <= 0 for lr in self.lrs)):
             raise UserError("--lrs must be one or more learning rates > 0")
         if self.lr is not None and self.lr < 0:
@@ -135,6 +147,21 @@ class SweepConfig:
 
             if self.model not in GPT2_PRESETS:
                 raise UserError(f"--model {self.model!r} is unknown; use minimal or one of {', '.join(GPT2_PRESETS)}")
+
+    def validate_sizes(self) -> None:
+        from llmlab.sweep.design import parse_size
+
+        if self.grid != "lr_bs":
+            raise UserError("--sizes belongs to --grid lr_bs (a YAML grid can vary `size:` per trial instead)")
+        if len(set(self.sizes)) < 2:
+            raise UserError("--sizes needs at least two different sizes: the joint fit is across model sizes; "
+                            "for one size drop --sizes")
+        shapes = [parse_size(size, self.model) for size in self.sizes]
+        if self.parametrization == "mup" and len({depth for _, depth in shapes}) > 1:
+            raise UserError("--parametrization mup transfers across width only: give --sizes of one depth "
+                            "(e.g. 64x2 128x2 256x2)")
+        if self.parametrization == "mup" and self.model != "minimal":
+            raise UserError("--parametrization mup is implemented for the minimal Transformer; use --model minimal")
 
     @property
     def budget_spec(self) -> Budget:

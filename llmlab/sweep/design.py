@@ -6,6 +6,7 @@ stored as their real values (e.g. clip 0.5), so a row reads the same in the desi
 from __future__ import annotations
 
 import itertools
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
@@ -29,9 +30,13 @@ OPTIMIZERS = ("adamw", "lion", "adafactor")
 POSITION_ENCODINGS = ("sinusoidal", "learned", "rope")
 CLIP_MODES = ("norm", "value")  # global-norm clipping, or clamping every gradient element to [-clip, clip]
 # Factors a YAML grid may vary beyond doe20's five; left out, they take the sweep-wide setting.
-EXTRA_FACTORS = ("lr", "batch_size", "position_encoding", "clip_mode", "label_smoothing")
+EXTRA_FACTORS = ("lr", "batch_size", "position_encoding", "clip_mode", "label_smoothing", "size")
 DEFAULT_LRS = {"minimal": [1e-4, 3e-4, 1e-3, 3e-3], "gpt2": [5e-6, 1e-5, 2e-5, 3e-5]}
 DEFAULT_BATCH_SIZES = [8, 16, 32, 64, 128]
+# A multi-size scan (--sizes) at the cpu budget: 5 lrs a factor 2 apart around the probe's optimum (~1.5e-3 at
+# batch 4) and 2 batch sizes keep three sizes to about an hour on 2 cores.
+SIZED_LRS = {"minimal": [5e-4, 1e-3, 2e-3, 4e-3, 8e-3], "gpt2": [2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3]}
+SIZED_BATCH_SIZES = [4, 8]
 
 
 def level_counts(points: list[list[int]], n_factors: int, n_levels: int = 3) -> np.ndarray:
@@ -106,10 +111,31 @@ def _remove_duplicates(points: list[list[int]]) -> list[list[int]]:
     return points
 
 
-def lr_bs_design(lrs: list[float], batch_sizes: list[int]) -> list[dict[str, Any]]:
-    """Every learning rate x every (effective) batch size, other factors at the control levels."""
-    return [{"trial_id": f"lr{lr:.0e}_bs{bs}".replace("e-0", "e-"), **CONTROL, "lr": lr, "batch_size": bs}
+def lr_bs_design(lrs: list[float], batch_sizes: list[int], sizes: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every learning rate x every (effective) batch size (x every model size), other factors at the control levels."""
+    grid = [{"trial_id": f"lr{lr:.0e}_bs{bs}".replace("e-0", "e-"), **CONTROL, "lr": lr, "batch_size": bs}
             for bs in batch_sizes for lr in lrs]
+    if not sizes:
+        return grid
+    return [{**trial, "trial_id": f"{size}_{trial['trial_id']}", "size": size} for size in sizes for trial in grid]
+
+
+SIZE_PATTERN = re.compile(r"^(\d+)x(\d+)$")
+
+
+def parse_size(size: str, model: str) -> tuple[int, int]:
+    """`WIDTHxDEPTH` (e.g. 192x4) -> (width, layers), checked against the family's head size."""
+    match = SIZE_PATTERN.match(str(size))
+    if not match:
+        family = "minimal Transformer" if model == "minimal" else "GPT-2"
+        raise UserError(f"--sizes {size!r} is not WIDTHxDEPTH (e.g. 128x2): every size of one scan is a width and a "
+                        f"depth of the {family} family of --model {model}")
+    width, depth = int(match.group(1)), int(match.group(2))
+    head = 32 if model == "minimal" else 64
+    if width < head or width % head or depth < 1:
+        raise UserError(f"--sizes {size}: the width must be a multiple of the {head}-wide attention heads of "
+                        f"--model {model} and the depth >= 1")
+    return width, depth
 
 
 GRID_KEYS = set(FACTORS) | set(EXTRA_FACTORS) | {"trial_id", "seed"}
@@ -123,6 +149,9 @@ def _check_value(key: str, value: Any, where: str) -> Any:
     if key == "scheduler":
         if value not in SCHEDULERS:
             raise bad(f"one of {', '.join(SCHEDULERS)}")
+    elif key == "size":
+        if not isinstance(value, str) or not SIZE_PATTERN.match(value):
+            raise bad("WIDTHxDEPTH, e.g. 128x2")
     elif key in ("position_encoding", "clip_mode"):
         choices = POSITION_ENCODINGS if key == "position_encoding" else CLIP_MODES
         if value not in choices:
@@ -256,11 +285,12 @@ def reference_id(design: list[dict]) -> str:
     return "control" if "control" in ids else ids[0]
 
 def base_design(grid: str, lrs: list[float] | None = None, batch_sizes: list[int] | None = None,
-                model: str = "minimal", seed: int = 42) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                model: str = "minimal", seed: int = 42, sizes: list[str] | None = None
+                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Resolve `--grid` (a registered name or a YAML file) to its trials before replication, plus the
     replication settings a YAML file gave."""
     if grid in GRIDS:
-        return GRIDS[grid](lrs=lrs, batch_sizes=batch_sizes, model=model, seed=seed), {}
+        return GRIDS[grid](lrs=lrs, batch_sizes=batch_sizes, model=model, seed=seed, sizes=sizes), {}
     if grid.endswith((".yaml", ".yml")) or Path(grid).exists():
         return grid_from_yaml(grid)
     raise UserError(f"--grid {grid!r} is neither a known grid ({', '.join(GRIDS)}) nor a .yaml file")
@@ -272,15 +302,19 @@ DEFAULT_REPLICATES = {"doe20": 3}  # the control three times: the smallest sampl
 def build_design(cfg) -> list[dict[str, Any]]:
     """The full design of a sweep config: its grid, then seed replicates (flags win over the grid file)."""
     design, settings = base_design(cfg.grid, lrs=cfg.lrs, batch_sizes=cfg.batch_sizes, model=cfg.model,
-                                   seed=cfg.seed)
+                                   seed=cfg.seed, sizes=cfg.sizes)
     replicates = cfg.replicates or settings.get("replicates") or DEFAULT_REPLICATES.get(cfg.grid, 1)
     replicate_all = cfg.replicate_all or settings.get("replicate_all", False) or cfg.grid == "lr_bs"
     return replicate(design, replicates, replicate_all, cfg.seed)
 
 
-def _lr_bs(lrs=None, batch_sizes=None, model="minimal", **_) -> list[dict[str, Any]]:
-    default = DEFAULT_LRS["minimal" if model == "minimal" else "gpt2"]
-    return lr_bs_design(list(lrs or default), list(batch_sizes or DEFAULT_BATCH_SIZES))
+def _lr_bs(lrs=None, batch_sizes=None, model="minimal", sizes=None, **_) -> list[dict[str, Any]]:
+    family = "minimal" if model == "minimal" else "gpt2"
+    if sizes:
+        for size in sizes:
+            parse_size(size, model)
+        return lr_bs_design(list(lrs or SIZED_LRS[family]), list(batch_sizes or SIZED_BATCH_SIZES), list(sizes))
+    return lr_bs_design(list(lrs or DEFAULT_LRS[family]), list(batch_sizes or DEFAULT_BATCH_SIZES))
 
 
 GRIDS: dict[str, Callable[..., list[dict[str, Any]]]] = {

@@ -20,11 +20,11 @@ SCALAR_KEYS = ("final_loss", "final_train_loss", "val_perplexity", "stability_in
                "early_loss_std", "attention_entropy_last_layer", "update_ratio_mean", "grad_norm_mean",
                "grad_norm_std", "clipped_steps", "skipped_steps", "peak_memory_mb", "time_per_step_s",
                "tokens_per_s", "wall_time_s", "startup_s", "warmup_steps", "accumulation_steps", "train_tokens",
-               "precision", "compiled")
+               "n_params", "n_params_total", "compute_flops", "precision", "compiled")
 CALIBRATED = {"final_loss": "final (validation) loss, nats", "stability_index": "stability index",
               "steps_to_target": "steps to target loss", "attention_entropy_last_layer": "attention entropy, nats"}
 SENSITIVITY_OUTCOMES = ("final_loss", "stability_index", "steps_to_target", "attention_entropy_last_layer",
-                        "grad_norm_mean", "peak_memory_mb")
+                        "grad_norm_mean", "grad_norm_std", "peak_memory_mb")
 
 
 def flat_row(result: dict) -> dict[str, Any]:
@@ -245,13 +245,14 @@ def calibration_section(rows: list[dict], facts: dict, fitted: dict) -> list[str
                      f"{_ci(*floor['ci'], digits=4)} | {floor['df']} |")
     k = facts["reference_runs"]
     single = sps.t.ppf(0.975, noise["df"]) * noise["sd"] * math.sqrt(1 + 1 / max(k, 1))
-    needed = stats.replicates_needed(noise["sd"])
+    needed, worst = stats.replicates_needed(noise["sd"]), stats.replicates_needed(noise["ci"][1])
     lines += ["", f"- **Smallest difference one run can show against the reference ({k} runs) at 95 %:** "
               f"{single:.3f} nats of final loss (t with {noise['df']} df x seed SD x sqrt(1 + 1/{k})).",
               f"- **Smallest main effect this design resolves at 95 %** (median CI half-width of the least-squares "
               f"level effects): {_fmt(stats.minimum_resolvable_effect(fitted))} nats.",
               f"- **Runs per configuration to resolve {stats.TARGET_EFFECT} nats** (two configurations, 95 % "
-              f"confidence, 80 % power): {needed}.", ""]
+              f"confidence, 80 % power): {needed} at the measured seed SD, {worst} at the upper end of its 95 % "
+              f"interval ({noise['df']} df: more replicates narrow that interval).", ""]
     return lines
 
 

@@ -26,9 +26,10 @@ import numpy as np
 
 from llmlab.core.errors import UserError
 from llmlab.core.io import atomic_write_json, atomic_write_text
+from llmlab.core.runfolder import process_start_time
 from llmlab.core.device import resolve_device, resolve_precision
 from llmlab.sweep.config import FULL_NOMINAL_STEPS, SweepConfig
-from llmlab.sweep.design import EXTRA_FACTORS, base_design, build_design, design_table
+from llmlab.sweep.design import EXTRA_FACTORS, base_design, build_design, design_table, parse_size
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FINISHED = ("ok", "failed", "oom")
@@ -48,8 +49,9 @@ def prepare_data(cfg: SweepConfig, out_dir: Path) -> dict:
            "max_train_tokens": budget.max_train_tokens}
     data_dir = out_dir / "data"
     info_path = data_dir / "data.json"
-    if info_path.is_file() and json.loads(info_path.read_text()).get("key") == key:
-        return json.loads(info_path.read_text())
+    cached = _cached_data(info_path, key)
+    if cached is not None:
+        return cached
     extra = {"cache_dir": cfg.data_cache_dir} if cfg.data_cache_dir else {}
     data_cfg = DataConfig(dataset=cfg.dataset, block_size=block, max_documents=key["max_documents"], **extra)
     prepared = prepare_dataset(data_cfg, load_tokenizer())
@@ -74,6 +76,24 @@ def prepare_data(cfg: SweepConfig, out_dir: Path) -> dict:
     return info
 
 
+def _cached_data(info_path: Path, key: dict) -> Optional[dict]:
+    """The exported arrays of an earlier run with the same data settings, if they are whole."""
+    if not info_path.is_file():
+        return None
+    try:
+        info = json.loads(info_path.read_text())
+        if info.get("key") != key:
+            return None
+        rows = {split: len(np.load(info_path.parent / f"{split}.npy", mmap_mode="r")) for split in ("train", "validation")}
+        whole = rows == {"train": info["train_rows"], "validation": info["validation_rows"]}
+    except (OSError, ValueError, KeyError) as err:
+        whole, rows = False, str(err).splitlines()[0][:120]
+    if not whole:
+        print(f"note: the prepared data in {info_path.parent} is damaged ({rows}); preparing it again", flush=True)
+        return None
+    return info
+
+
 # ---------------------------------------------------------------- specs
 def trial_specs(cfg: SweepConfig, design: list[dict], data_info: dict, out_dir: Path) -> list[dict]:
     budget = cfg.budget_spec
@@ -88,6 +108,7 @@ def trial_specs(cfg: SweepConfig, design: list[dict], data_info: dict, out_dir: 
         "retry": cfg.retry, "timeout_s": cfg.trial_timeout or budget.trial_timeout, "device": device,
         "precision": resolve_precision(cfg.precision, device),
         "compile": cfg.budget != "smoke" if cfg.compile is None else cfg.compile,
+        "parametrization": cfg.parametrization, "mup_base_width": cfg.mup_base_width,
     }
     specs = []
     for trial in design:
@@ -96,7 +117,9 @@ def trial_specs(cfg: SweepConfig, design: list[dict], data_info: dict, out_dir: 
         if steps is None:
             steps = max(1, budget.epochs * data_info["train_rows"] // hp["batch_size"])
         micro = cfg.micro_batch_size or (hp["batch_size"] if cfg.grid == "lr_bs" else budget.batch_size)
+        width, depth = parse_size(hp["size"], cfg.model) if "size" in hp else (None, None)
         specs.append({**shared, "trial_id": trial["trial_id"], "trial_dir": str(out_dir / "trials" / trial["trial_id"]),
+                      "model_width": width, "model_depth": depth,
                       "hparams": hp, "seed": trial["seed"], "replicate": trial["replicate"], "steps": steps,
                       "micro_batch_size": micro,
                       "warmup_scale": steps / FULL_NOMINAL_STEPS if cfg.scale_warmup and cfg.budget != "full" else 1.0})
@@ -123,8 +146,11 @@ def settings_fingerprint(cfg: SweepConfig) -> str:
     left out: adding replicates to a finished sweep runs only the new ones."""
     ignore = {"output_dir", "workers", "trial_timeout", "device", "rerun_crashed", "report_only", "data_cache_dir",
               "threads_per_worker", "launcher", "target_loss", "replicates", "replicate_all"}
-    settings = {k: v for k, v in asdict(cfg).items() if k not in ignore}
-    design, _ = base_design(cfg.grid, lrs=cfg.lrs, batch_sizes=cfg.batch_sizes, model=cfg.model, seed=cfg.seed)
+    defaults = asdict(SweepConfig())
+    # Options at their default are left out, so a new option added to llmlab never orphans an existing sweep.
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ignore and v != defaults.get(k)}
+    design, _ = base_design(cfg.grid, lrs=cfg.lrs, batch_sizes=cfg.batch_sizes, model=cfg.model, seed=cfg.seed,
+                            sizes=cfg.sizes)
     return hashlib.sha256(json.dumps([settings, design], sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -170,7 +196,8 @@ class TrialLauncher:
         trial_dir = Path(spec["trial_dir"])
         shutil.rmtree(trial_dir, ignore_errors=True)  # a rerun must not mix curves with a killed attempt
         trial_dir.mkdir(parents=True)
-        spec = {**spec, "threads": self.threads}
+        # the trial watches its driver: a trial forked from the fork server outlives a killed driver otherwise
+        spec = {**spec, "threads": self.threads, "driver": [os.getpid(), process_start_time(os.getpid())]}
         spec_path = trial_dir / "spec.json"
         atomic_write_json(spec_path, spec)
         log_path = trial_dir / "log.txt"
@@ -187,6 +214,7 @@ class TrialLauncher:
                                                  name=f"trial-{spec['trial_id']}")
             proc.start()
             pid = proc.pid
+        atomic_write_text(trial_dir / "pid_start", f"{process_start_time(pid)}\n")  # with the pid, an identity
         atomic_write_text(trial_dir / "pid", f"{pid}\n")
         with self.lock:
             self.active[spec["trial_id"]] = proc
@@ -194,6 +222,7 @@ class TrialLauncher:
         with self.lock:
             self.active.pop(spec["trial_id"], None)
         (trial_dir / "pid").unlink(missing_ok=True)
+        (trial_dir / "pid_start").unlink(missing_ok=True)
         result_path = trial_dir / "result.json"
         if result_path.is_file():
             return json.loads(result_path.read_text())
@@ -246,38 +275,66 @@ def _child(spec_path: str, log_path: str, env: dict) -> None:
 
 # ---------------------------------------------------------------- the sweep
 def load_results(out_dir: Path, design: list[dict]) -> list[dict]:
+    """Finished trials' results; a damaged result.json (a disk that filled, a killed copy) means "run it again"."""
     rows = []
     for trial in design:
         path = out_dir / "trials" / trial["trial_id"] / "result.json"
         if path.is_file():
-            rows.append(json.loads(path.read_text()))
+            try:
+                rows.append(json.loads(path.read_text()))
+            except ValueError:
+                print(f"note: {path} is damaged; trial {trial['trial_id']} will run again", flush=True)
     return rows
 
 
-def run_sweep(cfg: SweepConfig) -> list[dict]:
-    from tqdm.auto import tqdm
+def read_sweep_state(state_path: Path) -> Optional[dict]:
+    if not state_path.is_file():
+        return None
+    try:
+        return json.loads(state_path.read_text())
+    except ValueError:
+        raise UserError(f"{state_path} is damaged, so this folder's settings are unknown; if it holds the sweep you "
+                        f"are rerunning, delete {state_path.name} to adopt its finished trials, else pick a new "
+                        "--output_dir") from None
 
-    from llmlab.core.runinfo import write_run_info
+
+def run_sweep(cfg: SweepConfig) -> list[dict]:
+    from llmlab.core.runfolder import acquire_lock, check_output_dir, release_lock
     from llmlab.sweep import report
 
-    out_dir = Path(cfg.output_dir)
+    out_dir = check_output_dir(cfg.output_dir)
     design = build_design(cfg)
-    fingerprint = settings_fingerprint(cfg)
-    state_path = out_dir / "sweep.json"
-    if state_path.is_file() and json.loads(state_path.read_text()).get("fingerprint") != fingerprint:
-        raise UserError(f"{out_dir} holds a sweep with different settings; rerun with its original options to "
-                        "resume, or pick a new --output_dir")
-    if cfg.report_only:
-        rows = load_results(out_dir, design)
-        if not rows:
-            raise UserError(f"{out_dir} has no finished trials to report on; run the sweep first")
+    note = acquire_lock(out_dir, "sweep")  # one driver per folder: a second one would run every trial twice
+    try:
+        if note:
+            print(note, flush=True)
+        reap_stale_trials(out_dir)
+        fingerprint = settings_fingerprint(cfg)
+        state = read_sweep_state(out_dir / "sweep.json")
+        if state is not None and state.get("fingerprint") != fingerprint:
+            raise UserError(f"{out_dir} holds a sweep with different settings; rerun with its original options to "
+                            "resume, or pick a new --output_dir")
+        if cfg.report_only:
+            rows = load_results(out_dir, design)
+            if not rows:
+                raise UserError(f"{out_dir} has no finished trials to report on; run the sweep first")
+        else:
+            rows = _run_trials(cfg, design, out_dir, fingerprint)
         report.write_report(out_dir, design, rows, cfg)
+        if cfg.grid == "lr_bs":
+            _scaling_hook(out_dir, rows, cfg.holdout)
         return rows
-    out_dir.mkdir(parents=True, exist_ok=True)
+    finally:
+        release_lock(out_dir)
+
+
+def _run_trials(cfg: SweepConfig, design: list[dict], out_dir: Path, fingerprint: str) -> list[dict]:
+    from llmlab.core.runinfo import write_run_info
+
     print(f"design ({cfg.grid}, {len(design)} trials):\n{design_table(design)}", flush=True)
     atomic_write_text(out_dir / "design.md", design_table(design) + "\n")
     atomic_write_json(out_dir / "design.json", design)
-    atomic_write_json(state_path, {"fingerprint": fingerprint, "grid": cfg.grid, "budget": cfg.budget})
+    atomic_write_json(out_dir / "sweep.json", {"fingerprint": fingerprint, "grid": cfg.grid, "budget": cfg.budget})
     write_run_info(out_dir, cfg)
     _print_parameters(cfg)
     launcher = cfg.launcher
@@ -285,18 +342,23 @@ def run_sweep(cfg: SweepConfig) -> list[dict]:
         launcher = "spawn" if resolve_device(cfg.device) == "cuda" else "forkserver"
     if launcher == "forkserver":
         _forkserver_context()
-    data_info = prepare_data(cfg, out_dir)
-    specs = trial_specs(cfg, design, data_info, out_dir)
+    specs = trial_specs(cfg, design, prepare_data(cfg, out_dir), out_dir)
     done = {r["trial_id"]: r for r in load_results(out_dir, design)
             if r.get("status") in FINISHED or (r.get("status") in ("crashed", "timeout") and not cfg.rerun_crashed)}
     pending = [s for s in specs if s["trial_id"] not in done]
     if done:
         print(f"resuming: {len(done)} finished trial(s) skipped ({', '.join(sorted(done))}); "
               f"{len(pending)} to run", flush=True)
-    launch = TrialLauncher(launcher, cfg.workers, cfg.threads_per_worker)
-    slots = list(range(cfg.workers))
+    _launch_all(TrialLauncher(launcher, cfg.workers, cfg.threads_per_worker), pending, len(specs), len(done))
+    return load_results(out_dir, design)
+
+
+def _launch_all(launch: TrialLauncher, pending: list[dict], total: int, done: int) -> None:
+    from tqdm.auto import tqdm
+
+    slots = list(range(launch.workers))
     slot_lock = threading.Lock()
-    bar = tqdm(total=len(specs), initial=len(done), desc="trials", unit="trial")
+    bar = tqdm(total=total, initial=done, desc="trials", unit="trial")
 
     def work(spec: dict) -> dict:
         with slot_lock:
@@ -312,7 +374,7 @@ def run_sweep(cfg: SweepConfig) -> list[dict]:
                   + (f" ({'; '.join(result['failures'])})" if result.get("failures") else ""))
         return result
 
-    pool = ThreadPoolExecutor(max_workers=cfg.workers)
+    pool = ThreadPoolExecutor(max_workers=launch.workers)
     try:
         list(pool.map(work, pending))
     except KeyboardInterrupt:
@@ -322,11 +384,27 @@ def run_sweep(cfg: SweepConfig) -> list[dict]:
     finally:
         pool.shutdown(wait=True)
         bar.close()
-    rows = load_results(out_dir, design)
-    report.write_report(out_dir, design, rows, cfg)
-    if cfg.grid == "lr_bs":
-        _scaling_hook(out_dir, rows)
-    return rows
+
+
+def reap_stale_trials(out_dir: Path) -> None:
+    """Trials of an earlier driver of this folder that are still running (it was killed before they saw it)
+    would write into this run's trial folders: kill them first. A trial folder's pid + pid_start name it."""
+    for pid_file in (out_dir / "trials").glob("*/pid"):
+        try:
+            pid, started = int(pid_file.read_text()), (pid_file.parent / "pid_start").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if process_start_time(pid) != started:
+            continue  # gone, or the pid now belongs to someone else
+        print(f"note: trial {pid_file.parent.name} (pid {pid}) of an earlier sweep is still running; stopping it",
+              flush=True)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        deadline = time.time() + 30
+        while process_start_time(pid) == started and time.time() < deadline:
+            time.sleep(0.05)
 
 
 def _print_parameters(cfg: SweepConfig) -> None:
@@ -341,12 +419,9 @@ def _print_parameters(cfg: SweepConfig) -> None:
           f"trainable, {frozen:,} frozen parameters\n{table}", flush=True)
 
 
-def _scaling_hook(out_dir: Path, rows: list[dict]) -> None:
-    """Hand lr_bs results to the scaling analysis (issue 5) when that module is installed."""
-    try:
-        from llmlab.scaling import write_lr_bs_report
-    except ImportError:
-        return
+def _scaling_hook(out_dir: Path, rows: list[dict], holdout: str = "auto") -> None:
+    """Hand lr_bs results to the scaling analysis: fits, the held-out check across sizes, the report."""
+    from llmlab.scaling import ScalingOptions, write_lr_bs_report
     from llmlab.sweep import report
 
-    write_lr_bs_report(out_dir, [report.flat_row(r) for r in rows])
+    write_lr_bs_report(out_dir, [report.flat_row(r) for r in rows], ScalingOptions(holdout=holdout))

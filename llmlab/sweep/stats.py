@@ -163,6 +163,22 @@ def _order_key(factor: str, value: str, order: Optional[dict[str, list]]) -> tup
         return (2, 0.0, value)
 
 
+def level_difference(fitted: dict, factor: str, a: str, b: str) -> dict:
+    """Effect of level `a` minus level `b` of one factor, from the joint fit, with its 95 % CI and verdict."""
+    from scipy import stats as sps
+
+    contrasts = dict(_level_contrasts(fitted["fit"], factor, fitted["levels"][factor]))
+    vector = contrasts[a] - contrasts[b]
+    noise = fitted["noise"]
+    effect = float(vector @ fitted["fit"].params.values)
+    if not noise["sd"] or not noise["df"]:
+        return {"difference": effect, "ci_low": None, "ci_high": None, "verdict": "no noise estimate"}
+    half = sps.t.ppf(1 - (1 - CONFIDENCE) / 2, noise["df"]) * noise["sd"] * math.sqrt(
+        float(vector @ fitted["fit"].normalized_cov_params.values @ vector))
+    return {"difference": effect, "ci_low": effect - half, "ci_high": effect + half,
+            "verdict": _verdict(effect - half, effect + half)}
+
+
 def minimum_resolvable_effect(fitted: dict) -> Optional[float]:
     """Median over level effects of the smallest effect whose 95 % CI would exclude zero in this design."""
     half_widths = [e["ci_high"] - e["effect"] for e in fitted["effects"] if e["ci_high"] is not None]

@@ -53,18 +53,30 @@ def trial_setting(spec: dict, hp: dict, name: str, default: Any = None) -> Any:
 
 
 def build_trial_model(spec: dict, hp: dict) -> torch.nn.Module:
+    width, depth = spec.get("model_width"), spec.get("model_depth")
     if spec["model"] == "minimal":
-        cfg = MinimalTransformerConfig(max_seq_len=spec["block_size"],
-                                       position_encoding=trial_setting(spec, hp, "position_encoding", "rope"),
-                                       embedding=spec.get("embedding", "trainable"),
-                                       gradient_checkpointing=spec["gradient_checkpointing"])
+        options = dict(max_seq_len=spec["block_size"], embedding=spec.get("embedding", "trainable"),
+                       position_encoding=trial_setting(spec, hp, "position_encoding", "rope"),
+                       parametrization=spec.get("parametrization", "standard"),
+                       mup_base_width=spec.get("mup_base_width", 192),
+                       gradient_checkpointing=spec["gradient_checkpointing"])
+        cfg = (MinimalTransformerConfig.of_size(width, depth, **options) if width
+               else MinimalTransformerConfig(**options))
         return MinimalTransformer(cfg)
     from llmlab.models.gpt2 import build_gpt2_model
 
-    model = build_gpt2_model(spec["model"], vocab_size=50257, n_positions=spec["block_size"])
+    shape = {"n_embd": width, "n_layer": depth, "n_head": width // 64} if width else {}
+    model = build_gpt2_model(spec["model"], vocab_size=50257, n_positions=spec["block_size"], **shape)
     if spec["gradient_checkpointing"]:
         model.gradient_checkpointing_enable()
     return model
+
+
+def non_embedding_parameters(model) -> int:
+    """N as the scaling-law papers count it: all parameters but token and position embeddings."""
+    if hasattr(model, "non_embedding_parameters"):
+        return model.non_embedding_parameters()
+    return model.num_parameters(exclude_embeddings=True)  # drops every nn.Embedding: GPT-2's wte and wpe
 
 
 def forward_logits(model, input_ids):
@@ -72,12 +84,17 @@ def forward_logits(model, input_ids):
     return out.logits if hasattr(out, "logits") else out
 
 
-def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float, weight_decay: float):
-    decay = [p for p in params if p.ndim >= 2]  # matrices decay; LayerNorm gains do not
-    rest = [p for p in params if p.ndim < 2]
+def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float, weight_decay: float,
+                   lr_multipliers: Optional[dict[int, float]] = None):
+    """Matrices decay, LayerNorm gains do not; `lr_multipliers` (id(param) -> factor) give muP's per-layer lrs."""
     if name == "lion":
         lr, weight_decay = lr / LION_LR_DIVISOR, weight_decay * LION_LR_DIVISOR
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    buckets: dict[tuple[bool, float], list] = {}
+    for p in params:
+        buckets.setdefault((p.ndim >= 2, (lr_multipliers or {}).get(id(p), 1.0)), []).append(p)
+    groups = [{"params": group, "weight_decay": weight_decay if decay else 0.0, "lr": lr * mult}
+              # group 0 (whose lr the curves record) is the decayed, unscaled one: the lr the user set
+              for (decay, mult), group in sorted(buckets.items(), key=lambda kv: (not kv[0][0], kv[0][1] != 1.0))]
     if name == "adamw":
         return torch.optim.AdamW(groups, lr=lr, fused=True)  # one kernel for all tensors, CPU and GPU
     if name == "lion":
@@ -142,7 +159,9 @@ def build_setup(spec: dict, hp: dict, device: torch.device) -> TrialSetup:
     if spec.get("print_parameters"):
         print(parameter_table(model)[0], flush=True)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(hp["optimizer"], params, hp["lr"], hp["weight_decay"])
+    multipliers = ({id(p): model.lr_multipliers()[n] for n, p in model.named_parameters() if p.requires_grad}
+                   if hasattr(model, "lr_multipliers") else None)
+    optimizer = make_optimizer(hp["optimizer"], params, hp["lr"], hp["weight_decay"], multipliers)
     steps, warmup = spec["steps"], warmup_steps(spec, hp)
     kwargs = {"power": 2.0} if hp["scheduler"] == "polynomial" else None  # power 1 would equal linear
     scheduler = get_scheduler(hp["scheduler"], optimizer, num_warmup_steps=warmup, num_training_steps=steps,
@@ -277,10 +296,7 @@ def train_attempt(spec: dict, hp: dict, data: dict, device: torch.device, log_di
             if snapshot is not None and not overflow:
                 for group, value in update_ratios(s.model, snapshot).items():
                     ratios.setdefault(group, []).append(value)
-            if step % spec["log_every"] == 0 or step == spec["steps"] - 1:
-                logger.log({"train/loss": loss, "train/grad_norm": norm, "train/lr": lr_now}, step)
-                print(f"step {step:>5}/{spec['steps']}  loss {loss:.4f}  grad_norm {norm:.3g}  lr {lr_now:.3g}  "
-                      f"{step_times[-1]:.3f} s/step", flush=True)
+            _log_step(spec, logger, step, curves, step_times[-1])
             safes.check(step, loss, norm, overflow)
             _precheck(spec, step, step_times, started)
         evaluation = evaluate_trial(s.model, data["validation"], spec, device, s.autocast)
@@ -297,6 +313,14 @@ def train_attempt(spec: dict, hp: dict, data: dict, device: torch.device, log_di
     write_hparams(logger, hp, summary)
     logger.close()
     return {"summary": summary, "curves": curves}
+
+
+def _log_step(spec: dict, logger: MetricsLogger, step: int, curves: dict, seconds: float) -> None:
+    if step % spec["log_every"] == 0 or step == spec["steps"] - 1:
+        loss, norm, lr = curves["loss"][-1], curves["grad_norm"][-1], curves["lr"][-1]
+        logger.log({"train/loss": loss, "train/grad_norm": norm, "train/lr": lr}, step)
+        print(f"step {step:>5}/{spec['steps']}  loss {loss:.4f}  grad_norm {norm:.3g}  lr {lr:.3g}  "
+              f"{seconds:.3f} s/step", flush=True)
 
 
 def summarise(spec: dict, s: TrialSetup, curves: dict, ratios: dict, step_times: list[float], counts: dict,
@@ -320,6 +344,10 @@ def summarise(spec: dict, s: TrialSetup, curves: dict, ratios: dict, step_times:
         "time_per_step_s": float(np.mean(timed)),
         "tokens_per_s": s.batch * spec["block_size"] / float(np.median(timed)),
         "train_tokens": spec["steps"] * s.batch * spec["block_size"],
+        "n_params": non_embedding_parameters(s.model),
+        "n_params_total": sum(p.numel() for p in s.model.parameters()),
+        # C = 6 N D (Kaplan et al.), the compute the scaling-law comparisons are stated in
+        "compute_flops": 6.0 * non_embedding_parameters(s.model) * spec["steps"] * s.batch * spec["block_size"],
         "warmup_steps": s.warmup, "accumulation_steps": math.ceil(s.batch / s.micro),
         "precision": spec.get("precision", "fp32"), "compiled": bool(spec.get("compile")),
     }
@@ -395,9 +423,28 @@ def load_data(data_dir: Path) -> dict:
     return {split: np.load(data_dir / f"{split}.npy", mmap_mode="r") for split in ("train", "validation")}
 
 
+def watch_driver(driver) -> None:
+    """Die with the sweep driver. PR_SET_PDEATHSIG only watches the direct parent, and a fork-server child's parent
+    is the fork server, which the children themselves keep alive; so poll the driver's identity once a second."""
+    import threading
+
+    from llmlab.core.runfolder import process_start_time
+
+    if not driver or driver[1] is None:
+        return
+
+    def watch() -> None:
+        while process_start_time(driver[0]) == driver[1]:
+            time.sleep(1.0)
+        os.kill(os.getpid(), 9)
+
+    threading.Thread(target=watch, name="driver-watch", daemon=True).start()
+
+
 def run_trial(spec_path: str | Path) -> dict:
     started = time.time()
     spec = json.loads(Path(spec_path).read_text())
+    watch_driver(spec.get("driver"))
     trial_dir = Path(spec["trial_dir"])
     threads = spec.get("threads")
     if threads:

@@ -1,25 +1,30 @@
-"""Training checkpoints: accelerate's save_state plus our trainer state, published atomically.
+"""Training checkpoints: accelerate's save_state, sealed by a manifest with a sha256 of every file.
 
-A checkpoint is output_dir/checkpoints/step_N. It is written under a temporary name and renamed into
-place only when complete, so a run killed mid-save leaves at most a `.tmp-*` folder that is never loaded
-(and is cleaned up on the next start). trainer_state.json, written last, lists every file with its size;
-loading checks them, so a truncated or emptied checkpoint is refused with a clear error instead of
-resuming from garbage.
+A checkpoint is output_dir/checkpoints/step_N. It is written under a temporary name and renamed into place only
+when complete; trainer_state.json, written last, holds the format, the resolved config, the run's layout and
+a size + sha256 of every file. Loading verifies all of it before anything is loaded, so a truncated, emptied or
+overwritten file is refused by name; with `latest` the newest *good* checkpoint is used and the damaged one is
+named. Weights that are not finite are never sealed as a checkpoint.
+
+What must match on resume is checked against the saved config: options a trainer lists as resumable (the
+schedule's length and lr, cadences, logging) are honoured; any other change is refused, naming the option.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Optional
 
 from llmlab.core.errors import UserError
 from llmlab.core.io import atomic_write_json, publish_dir
 
 STATE_FILE = "trainer_state.json"
-FORMAT = "llmlab-pretrain-checkpoint/1"
+FORMAT = "llmlab-checkpoint/2"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -48,27 +53,24 @@ def remove_partial_saves(output_dir: str | os.PathLike) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
-def resolve_checkpoint(output_dir: str | os.PathLike, value: str) -> Path:
-    """`--resume_from_checkpoint latest|PATH` -> a checkpoint folder, or a UserError saying what to do."""
-    if value == "latest":
-        path = latest_checkpoint(output_dir)
-        if path is None:
-            raise UserError(f"--resume_from_checkpoint latest: no checkpoint in {checkpoints_dir(output_dir)}; "
-                            "start without --resume_from_checkpoint, or pass a checkpoint folder")
-        return path
-    path = Path(value)
-    if not path.is_dir():
-        raise UserError(f"--resume_from_checkpoint: {path} is not a folder; pass 'latest' or a "
-                        "checkpoints/step_N folder")
-    return path
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _manifest(folder: Path) -> dict[str, dict]:
+    return {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": sha256_of(p)}
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def read_trainer_state(path: str | os.PathLike) -> dict:
-    """The trainer state of a checkpoint, after checking that the checkpoint is complete."""
+    """The manifest of a checkpoint, after verifying that every file it lists is there, whole and unchanged."""
     path = Path(path)
-    state_file = path / STATE_FILE
     try:
-        state = json.loads(state_file.read_text())
+        state = json.loads((path / STATE_FILE).read_text())
     except FileNotFoundError:
         raise UserError(f"checkpoint {path} is incomplete or not a checkpoint ({STATE_FILE} missing); "
                         "pass a checkpoints/step_N folder written by train_pretrain.py or train_lora.py") from None
@@ -77,37 +79,103 @@ def read_trainer_state(path: str | os.PathLike) -> dict:
                         "checkpoint folder") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise UserError(f"checkpoint {path} has an unknown format; it was not written by this version of llmlab")
-    for rel, size in state.get("files", {}).items():
+    missing = [key for key in ("step", "config", "layout", "trainer", "files") if key not in state]
+    if missing or not isinstance(state["files"], dict):
+        raise UserError(f"checkpoint {path} is unreadable ({STATE_FILE} lacks {(missing or ['files'])[0]!r}); "
+                        "resume from an older checkpoint folder")
+    for rel, expected in state.get("files", {}).items():
         file = path / rel
-        if not file.is_file() or file.stat().st_size != size:
+        if not file.is_file() or file.stat().st_size != expected["size"]:
             raise UserError(f"checkpoint {path} is damaged ({rel} missing or truncated); resume from an "
                             "older checkpoint folder")
+        if sha256_of(file) != expected["sha256"]:
+            raise UserError(f"checkpoint {path} is damaged and unreadable ({rel} does not match its sha256); "
+                            "resume from an older checkpoint folder")
     return state
 
 
-def _file_sizes(folder: Path) -> dict[str, int]:
-    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
+def newest_good_checkpoint(output_dir: str | os.PathLike, below: Optional[int] = None) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint that verifies (optionally with a step below `below`), and why newer ones did not."""
+    problems = []
+    for path in reversed(list_checkpoints(output_dir)):
+        if below is not None and checkpoint_step(path) >= below:
+            continue
+        try:
+            read_trainer_state(path)
+            return path, problems
+        except UserError as err:
+            problems.append(str(err).split(";")[0])
+    return None, problems
 
 
-def save_checkpoint(accelerator, output_dir: str | os.PathLike, step: int, trainer_state: dict,
-                    keep_last: int, write_extra: Callable[[Path], None] | None = None) -> Path:
+def checkpoint_step(path: Path) -> int:
+    match = _STEP_DIR.match(Path(path).name)
+    return int(match.group(1)) if match else -1
+
+
+def resolve_checkpoint(output_dir: str | os.PathLike, value: str, log: Callable[[str], None] = print) -> Path:
+    """`--resume_from_checkpoint latest|PATH` -> a verified checkpoint folder, or a UserError saying what to do."""
+    if value == "latest":
+        if not list_checkpoints(output_dir):
+            raise UserError(f"--resume_from_checkpoint latest: no checkpoint in {checkpoints_dir(output_dir)}; "
+                            "start without --resume_from_checkpoint, or pass a checkpoint folder")
+        path, problems = newest_good_checkpoint(output_dir)
+        if path is None:
+            raise UserError(f"--resume_from_checkpoint latest: every checkpoint in {checkpoints_dir(output_dir)} is "
+                            f"damaged ({problems[0]}); start a new run with --overwrite_output_dir")
+        for problem in problems:
+            log(f"note: {problem}; resuming from {path.name}, the newest good checkpoint")
+        return path
+    path = Path(value)
+    if not path.is_dir():
+        raise UserError(f"--resume_from_checkpoint: {path} is not a folder; pass 'latest' or a "
+                        "checkpoints/step_N folder")
+    try:
+        read_trainer_state(path)
+    except UserError as err:
+        good, _ = newest_good_checkpoint(path.parent.parent) if path.parent.name == "checkpoints" else (None, [])
+        hint = f"; the newest good one is {good}" if good is not None and good != path else ""
+        raise UserError(f"{err}{hint}") from None
+    return path
+
+
+def assert_finite(model, what: str) -> None:
+    """Refuse to seal weights that hold NaN or inf: a checkpoint or final model must be usable."""
+    import torch
+
+    for name, param in model.named_parameters():
+        if not bool(torch.isfinite(param.detach()).all()):
+            raise UserError(f"{what}: weight {name} is not finite (NaN/inf); nothing was saved. The run diverged: "
+                            "lower --learning_rate or --clip and resume from the last good checkpoint")
+
+
+def save_checkpoint(accelerator, output_dir: str | os.PathLike, step: int, manifest: dict, keep_last: int,
+                    model=None, write_extra: Callable[[Path], None] | None = None) -> Path:
     """Save everything needed to continue exactly; every process must call this.
 
     `write_extra(folder)` adds the trainer's own files (main process only) before the checkpoint is sealed."""
+    if model is not None:
+        assert_finite(accelerator.unwrap_model(model), f"checkpoint at step {step}")
     root = checkpoints_dir(output_dir)
-    final = root / f"step_{step}"
-    tmp = root / f".tmp-step_{step}"
+    final, tmp = root / f"step_{step}", root / f".tmp-step_{step}"
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))  # model, optimizer, grad scaler, RNG states, registered scheduler
+    try:
+        accelerator.save_state(str(tmp))  # model, optimizer, scaler, RNG states, every registered object
+    except (RuntimeError, OSError) as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _write_error(err, f"checkpoint {final}") from None
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        if write_extra is not None:
-            write_extra(tmp)
-        state = {"format": FORMAT, **trainer_state, "files": _file_sizes(tmp)}
-        atomic_write_json(tmp / STATE_FILE, state)
+        try:
+            if write_extra is not None:
+                write_extra(tmp)
+            atomic_write_json(tmp / STATE_FILE, {"format": FORMAT, **manifest, "files": _manifest(tmp)})
+        except OSError as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise _write_error(err, f"checkpoint {final}") from None
         publish_dir(tmp, final)
         for old in list_checkpoints(output_dir)[:-keep_last] if keep_last > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
@@ -115,15 +183,18 @@ def save_checkpoint(accelerator, output_dir: str | os.PathLike, step: int, train
     return final
 
 
-def load_checkpoint(accelerator, path: str | os.PathLike, layout: dict, same: str) -> dict:
-    """Restore model/optimizer/scheduler/scaler/RNG from `path`; returns its trainer state.
+def _write_error(err: Exception, what: str) -> UserError:
+    """torch reports a full disk as `[enforce fail at inline_container.cc] ... unexpected pos`: say what it is."""
+    text = str(err)
+    full = getattr(err, "errno", None) == 28 or "No space left" in text or "unexpected pos" in text
+    reason = "the disk is full" if full else text.splitlines()[0][:160]
+    return UserError(f"could not write {what}: {reason}; free space (or pick another --output_dir) and resume "
+                     "from the last checkpoint")
 
-    `layout` is what must match between the checkpoint and this run (or the data position means something
-    else); a mismatch is refused before anything is loaded, naming the options to keep (`same`)."""
+
+def load_checkpoint(accelerator, path: str | os.PathLike) -> dict:
+    """Restore model/optimizer/scheduler/scaler/RNG/registered objects from a verified checkpoint."""
     state = read_trainer_state(path)
-    if state.get("layout") != layout:
-        raise UserError(f"checkpoint {path} was written with {state.get('layout')}, this run has {layout}; "
-                        f"resume with the same {same}")
     try:
         accelerator.load_state(str(path))
     except UserError:
@@ -132,3 +203,36 @@ def load_checkpoint(accelerator, path: str | os.PathLike, layout: dict, same: st
         raise UserError(f"checkpoint {path} is unreadable ({type(err).__name__}: {str(err).splitlines()[0][:160]}); "
                         "resume from an older checkpoint folder") from None
     return state
+
+
+def check_resume_config(saved: dict, current: dict, resumable: Iterable[str], path: Path) -> list[str]:
+    """Options that changed since the checkpoint: honoured ones are returned, any other is refused by name."""
+    resumable = set(resumable)
+    changed = [k for k in current if k in saved and saved[k] != current[k]]
+    refused = [k for k in changed if k not in resumable]
+    if refused:
+        name = refused[0]
+        raise UserError(f"--{name} changed since checkpoint {path} ({saved[name]!r} -> {current[name]!r}); resume with "
+                        f"the same --{name}, or start a new run (--init_from / --overwrite_output_dir) to change it")
+    return changed
+
+
+def check_layout(saved: dict, current: dict, path: Path, same: str) -> None:
+    """What the config cannot show (process count, accumulation, dataset size) must match too."""
+    if saved != current:
+        diff = ", ".join(f"{k} {saved.get(k)!r} -> {current.get(k)!r}" for k in current if saved.get(k) != current[k])
+        raise UserError(f"checkpoint {path} was written with another setup ({diff}); resume with the same {same}")
+
+
+def set_aside_newer_checkpoints(output_dir: str | os.PathLike, resume_path: Path) -> list[Path]:
+    """Resuming from an older checkpoint starts a new timeline: checkpoints past it are renamed out of rotation
+    (kept, never deleted), so neither `latest` nor retention can mix the two timelines."""
+    step = checkpoint_step(resume_path)
+    moved = []
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for path in list_checkpoints(output_dir):
+        if checkpoint_step(path) > step:
+            target = path.with_name(f"{path.name}.abandoned-{stamp}")
+            os.replace(path, target)
+            moved.append(target)
+    return moved

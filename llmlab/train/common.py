@@ -19,8 +19,8 @@ def parse_clip(value: str | float) -> float | str:
         number = float(value)
     except (TypeError, ValueError):
         raise UserError(f"--clip: expected a number or 'adaptive', got {value!r}") from None
-    if number < 0:
-        raise UserError(f"--clip: must be >= 0 (0 disables clipping), got {number}")
+    if not math.isfinite(number) or number < 0:
+        raise UserError(f"--clip: must be a finite number >= 0 (0 disables clipping), got {value!r}")
     return number
 
 

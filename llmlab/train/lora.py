@@ -7,9 +7,7 @@ before/after evaluation (validation perplexity and ROUGE-L of greedy answers, se
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -78,8 +76,14 @@ class LoraTrainConfig:
     keep_last: int = opt(2, "keep only the newest N checkpoints")
     resume_from_checkpoint: Optional[str] = opt(None, "'latest' or a checkpoints/step_N folder to continue from")
     seed: int = opt(0, "seed for LoRA init, dropout and shuffling")
+    cpu_threads: int = opt(0, "CPU threads per process; 0 = PyTorch's default, or all cores when `accelerate "
+                              "launch` forced OMP_NUM_THREADS=1")
     output_dir: str = opt("runs/lora", "run folder: adapter/, eval.json, checkpoints/, config.yaml, "
                                            "tensorboard/")
+    overwrite_output_dir: bool = opt(False, "start afresh in an --output_dir that already holds a LoRA run (deletes "
+                                            "that run's adapter/, checkpoints/, eval.json and logs, nothing else)")
+    report_to: list[str] = opt(["tensorboard"], "trackers: tensorboard, wandb, mlflow, aim, comet_ml, all or none "
+                                                "(metrics.jsonl is always written)")
 
     def validate(self) -> None:
         positive = ("max_length", "lora_r", "batch_size", "gradient_accumulation_steps", "epochs", "eval_every",
@@ -90,7 +94,7 @@ class LoraTrainConfig:
         for name in ("max_steps", "max_examples"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise UserError(f"--{name} must be >= 1 (or omitted), got {getattr(self, name)}")
-        for name in ("warmup_steps", "eval_examples", "num_samples", "save_every"):
+        for name in ("warmup_steps", "eval_examples", "num_samples", "save_every", "cpu_threads"):
             if getattr(self, name) < 0:
                 raise UserError(f"--{name} must be >= 0, got {getattr(self, name)}")
         if not 0 < self.val_fraction < 1:
@@ -101,246 +105,278 @@ class LoraTrainConfig:
             raise UserError(f"--label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.learning_rate < 0 or self.weight_decay < 0:
             raise UserError("--learning_rate and --weight_decay must be >= 0")
+        from llmlab.core.tracking import check_report_to
         from llmlab.train.common import parse_clip
 
         parse_clip(self.clip)
         check_templates(self.prompt_template, self.prompt_template_no_input)
+        check_report_to(self.report_to)
 
 
-# --------------------------------------------------------------------------------------------------
-# Training
-# --------------------------------------------------------------------------------------------------
+RUN_FILES = ("adapter", "checkpoints", "eval.json", "metrics.jsonl", "tensorboard", "config.yaml", "run_info.json")
+# Options a resume may change: the run's length and lr (the schedule is recomputed from them), cadences and
+# evaluation settings. Anything that changes the model, the data or its order is refused, naming the option.
+RESUMABLE = ("max_steps", "epochs", "learning_rate", "warmup_steps", "eval_every", "patience", "min_delta",
+             "eval_batch_size", "eval_examples", "max_new_tokens", "sample_every", "num_samples", "log_every",
+             "save_every", "keep_last", "clip", "gradient_checkpointing")
 
-def make_accelerator(cfg: LoraTrainConfig):
-    from accelerate import Accelerator
 
-    from llmlab.train.common import process_group_handlers
+@dataclass
+class LoraState:
+    """LoRA's own resumable state: data position within the epoch, early stopping, the before-measurements."""
+    epoch: int = 0
+    epoch_micro_batches: int = 0
+    best_loss: float = math.inf
+    best_step: int = 0
+    bad_evals: int = 0
+    before: Optional[dict] = None
 
-    return Accelerator(gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-                       kwargs_handlers=process_group_handlers())
+    def state_dict(self) -> dict:
+        return dict(vars(self))
+
+    def load_state_dict(self, state: dict) -> None:
+        vars(self).update(state)
 
 
 def train(cfg: LoraTrainConfig) -> dict:
     """Adapt, evaluate before and after, save the best adapter; returns the eval.json content."""
-    from llmlab.train import checkpointing as ckpt
+    from llmlab.train.loop import TrainingSession
 
     check_base_model(cfg)  # before the slow imports: the most common first-run mistake answers at once
-    resume_path = None
-    if cfg.resume_from_checkpoint:  # fail fast, before the model and data are built
-        resume_path = ckpt.resolve_checkpoint(cfg.output_dir, cfg.resume_from_checkpoint)
-        ckpt.read_trainer_state(resume_path)
     quiet_optional_backends()
-    import torch
-    from accelerate.utils import set_seed
-    from torch.utils.data import DataLoader
-    from tqdm.auto import tqdm
-    from transformers import get_scheduler
+    session = TrainingSession(cfg, "lora", run_files=RUN_FILES, resumable=RESUMABLE,
+                              gradient_accumulation_steps=cfg.gradient_accumulation_steps)
+    session.layout_hint = "model, data, batch sizes, processes and seed"
+    with session:
+        return LoraRun(cfg, session).run()
 
-    from llmlab.train import lora_eval
-    from llmlab.data.instruct import collate, load_records, pad_id_for, split_records, tokenize_records
-    from llmlab.core.runinfo import write_run_info
-    from llmlab.core.tracking import MetricsLogger
-    from llmlab.train.common import GradClipper, perplexity
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file, save_file
 
-    out = Path(cfg.output_dir)
-    model, tokenizer, tokenizer_from_base = load_base_model(cfg)
-    accelerator = make_accelerator(cfg)
-    checkpoint_trainable_weights_only(accelerator)
-    main = accelerator.is_main_process
-    say = accelerator.print
-    set_seed(cfg.seed)
+class LoraRun:
+    """LoRA on top of the shared session: prompt-masked loss, early stopping, before/after evaluation."""
 
-    records = load_records(cfg.dataset, cfg.cache_dir, cfg.dataset_config, cfg.dataset_split)
-    train_records, val_records = split_records(records, cfg.val_fraction, cfg.data_seed, cfg.max_examples)
-    max_length = min(cfg.max_length, model.config.max_position_embeddings)
-    tokenize = partial(tokenize_records, tokenizer, max_length=max_length, prompt_template=cfg.prompt_template,
-                       prompt_template_no_input=cfg.prompt_template_no_input)
-    (train_examples, train_dropped), (val_examples, val_dropped) = tokenize(train_records), tokenize(val_records)
-    if not train_examples or not val_examples:
-        raise UserError(f"no example fits in --max_length {max_length}; raise it or shorten the prompts")
-    say(f"data: {cfg.dataset}: {len(train_examples)} train / {len(val_examples)} validation examples, "
-        f"{accelerator.num_processes} process(es) on {accelerator.device.type}"
-        + (f" ({train_dropped + val_dropped} dropped: prompt longer than {max_length} tokens)"
-           if train_dropped + val_dropped else ""))
+    def __init__(self, cfg: LoraTrainConfig, session):
+        from accelerate.utils import set_seed
 
-    model = add_lora(model, cfg)
-    trainable, total = model.get_nb_trainable_parameters()
-    say(f"LoRA r={cfg.lora_r} alpha={cfg.lora_alpha} on {sorted(model.peft_config['default'].target_modules)}: "
-        f"{trainable:,} trainable of {total:,} parameters ({100 * trainable / total:.3f}%)")
+        self.cfg, self.session = cfg, session
+        acc = session.accelerator
+        model, self.tokenizer, from_base = load_base_model(cfg)
+        checkpoint_trainable_weights_only(acc)
+        set_seed(cfg.seed)
+        self.adapter_tokenizer = None if from_base else self.tokenizer  # saved with the adapter only if not the base's
+        self.load_data(model.config.max_position_embeddings)
+        model = add_lora(model, cfg)
+        trainable, total = model.get_nb_trainable_parameters()
+        self.counts = {"trainable_params": trainable, "total_params": total}
+        acc.print(f"LoRA r={cfg.lora_r} alpha={cfg.lora_alpha} on {sorted(model.peft_config['default'].target_modules)}: "
+                  f"{trainable:,} trainable of {total:,} parameters ({100 * trainable / total:.3f}%)")
+        self.build_training(model)
+        self.lora = LoraState()
+        session.register(self.scheduler, self.clipper, self.lora)
+        session.begin(self.total_steps, {"train_examples": len(self.train_examples),
+                                         "num_processes": acc.num_processes},
+                      cfg.save_every, cfg.keep_last, model=self.model, desc="lora",
+                      write_extra=lambda folder: self.save_best(folder / BEST_ADAPTER_FILE))
+        session.refresh_lr(self.scheduler, cfg.learning_rate)  # a resume honours a changed --learning_rate
 
-    pad_id = pad_id_for(tokenizer)
-    adapter_tokenizer = None if tokenizer_from_base else tokenizer
-    loader_seed = torch.Generator().manual_seed(cfg.seed)
-    train_loader = DataLoader(train_examples, batch_size=cfg.batch_size, shuffle=True, generator=loader_seed,
-                              collate_fn=partial(collate, pad_id=pad_id))
-    val_loader = DataLoader(val_examples, batch_size=cfg.eval_batch_size, collate_fn=partial(collate, pad_id=pad_id))
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate,
-                                  weight_decay=cfg.weight_decay)
-    model, optimizer, train_loader, val_loader = accelerator.prepare(model, optimizer, train_loader, val_loader)
-    # Logits only where the loss needs them (answer positions), if that reproduces the model's own.
-    probe = {k: v.to(accelerator.device) for k, v in collate(val_examples[:4], pad_id).items()}
-    logits_mode = lora_eval.pick_logits_mode(accelerator.unwrap_model(model).get_base_model(), probe)
-    head = accelerator.unwrap_model(model).get_output_embeddings()
-    if logits_mode != "gather":
-        say(f"note: {logits_mode} logits: this model's output is not a plain head(hidden states)")
-    steps_per_epoch = math.ceil(len(train_loader) / cfg.gradient_accumulation_steps)
-    total_steps = cfg.epochs * steps_per_epoch if cfg.max_steps is None else min(cfg.max_steps,
-                                                                                 cfg.epochs * steps_per_epoch)
-    # Stepped by hand once per optimizer step (not prepared): the step counts above are already per process.
-    scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.warmup_steps,
-                              num_training_steps=total_steps)
-    accelerator.register_for_checkpointing(scheduler)
-    clipper = GradClipper(cfg.clip, warmup_steps=cfg.warmup_steps)
-    trainable_params = [p for p in model.parameters() if p.requires_grad]
+    def load_data(self, context: int) -> None:
+        from functools import partial
 
-    if main:
-        out.mkdir(parents=True, exist_ok=True)
-        ckpt.remove_partial_saves(out)
-        write_run_info(out, cfg)
-    logger = MetricsLogger(out, enabled=main)
-    rouge_examples = val_examples[: cfg.eval_examples]
-    sample_examples = val_examples[: cfg.num_samples]
-    evaluate = partial(lora_eval.evaluate_adapter, accelerator=accelerator, tokenizer=tokenizer, val_loader=val_loader,
-                       pad_id=pad_id, batch_size=cfg.eval_batch_size, max_new_tokens=cfg.max_new_tokens,
-                       mode=logits_mode, head=head)
+        from llmlab.data.instruct import load_records, split_records, tokenize_records
 
-    # What must match between a checkpoint and its resume, or the data position means something else.
-    layout = {"trainer": "lora", "base_model": cfg.base_model, "dataset": cfg.dataset,
-              "train_examples": len(train_examples), "batch_size": cfg.batch_size,
-              "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
-              "num_processes": accelerator.num_processes, "seed": cfg.seed}
-    step, start_epoch, skip_micro = 0, 0, 0
-    if resume_path is None:
-        say(f"evaluating the base model on {len(val_examples)} validation examples "
-            f"(ROUGE-L on {len(rouge_examples)})...")
-        before = evaluate(model, rouge_examples=rouge_examples)
-        # val/* is the validation curve (step 0 = base model); eval/* are the before/after measurements.
-        logger.log({"val/loss": before["val_loss"], "val/perplexity": before["val_perplexity"],
-                    **{f"eval/{k}": v for k, v in before.items() if k != "generations"}}, 0)
-        # The untrained adapter (B = 0) is the base model: it is the first candidate for "best".
-        best_loss, best_step, bad_evals = before["val_loss"], 0, 0
-        best_state = adapter_state(accelerator.unwrap_model(model))
-    else:
-        # adapter, optimizer, scheduler, RNG states
-        saved = ckpt.load_checkpoint(accelerator, resume_path, layout, "model, data, batch sizes, processes and seed")
-        step, start_epoch, skip_micro = saved["step"], saved["epoch"], saved["epoch_micro_batches"]
-        before, best_loss, best_step, bad_evals = (saved["before"], saved["best_loss"], saved["best_step"],
-                                                   saved["bad_evals"])
-        clipper.load_state_dict(saved["clipper"])
-        best_state = load_file(resume_path / BEST_ADAPTER_FILE)
-        if skip_micro >= len(train_loader):
-            start_epoch, skip_micro = start_epoch + 1, 0
-        say(f"resumed from {resume_path} at step {step} (best validation loss {best_loss:.4f} at step {best_step})")
-    if main:  # the adapter folder always holds the best adapter this run knows of
-        current = adapter_state(accelerator.unwrap_model(model))
-        set_peft_model_state_dict(accelerator.unwrap_model(model), best_state)
-        save_adapter(accelerator.unwrap_model(model), cfg, out / "adapter", adapter_tokenizer)
-        set_peft_model_state_dict(accelerator.unwrap_model(model), current)
+        cfg, acc = self.cfg, self.session.accelerator
+        records = load_records(cfg.dataset, cfg.cache_dir, cfg.dataset_config, cfg.dataset_split)
+        train_records, val_records = split_records(records, cfg.val_fraction, cfg.data_seed, cfg.max_examples)
+        max_length = min(cfg.max_length, context)
+        tokenize = partial(tokenize_records, self.tokenizer, max_length=max_length,
+                           prompt_template=cfg.prompt_template, prompt_template_no_input=cfg.prompt_template_no_input)
+        (self.train_examples, train_dropped), (self.val_examples, val_dropped) = tokenize(train_records), tokenize(val_records)
+        if not self.train_examples or not self.val_examples:
+            raise UserError(f"no example fits in --max_length {max_length}; raise it or shorten the prompts")
+        dropped = train_dropped + val_dropped
+        acc.print(f"data: {cfg.dataset}: {len(self.train_examples)} train / {len(self.val_examples)} validation "
+                  f"examples, {acc.num_processes} process(es) on {acc.device.type}"
+                  + (f" ({dropped} dropped: prompt longer than {max_length} tokens)" if dropped else ""))
 
-    def save_checkpoint(epoch: int, epoch_micro: int) -> None:
-        ckpt.save_checkpoint(accelerator, out, step, {
-            "layout": layout, "step": step, "epoch": epoch, "epoch_micro_batches": epoch_micro, "before": before,
-            "best_loss": best_loss, "best_step": best_step, "bad_evals": bad_evals, "clipper": clipper.state_dict(),
-        }, cfg.keep_last, write_extra=lambda folder: save_file(best_state, folder / BEST_ADAPTER_FILE))
+    def build_training(self, model) -> None:
+        from functools import partial
 
-    stopped_early = False
-    window_loss, window_micro, window_tokens = 0.0, 0, 0
-    window_start = time.perf_counter()
-    progress = tqdm(total=total_steps, initial=step, desc="lora", disable=not main, dynamic_ncols=True)
-    model.train()
-    for epoch in range(start_epoch, cfg.epochs):
-        if step >= total_steps:
-            break
-        loader_seed.manual_seed(cfg.seed + epoch)  # each epoch's order depends on its index only: resumable
-        batches = accelerator.skip_first_batches(train_loader, skip_micro) if skip_micro else train_loader
-        epoch_micro, skip_micro = skip_micro, 0
-        for batch in batches:
-            epoch_micro += 1
-            with accelerator.accumulate(model):
-                logits, targets, _ = lora_eval.answer_logits(model, batch, logits_mode, head)
-                loss = lora_eval.answer_loss(logits, targets, cfg.label_smoothing)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients:
-                    max_norm = clipper.max_norm(step)
-                    grad_norm = float(accelerator.clip_grad_norm_(trainable_params, max_norm or float("inf")))
-                    clipper.observe(grad_norm)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            window_loss += loss.item()
-            window_micro += 1
-            window_tokens += int(batch["attention_mask"].sum())
-            if not accelerator.sync_gradients:
-                continue
-            scheduler.step()
-            step += 1
-            progress.update(1)
+        import torch
+        from torch.utils.data import DataLoader
+        from transformers import get_scheduler
 
-            if step % cfg.log_every == 0 or step == total_steps:
-                stats = torch.tensor([window_loss, window_micro, window_tokens], dtype=torch.float64,
-                                     device=accelerator.device)
-                loss_sum, micro, tokens = accelerator.reduce(stats, reduction="sum").tolist()
-                elapsed = time.perf_counter() - window_start
-                scalars = {"train/loss": loss_sum / micro, "train/lr": scheduler.get_last_lr()[0],
-                           "train/grad_norm": grad_norm, "train/tokens_per_sec": tokens / elapsed}
-                logger.log(scalars, step)
-                progress.set_postfix(loss=f"{scalars['train/loss']:.3f}", lr=f"{scalars['train/lr']:.2e}",
-                                     tok_s=f"{scalars['train/tokens_per_sec']:.0f}")
-                window_loss, window_micro, window_tokens, window_start = 0.0, 0, 0, time.perf_counter()
+        from llmlab.data.instruct import collate, pad_id_for
+        from llmlab.train import lora_eval
+        from llmlab.train.common import GradClipper
+        from llmlab.train.loop import scaled_schedule
 
-            paused = time.perf_counter()  # generation, evaluation and saving are not training throughput
-            if step % cfg.sample_every == 0 and sample_examples:
-                text = lora_eval.samples_markdown(accelerator, model, tokenizer, sample_examples, pad_id,
-                                                  cfg.max_new_tokens)
-                logger.text("samples", text, step)
-                model.train()
+        cfg, session, acc = self.cfg, self.session, self.session.accelerator
+        self.pad_id = pad_id_for(self.tokenizer)
+        self.loader_seed = torch.Generator().manual_seed(cfg.seed)
+        train_loader = DataLoader(self.train_examples, batch_size=cfg.batch_size, shuffle=True,
+                                  generator=self.loader_seed, collate_fn=partial(collate, pad_id=self.pad_id))
+        val_loader = DataLoader(self.val_examples, batch_size=cfg.eval_batch_size,
+                                collate_fn=partial(collate, pad_id=self.pad_id))
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate,
+                                      weight_decay=cfg.weight_decay)
+        self.model, self.optimizer, self.train_loader, self.val_loader = session.prepare(
+            model, optimizer, train_loader, val_loader)
+        # Logits only where the loss needs them (answer positions), if that reproduces the model's own.
+        probe = {k: v.to(acc.device) for k, v in collate(self.val_examples[:4], self.pad_id).items()}
+        self.logits_mode = lora_eval.pick_logits_mode(acc.unwrap_model(self.model).get_base_model(), probe)
+        self.head = acc.unwrap_model(self.model).get_output_embeddings()
+        if self.logits_mode != "gather":
+            acc.print(f"note: {self.logits_mode} logits: this model's output is not a plain head(hidden states)")
+        steps_per_epoch = math.ceil(len(self.train_loader) / cfg.gradient_accumulation_steps)
+        self.total_steps = min(cfg.max_steps or math.inf, cfg.epochs * steps_per_epoch)
+        # Stepped by hand once per optimizer step (not prepared): the step counts above are already per process.
+        self.scheduler = scaled_schedule(get_scheduler(cfg.lr_scheduler, self.optimizer, num_warmup_steps=cfg.warmup_steps,
+                                                       num_training_steps=self.total_steps), session.state)
+        self.clipper = GradClipper(cfg.clip, warmup_steps=cfg.warmup_steps)
+        self.evaluate = partial(lora_eval.evaluate_adapter, accelerator=acc, tokenizer=self.tokenizer,
+                                val_loader=self.val_loader, pad_id=self.pad_id, batch_size=cfg.eval_batch_size,
+                                max_new_tokens=cfg.max_new_tokens, mode=self.logits_mode, head=self.head,
+                                rouge_examples=self.val_examples[: cfg.eval_examples])
 
-            if step % cfg.eval_every == 0 or step == total_steps:
-                val_loss = lora_eval.validation_loss(model, val_loader, accelerator, logits_mode, head)
-                logger.log({"val/loss": val_loss, "val/perplexity": perplexity(val_loss)}, step)
-                if val_loss < best_loss - cfg.min_delta:
-                    best_loss, best_step, bad_evals = val_loss, step, 0
-                    best_state = adapter_state(accelerator.unwrap_model(model))
-                    if main:
-                        save_adapter(accelerator.unwrap_model(model), cfg, out / "adapter", adapter_tokenizer)
-                else:
-                    bad_evals += 1
-                progress.write(f"step {step}: val loss {val_loss:.4f} (best {best_loss:.4f} at step {best_step})")
-                stopped_early = bad_evals >= cfg.patience
-                model.train()
-            if stopped_early or step >= total_steps:
-                break
-            if cfg.save_every and step % cfg.save_every == 0:
-                save_checkpoint(epoch, epoch_micro)
-            window_start += time.perf_counter() - paused
+    # ------------------------------------------------------------------ adapter bookkeeping
+    def adapter_now(self) -> dict:
+        return adapter_state(self.session.accelerator.unwrap_model(self.model))
+
+    def save_best(self, path: Path) -> None:
+        from safetensors.torch import save_file
+
+        save_file(self.best_state, path)
+
+    def publish_best(self) -> None:
+        """The adapter folder always holds the best adapter this run knows of."""
+        from peft import set_peft_model_state_dict
+
+        from llmlab.train.checkpointing import assert_finite
+
+        if not self.session.accelerator.is_main_process:
+            return
+        unwrapped = self.session.accelerator.unwrap_model(self.model)
+        current = self.adapter_now()
+        set_peft_model_state_dict(unwrapped, self.best_state)
+        assert_finite(unwrapped, "adapter")
+        save_adapter(unwrapped, self.cfg, self.session.out / "adapter", self.adapter_tokenizer)
+        set_peft_model_state_dict(unwrapped, current)
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> dict:
+        cfg, session, lora = self.cfg, self.session, self.lora
+        if session.resume_path is None:
+            session.accelerator.print(f"evaluating the base model on {len(self.val_examples)} validation examples "
+                                      f"(ROUGE-L on {min(cfg.eval_examples, len(self.val_examples))})...")
+            with session.paused():
+                lora.before = self.evaluate(self.model)
+            # val/* is the validation curve (step 0 = base model); eval/* are the before/after measurements.
+            session.log({"val/loss": lora.before["val_loss"], "val/perplexity": lora.before["val_perplexity"],
+                         **{f"eval/{k}": v for k, v in lora.before.items() if k != "generations"}}, 0)
+            # The untrained adapter (B = 0) is the base model: it is the first candidate for "best".
+            lora.best_loss, lora.best_step, self.best_state = lora.before["val_loss"], 0, self.adapter_now()
+        else:
+            from safetensors.torch import load_file
+
+            self.best_state = load_file(session.resume_path / BEST_ADAPTER_FILE)
+            session.accelerator.print(f"best validation loss so far {lora.best_loss:.4f} at step {lora.best_step}")
+        self.publish_best()
+        stopped_early = self.train_epochs()
         if stopped_early:
-            break
-    progress.close()
-    if stopped_early:
-        say(f"early stop at step {step}: validation loss has not improved for {cfg.patience} evaluations")
+            session.accelerator.print(f"early stop at step {session.state.step}: validation loss has not improved "
+                                      f"for {cfg.patience} evaluations")
+        return self.finish(stopped_early)
 
-    set_peft_model_state_dict(accelerator.unwrap_model(model), best_state)  # evaluate the adapter we keep
-    say(f"evaluating the best adapter (step {best_step})...")
-    after = evaluate(model, rouge_examples=rouge_examples)
-    logger.log({f"eval/{k}": v for k, v in after.items() if k != "generations"}, step)
-    logger.close()
+    def train_epochs(self) -> bool:
+        cfg, session, lora, acc = self.cfg, self.session, self.lora, self.session.accelerator
+        if lora.epoch_micro_batches >= len(self.train_loader):
+            lora.epoch, lora.epoch_micro_batches = lora.epoch + 1, 0
+        self.model.train()
+        for epoch in range(lora.epoch, cfg.epochs):
+            if session.state.step >= self.total_steps:
+                break
+            self.loader_seed.manual_seed(cfg.seed + epoch)  # each epoch's order depends on its index only: resumable
+            skip, lora.epoch = lora.epoch_micro_batches, epoch
+            batches = acc.skip_first_batches(self.train_loader, skip) if skip else self.train_loader
+            for batch in batches:
+                lora.epoch_micro_batches += 1
+                result = self.micro_step(batch)
+                if result is None:
+                    continue
+                session.log_step(result, cfg.log_every)
+                if self.after_step():
+                    return True
+                if session.state.step >= self.total_steps:
+                    return False
+                session.checkpointer.maybe_save(session.state.step)
+            lora.epoch_micro_batches = 0
+        return False
 
-    report = {
-        "base_model": cfg.base_model, "dataset": cfg.dataset,
-        "train_examples": len(train_examples), "val_examples": len(val_examples),
-        "rouge_examples": len(rouge_examples), "steps": step, "best_step": best_step,
-        "stopped_early": stopped_early, "trainable_params": trainable, "total_params": total,
-        "before": {k: v for k, v in before.items() if k != "generations"},
-        "after": {k: v for k, v in after.items() if k != "generations"},
-        "examples": lora_eval.example_rows(rouge_examples, before["generations"], after["generations"]),
-    }
-    if main:
+    def micro_step(self, batch):
+        from llmlab.train import lora_eval
+
+        acc, session = self.session.accelerator, self.session
+        with acc.accumulate(self.model):
+            logits, targets, _ = lora_eval.answer_logits(self.model, batch, self.logits_mode, self.head)
+            session.backward(lora_eval.answer_loss(logits, targets, self.cfg.label_smoothing),
+                             int(batch["attention_mask"].sum()))
+            if acc.sync_gradients:
+                params = [p for p in self.model.parameters() if p.requires_grad]
+                return session.optimizer_step(params, self.optimizer, self.scheduler, self.clipper)
+        return None
+
+    def after_step(self) -> bool:
+        """Samples and evaluation at their cadence; True when early stopping ends the run."""
+        from llmlab.train import lora_eval
+        from llmlab.train.common import perplexity
+
+        cfg, session, lora, acc = self.cfg, self.session, self.lora, self.session.accelerator
+        step = session.state.step
+        with session.paused():
+            if step % cfg.sample_every == 0 and cfg.num_samples:
+                text = lora_eval.samples_markdown(acc, self.model, self.tokenizer, self.val_examples[: cfg.num_samples],
+                                                  self.pad_id, cfg.max_new_tokens)
+                session.log({"samples": text}, step)
+                self.model.train()
+            if not session.due(cfg.eval_every):
+                return False
+            val_loss = lora_eval.validation_loss(self.model, self.val_loader, acc, self.logits_mode, self.head)
+            session.log({"val/loss": val_loss, "val/perplexity": perplexity(val_loss)}, step)
+            if val_loss < lora.best_loss - cfg.min_delta:
+                lora.best_loss, lora.best_step, lora.bad_evals = val_loss, step, 0
+                self.best_state = self.adapter_now()
+                self.publish_best()
+            else:
+                lora.bad_evals += 1
+            session.bar.write(f"step {step}: val loss {val_loss:.4f} (best {lora.best_loss:.4f} at step {lora.best_step})")
+            self.model.train()
+        return lora.bad_evals >= cfg.patience
+
+    def finish(self, stopped_early: bool) -> dict:
+        from peft import set_peft_model_state_dict
+
         from llmlab.core.io import atomic_write_json
+        from llmlab.train import lora_eval
 
-        report["adapter_bytes"] = sum(f.stat().st_size for f in (out / "adapter").iterdir())
-        atomic_write_json(out / "eval.json", report)
-        print(lora_eval.before_after_table(report))
-        print(f"adapter ({report['adapter_bytes'] / 1e6:.2f} MB): {out / 'adapter'}  eval: {out / 'eval.json'}")
-    accelerator.wait_for_everyone()
-    return report
+        cfg, session, lora, acc = self.cfg, self.session, self.lora, self.session.accelerator
+        set_peft_model_state_dict(acc.unwrap_model(self.model), self.best_state)  # evaluate the adapter we keep
+        acc.print(f"evaluating the best adapter (step {lora.best_step})...")
+        after = self.evaluate(self.model)
+        session.log({f"eval/{k}": v for k, v in after.items() if k != "generations"}, session.state.step)
+        rouge_examples = self.val_examples[: cfg.eval_examples]
+        report = {
+            "base_model": cfg.base_model, "dataset": cfg.dataset,
+            "train_examples": len(self.train_examples), "val_examples": len(self.val_examples),
+            "rouge_examples": len(rouge_examples), "steps": session.state.step, "best_step": lora.best_step,
+            "stopped_early": stopped_early, **self.counts,
+            "before": {k: v for k, v in lora.before.items() if k != "generations"},
+            "after": {k: v for k, v in after.items() if k != "generations"},
+            "examples": lora_eval.example_rows(rouge_examples, lora.before["generations"], after["generations"]),
+        }
+        if acc.is_main_process:
+            report["adapter_bytes"] = sum(f.stat().st_size for f in (session.out / "adapter").iterdir())
+            atomic_write_json(session.out / "eval.json", report)
+            print(lora_eval.before_after_table(report))
+            print(f"adapter ({report['adapter_bytes'] / 1e6:.2f} MB): {session.out / 'adapter'}  "
+                  f"eval: {session.out / 'eval.json'}")
+        acc.wait_for_everyone()
+        return report

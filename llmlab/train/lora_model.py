@@ -7,18 +7,13 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 from llmlab.core.errors import UserError
 from llmlab.data.instruct import PROMPT_FILE
-
-if TYPE_CHECKING:
-    from llmlab.train.lora import LoraTrainConfig
 
 DEFAULT_BASE_MODEL = "runs/pretrain/final"
 
 
-def check_base_model(cfg: LoraTrainConfig) -> None:
+def check_base_model(cfg) -> None:
     if cfg.base_model == DEFAULT_BASE_MODEL and not Path(cfg.base_model).is_dir():
         raise UserError(f"no pretrained model at {DEFAULT_BASE_MODEL}: run `accelerate launch train_pretrain.py` "
                         "first, or pass --base_model (any Hugging Face model name or save_pretrained folder)")
@@ -36,7 +31,7 @@ def quiet_optional_backends() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def load_base_model(cfg: LoraTrainConfig):
+def load_base_model(cfg):
     """(model, tokenizer, whether the tokenizer came from the base model's folder).
 
     A missing default model is a one-line hint, not a traceback."""
@@ -68,7 +63,7 @@ def load_base_model(cfg: LoraTrainConfig):
     return model, tokenizer, from_base
 
 
-def add_lora(model, cfg: LoraTrainConfig):
+def add_lora(model, cfg):
     """Wrap `model` with a LoRA adapter; afterwards only adapter weights require grad."""
     from peft import LoraConfig, get_peft_model
 
@@ -98,7 +93,7 @@ def adapter_state(model) -> dict:
     return {k: v.detach().to("cpu", copy=True) for k, v in get_peft_model_state_dict(model).items()}
 
 
-def save_adapter(model, cfg: LoraTrainConfig, path: Path, tokenizer=None) -> None:
+def save_adapter(model, cfg, path: Path, tokenizer=None) -> None:
     """peft save_pretrained into a temp folder, then swapped into place: never a half-written adapter.
 
     `tokenizer` is saved alongside only when it is not the base model's own (which inference finds there).

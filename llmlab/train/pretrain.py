@@ -8,7 +8,6 @@ data that caused the spike).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
@@ -35,6 +34,10 @@ class PretrainConfig(DataConfig):
     block_size: Optional[int] = opt(None, "tokens per training sequence; default: the model's context length "
                                           "(up to 1024); gpt2-tiny: 128")
     output_dir: str = opt("runs/pretrain", "run folder: checkpoints/, final/, tensorboard/, metrics.jsonl")
+    overwrite_output_dir: bool = opt(False, "start afresh in an --output_dir that already holds a run (deletes that "
+                                            "run's checkpoints/, final/ and logs, nothing else)")
+    report_to: list[str] = opt(["tensorboard"], "trackers: tensorboard, wandb, mlflow, aim, comet_ml, all or none "
+                                                "(metrics.jsonl is always written)")
     # optimisation
     learning_rate: float = opt(6e-4, "peak AdamW learning rate")
     min_lr: float = opt(1e-5, "floor of the cosine decay")
@@ -54,6 +57,8 @@ class PretrainConfig(DataConfig):
         None, "no/bf16/fp16; default: what `accelerate launch` was configured with (else no)")
     gradient_checkpointing: bool = opt(False, "recompute activations in backward: less memory, ~30%% slower")
     seed: int = opt(42, "seed for python/numpy/torch (model init, data order, dropout)")
+    cpu_threads: int = opt(0, "CPU threads per process; 0 = PyTorch's default, or all cores when `accelerate "
+                              "launch` forced OMP_NUM_THREADS=1")
     # checkpoints and evaluation
     save_every: int = opt(500, "save a checkpoint every N optimizer steps")
     keep_last: int = opt(3, "keep only the newest N checkpoints")
@@ -65,6 +70,7 @@ class PretrainConfig(DataConfig):
     spike_factor: float = opt(2.0, "a step spikes when its loss exceeds this x the mean of the last window")
     spike_window: int = opt(100, "steps in the reference mean of the spike detector")
     spike_patience: int = opt(10, "consecutive spiking steps that trigger a rollback")
+    spike_arm_steps: int = opt(20, "normal steps after which the detector arms (before its window is full)")
     rollback_lr_factor: float = opt(0.8, "multiply the lr by this at each rollback")
     max_rollbacks: int = opt(5, "give up with an error after this many rollbacks")
     rollback_skip_data: bool = opt(True, "after a rollback, skip the batches seen since the checkpoint "
@@ -117,16 +123,23 @@ class PretrainConfig(DataConfig):
             (self.eval_every >= 0 and self.eval_batches >= 1 and self.log_every >= 1,
              "--eval_every must be >= 0, --eval_batches and --log_every >= 1"),
             (self.spike_factor > 1, f"--spike_factor must be > 1, got {self.spike_factor}"),
-            (self.spike_window >= 1 and self.spike_patience >= 1, "--spike_window and --spike_patience must be >= 1"),
+            (self.spike_window >= 1 and self.spike_patience >= 1 and self.spike_arm_steps >= 1,
+             "--spike_window, --spike_patience and --spike_arm_steps must be >= 1"),
             (0 < self.rollback_lr_factor <= 1,
              f"--rollback_lr_factor must be in (0, 1], got {self.rollback_lr_factor}"),
             (self.max_rollbacks >= 0, f"--max_rollbacks must be >= 0, got {self.max_rollbacks}"),
+            (self.cpu_threads >= 0, f"--cpu_threads must be >= 0 (0 = automatic), got {self.cpu_threads}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise UserError(message)
         parse_clip(self.clip)
-        parse_inject_spike(self.inject_spike)
+        from llmlab.core.tracking import check_report_to
+        from llmlab.train.spikes import check_drill
+
+        check_drill(parse_inject_spike(self.inject_spike), self.save_every, min(self.spike_arm_steps, self.spike_window))
+
+        check_report_to(self.report_to)
 
 
 def model_context_length(cfg: PretrainConfig) -> int:
@@ -146,216 +159,191 @@ def resolved_for_run(cfg: PretrainConfig, train_blocks: int) -> PretrainConfig:
     return cfg
 
 
-@dataclass
-class TrainerState:
-    """Everything besides model/optimizer/scheduler/scaler/RNG that an exact resume needs."""
-    step: int = 0  # optimizer steps done
-    micro_batches: int = 0  # data position: micro-batches each process has consumed
-    tokens_seen: int = 0
-    lr_scale: float = 1.0  # product of rollback_lr_factor over the rollbacks so far
-    rollbacks: int = 0
-    drill_done: bool = False
-
-
-def _layout(cfg: PretrainConfig, accelerator, train_batches: int) -> dict:
-    """What must not change between a checkpoint and its resume, or the data position means something else."""
-    return {"batch_size": cfg.batch_size, "block_size": cfg.block_size, "num_processes": accelerator.num_processes,
-            "gradient_accumulation_steps": accelerator.gradient_accumulation_steps, "train_batches": train_batches}
+# Files a pretraining run writes into --output_dir: their presence means the folder holds a run.
+RUN_FILES = ("checkpoints", "final", "metrics.jsonl", "events.jsonl", "tensorboard", "config.yaml", "run_info.json")
+# Options a resume may change: the schedule's length and lr are recomputed from them at the resumed step, the
+# rest are cadences and safety nets. Anything else (model, data, batch, precision, seed, ...) is refused.
+RESUMABLE = ("max_steps", "learning_rate", "min_lr", "warmup_steps", "eval_every", "eval_batches", "log_every",
+             "save_every", "keep_last", "spike_factor", "spike_window", "spike_patience", "spike_arm_steps",
+             "rollback_lr_factor", "max_rollbacks", "rollback_skip_data", "inject_spike", "gradient_checkpointing",
+             "clip")
 
 
 def train(cfg: PretrainConfig) -> dict:
     """Pretrain per `cfg`; returns a summary (steps, last validation loss, rollbacks, paths)."""
-    import torch
-    from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
+    from llmlab.train.loop import TrainingSession
+    from llmlab.train.pretrain_setup import accumulation_plugin, check_deepspeed
 
-    from llmlab.train import checkpointing as ckpt
-    from llmlab.data.prepare import prepare_dataset
-    from llmlab.core.io import append_jsonl
-    from llmlab.models.flops import current_device_name, mfu, peak_flops
-    from llmlab.models.flops import flops_per_token
-    from llmlab.train.pretrain_setup import (batch_stream, build_optimizer, build_pretrain_model, innermost_optimizer,
-                                       loss_scale, make_accelerator, make_dataloaders, make_scheduler, save_final, validation_loss)
-    from llmlab.core.runinfo import write_run_info
-    from llmlab.train.spikes import SpikeDetector
-    from llmlab.data.tokenizer import load_tokenizer
-    from llmlab.core.tracking import MetricsLogger
-    from llmlab.train.common import GradClipper, causal_lm_loss
+    session = TrainingSession(cfg, "pretraining", run_files=RUN_FILES, resumable=RESUMABLE,
+                              mixed_precision=cfg.mixed_precision, gradient_accumulation_plugin=accumulation_plugin())
+    check_deepspeed(session.accelerator, cfg)
+    with session:
+        return Pretraining(cfg, session).run()
 
-    accelerator = make_accelerator(cfg)
-    resume_path = None
-    if cfg.resume_from_checkpoint:  # fail fast, before the data and model are built
-        resume_path = ckpt.resolve_checkpoint(cfg.output_dir, cfg.resume_from_checkpoint)
-        ckpt.read_trainer_state(resume_path)
-    set_seed(cfg.seed)
-    tokenizer = load_tokenizer(cfg.tokenizer)
-    with accelerator.main_process_first():
-        data = prepare_dataset(cfg.data_config(), tokenizer)
-    world = accelerator.num_processes
-    if cfg.effective_batch_size % (cfg.batch_size * world):
-        raise UserError(f"--effective_batch_size {cfg.effective_batch_size} is not a multiple of --batch_size "
-                        f"{cfg.batch_size} x {world} processes; change one of them")
-    accelerator.gradient_accumulation_steps = cfg.effective_batch_size // (cfg.batch_size * world)
-    cfg = resolved_for_run(cfg, len(data.train))
 
-    model = build_pretrain_model(cfg, tokenizer)
-    optimizer = build_optimizer(cfg, model)
-    train_dl, val_dl = make_dataloaders(cfg, data)
-    try:
-        model, optimizer, train_dl, val_dl = accelerator.prepare(model, optimizer, train_dl, val_dl)
-    except ValueError as err:  # DeepSpeed refuses a precision the device lacks
-        raise UserError(f"cannot prepare the model for this device ({str(err).splitlines()[0][:160]}); "
-                        "on CPU use --mixed_precision bf16 or no") from None
-    scheduler = make_scheduler(cfg, optimizer)
-    accelerator.register_for_checkpointing(scheduler)
-    if len(train_dl) < accelerator.gradient_accumulation_steps:
-        raise UserError(f"the training split has only {len(train_dl)} batches per process, fewer than one "
-                        "optimizer step; use more data or a smaller --effective_batch_size")
+class Pretraining:
+    """The pretraining run on top of the shared session: data, GPT-2, AdamW + cosine, and spike rollback."""
 
-    out = ckpt.checkpoints_dir(cfg.output_dir).parent
-    if accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        ckpt.remove_partial_saves(out)
-        write_run_info(out, cfg)
-    logger = MetricsLogger(out, enabled=accelerator.is_main_process)
-    state = TrainerState()
-    clipper = GradClipper(cfg.clip, warmup_steps=cfg.warmup_steps)
-    detector = SpikeDetector(cfg.spike_factor, cfg.spike_window, cfg.spike_patience)
-    drill = parse_inject_spike(cfg.inject_spike)
-    layout = _layout(cfg, accelerator, len(train_dl))
+    def __init__(self, cfg: PretrainConfig, session):
+        from accelerate.utils import set_seed
 
-    def restore(path) -> None:
-        nonlocal state
-        saved = ckpt.load_checkpoint(accelerator, path, layout, "batch size, block size, processes and data")
-        state = TrainerState(**saved["trainer"])
-        detector.load_state_dict(saved["spike_detector"])
-        clipper.load_state_dict(saved["clipper"])
+        from llmlab.data.prepare import prepare_dataset
+        from llmlab.data.tokenizer import load_tokenizer
+        from llmlab.train import pretrain_setup as setup
+        from llmlab.train.common import GradClipper
+        from llmlab.train.spikes import RollbackState, SpikeDetector
 
-    if resume_path is not None:
-        restore(resume_path)
-        accelerator.print(f"resumed from {resume_path} at step {state.step}")
+        self.session, acc = session, session.accelerator
+        set_seed(cfg.seed)
+        self.tokenizer = load_tokenizer(cfg.tokenizer)
+        with acc.main_process_first():
+            data = prepare_dataset(cfg.data_config(), self.tokenizer)
+        acc.gradient_accumulation_steps = setup.accumulation_steps(cfg, acc.num_processes)
+        self.cfg = cfg = resolved_for_run(cfg, len(data.train))
+        session.cfg = cfg
+        model = setup.build_pretrain_model(cfg, self.tokenizer)
+        optimizer = setup.build_optimizer(cfg, model)
+        train_dl, self.val_dl = setup.make_dataloaders(cfg, data)
+        self.model, self.optimizer, self.train_dl, self.val_dl = session.prepare(model, optimizer, train_dl, self.val_dl)
+        self.scheduler = setup.make_scheduler(cfg, self.optimizer, session.state)
+        self.clipper = GradClipper(cfg.clip, warmup_steps=cfg.warmup_steps)
+        self.detector = SpikeDetector(cfg.spike_factor, cfg.spike_window, cfg.spike_patience, cfg.spike_arm_steps)
+        self.rollbacks = RollbackState()
+        self.drill = parse_inject_spike(cfg.inject_spike)
+        session.register(self.scheduler, self.clipper, self.detector, self.rollbacks)
+        setup.check_data_size(self.train_dl, acc)
+        layout = {"batch_size": cfg.batch_size, "block_size": cfg.block_size, "num_processes": acc.num_processes,
+                  "gradient_accumulation_steps": acc.gradient_accumulation_steps, "train_batches": len(self.train_dl)}
+        session.begin(cfg.max_steps, layout, cfg.save_every, cfg.keep_last, model=self.model, desc="pretrain",
+                      extra_manifest=lambda: self.rollbacks.state_dict())
+        session.refresh_lr(self.scheduler, cfg.learning_rate)  # a resume honours a changed --learning_rate
+        self.describe()
 
-    def save() -> None:
-        ckpt.save_checkpoint(accelerator, out, state.step, {
-            "trainer": vars(state).copy(), "spike_detector": detector.state_dict(),
-            "clipper": clipper.state_dict(), "layout": layout}, cfg.keep_last)
+    def describe(self) -> None:
+        from llmlab.models.flops import current_device_name, flops_per_token, peak_flops
+        from llmlab.train.pretrain_setup import innermost_optimizer
 
-    def rollback(loss: float) -> None:
-        nonlocal batches
-        path = ckpt.latest_checkpoint(out)
-        spike_step, position, before = state.step, state.micro_batches, state
+        cfg, acc, session = self.cfg, self.session.accelerator, self.session
+        unwrapped = acc.unwrap_model(self.model)
+        acc.print(f"model {cfg.init_from or cfg.model}: {unwrapped.num_parameters() / 1e6:.1f}M params; "
+                  f"{cfg.max_steps} steps of {cfg.effective_batch_size} x {cfg.block_size} tokens "
+                  f"({cfg.batch_size}/device x {acc.gradient_accumulation_steps} accumulation x {acc.num_processes} "
+                  f"processes); precision {acc.mixed_precision}; optimizer "
+                  f"{type(innermost_optimizer(self.optimizer)).__name__}; {acc.distributed_type.value}")
+        session.flops_per_token = flops_per_token(unwrapped, cfg.block_size)
+        session.peak_flops = peak_flops(current_device_name(), acc.mixed_precision)
+
+    def run(self) -> dict:
+        """The loop: one optimizer step per iteration, read top to bottom."""
+        from llmlab.train.pretrain_setup import batch_stream
+
+        cfg, session, acc, state = self.cfg, self.session, self.session.accelerator, self.session.state
+        self.batches = batch_stream(acc, self.train_dl, state.micro_batches)
+        last_val = last_loss = None
+        self.model.train()
+        while state.step < cfg.max_steps:
+            result = self.train_step(self.drill_factor(state.step + 1))
+            last_loss = result.loss
+            if self.detector.update(result.loss):
+                self.rollback(result.loss)
+                continue
+            session.log_step(result, cfg.log_every, {"train/loss_scale": self.loss_scale()})
+            if len(self.val_dl) and session.due(cfg.eval_every):
+                with session.paused():
+                    last_val = self.evaluate()
+            session.checkpointer.maybe_save(state.step, allowed=self.detector.streak == 0)  # never mid-spike
+        if last_val is None and len(self.val_dl):  # e.g. resumed at the last step: measure before publishing
+            with session.paused():
+                last_val = self.evaluate()
+        final_loss = last_val if last_val is not None else last_loss
+        if final_loss is not None and not math.isfinite(final_loss):
+            raise UserError(f"the run ended with loss {final_loss}: not publishing a broken model; lower "
+                            "--learning_rate and resume from the last good checkpoint")
+        final_dir = self.save_final()
+        return {"step": state.step, "val_loss": last_val, "rollbacks": self.rollbacks.rollbacks,
+                "final_dir": str(final_dir), "output_dir": str(session.out)}
+
+    def train_step(self, drill_factor: float):
+        from llmlab.train.common import causal_lm_loss
+
+        acc, session = self.session.accelerator, self.session
+        for _ in range(acc.gradient_accumulation_steps):
+            input_ids = next(self.batches)["input_ids"]
+            with acc.accumulate(self.model):
+                loss = causal_lm_loss(self.model(input_ids=input_ids).logits, input_ids, self.cfg.label_smoothing)
+                session.backward(loss * drill_factor, input_ids.numel())
+                if acc.sync_gradients:
+                    result = session.optimizer_step(self.model.parameters(), self.optimizer, self.scheduler,
+                                                    self.clipper)
+        return result
+
+    def drill_factor(self, step: int) -> float:
+        """--inject_spike: multiply the loss of `spike_patience` steps from STEP, once."""
+        if not self.drill or self.rollbacks.drill_done or not self.drill[0] <= step < self.drill[0] + self.cfg.spike_patience:
+            return 1.0
+        self.rollbacks.drill_done = step == self.drill[0] + self.cfg.spike_patience - 1
+        return self.drill[1]
+
+    def evaluate(self) -> float:
+        from llmlab.train.common import perplexity
+        from llmlab.train.pretrain_setup import validation_loss
+
+        loss = validation_loss(self.session.accelerator, self.model, self.val_dl, self.cfg.eval_batches)
+        self.session.log({"val/loss": loss, "val/perplexity": perplexity(loss)})
+        self.model.train()
+        return loss
+
+    def rollback(self, loss: float) -> None:
+        """PaLM-style: back to the newest good checkpoint, lr x rollback_lr_factor, skip the data that spiked."""
+        from llmlab.train import checkpointing as ckpt
+        from llmlab.train.pretrain_setup import batch_stream
+
+        cfg, session, state = self.cfg, self.session, self.session.state
+        spike_step, position, before = state.step, state.micro_batches, self.rollbacks.state_dict()
+        scale = state.lr_scale * cfg.rollback_lr_factor
+        path, _ = ckpt.newest_good_checkpoint(session.out)
         if path is None:
             raise UserError(f"loss spike at step {spike_step} (loss {loss:.4g}) but no checkpoint to roll back "
                             "to yet; lower --save_every or --learning_rate")
-        if before.rollbacks >= cfg.max_rollbacks:
-            event = {"event": "gave_up", "step": spike_step, "loss": loss, "rollbacks": before.rollbacks}
-            if accelerator.is_main_process:
-                append_jsonl(out / "events.jsonl", {"time": time.time(), **event})
-            raise UserError(f"loss kept spiking (step {spike_step}, loss {loss:.4g}) after {before.rollbacks} "
-                            "rollbacks (--max_rollbacks); lower --learning_rate or --clip, or check the data")
-        restore(path)
+        if before["rollbacks"] >= cfg.max_rollbacks:
+            self.event({"event": "gave_up", "step": spike_step, "loss": loss, "rollbacks": before["rollbacks"],
+                        "checkpoint": str(path)}, spike_step)
+            raise UserError(f"loss kept spiking (step {spike_step}, loss {loss:.4g}) after {before['rollbacks']} "
+                            f"rollbacks to {path.name} (--max_rollbacks); if it spikes right after every rollback "
+                            "the checkpoint or the data is at fault, else lower --learning_rate or --clip")
+        ckpt.load_checkpoint(session.accelerator, path)
         skipped = position - state.micro_batches if cfg.rollback_skip_data else 0
-        state.rollbacks, state.drill_done = before.rollbacks + 1, before.drill_done
-        state.lr_scale = before.lr_scale * cfg.rollback_lr_factor
+        self.rollbacks.load_state_dict({**before, "rollbacks": before["rollbacks"] + 1})
+        state.lr_scale = scale
         if cfg.rollback_skip_data:
             state.micro_batches = position
-        scheduler.base_lrs = [cfg.learning_rate * state.lr_scale for _ in scheduler.base_lrs]
-        for group, base, fn in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-            group["lr"] = base * fn(scheduler.last_epoch)
-        scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
-        batches = batch_stream(accelerator, train_dl, state.micro_batches)
-        event = {"event": "rollback", "step": spike_step, "loss": loss, "to_checkpoint": str(path),
-                 "resumed_step": state.step, "rollbacks": state.rollbacks, "lr_scale": state.lr_scale,
-                 "skipped_micro_batches": skipped}
-        if accelerator.is_main_process:
-            append_jsonl(out / "events.jsonl", {"time": time.time(), **event})
-            logger.text("events/rollback", str(event), spike_step)
-            logger.log({"train/rollbacks": state.rollbacks}, spike_step)
-        accelerator.print(f"loss spike at step {spike_step}: rolled back to {path.name}, lr x {state.lr_scale:.3g}")
-        detector.streak = 0
+        session.refresh_lr(self.scheduler, cfg.learning_rate)
+        self.batches = batch_stream(session.accelerator, self.train_dl, state.micro_batches)
+        self.detector.streak = 0
+        self.event({"event": "rollback", "step": spike_step, "loss": loss, "to_checkpoint": str(path),
+                    "resumed_step": state.step, "rollbacks": self.rollbacks.rollbacks, "lr_scale": state.lr_scale,
+                    "skipped_micro_batches": skipped}, spike_step)
+        session.accelerator.print(f"loss spike at step {spike_step}: rolled back to {path.name}, "
+                                  f"lr x {state.lr_scale:.3g}")
+        session.discard_window()  # the spike's steps and the reload are not training throughput
 
-    tokens_per_step = cfg.effective_batch_size * cfg.block_size
-    accelerator.print(
-        f"model {cfg.init_from or cfg.model}: {accelerator.unwrap_model(model).num_parameters() / 1e6:.1f}M params; "
-        f"{cfg.max_steps} steps of {cfg.effective_batch_size} x {cfg.block_size} tokens "
-        f"({cfg.batch_size}/device x {accelerator.gradient_accumulation_steps} accumulation x {world} processes); "
-        f"precision {accelerator.mixed_precision}; optimizer {type(innermost_optimizer(optimizer)).__name__}; "
-        f"{accelerator.distributed_type.value}")
-    flops_token = flops_per_token(accelerator.unwrap_model(model), cfg.block_size)
-    peak = peak_flops(current_device_name(), accelerator.mixed_precision)
-    batches = batch_stream(accelerator, train_dl, state.micro_batches)
-    bar = tqdm(total=cfg.max_steps, initial=state.step, disable=not accelerator.is_local_main_process,
-               desc="pretrain", dynamic_ncols=True)
-    last_val = None
-    pending_save = False
-    model.train()
-    tick = time.perf_counter()
-    try:
-        while state.step < cfg.max_steps:
-            this_step = state.step + 1
-            drill_factor = 1.0
-            if drill and not state.drill_done and drill[0] <= this_step < drill[0] + cfg.spike_patience:
-                drill_factor = drill[1]
-                state.drill_done = this_step == drill[0] + cfg.spike_patience - 1
-            lr = optimizer.param_groups[0]["lr"]
-            losses, grad_norm = [], None
-            for _ in range(accelerator.gradient_accumulation_steps):
-                batch = next(batches)
-                state.micro_batches += 1
-                with accelerator.accumulate(model):
-                    input_ids = batch["input_ids"]
-                    loss = causal_lm_loss(model(input_ids=input_ids).logits, input_ids, cfg.label_smoothing)
-                    loss = loss * drill_factor
-                    accelerator.backward(loss)
-                    losses.append(loss.detach())
-                    if accelerator.sync_gradients:
-                        max_norm = clipper.max_norm(state.step)
-                        grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm or float("inf"))
-                        finite = bool(torch.isfinite(torch.stack(losses)).all())
-                        if finite:  # a NaN/inf loss must not reach the weights; it counts as a spike below
-                            optimizer.step()
-                        optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            state.step = this_step
-            state.tokens_seen += tokens_per_step
-            step_loss = accelerator.reduce(torch.stack(losses).mean(), reduction="mean").item()
-            grad_norm = float(grad_norm) if grad_norm is not None else None
-            if grad_norm is not None:
-                clipper.observe(grad_norm)
-            now = time.perf_counter()
-            tokens_per_sec = tokens_per_step / max(now - tick, 1e-9)
-            tick = now
+    def event(self, record: dict, step: int) -> None:
+        import time
 
-            if detector.update(step_loss):
-                rollback(step_loss)
-                pending_save, tick = False, time.perf_counter()
-                continue
-            if state.step % cfg.log_every == 0 or state.step == cfg.max_steps:
-                metrics = {"train/loss": step_loss, "train/lr": lr, "train/grad_norm": grad_norm,
-                           "train/tokens_per_sec": tokens_per_sec, "train/tokens_seen": state.tokens_seen,
-                           "train/loss_scale": loss_scale(accelerator, optimizer),
-                           "train/mfu": mfu(tokens_per_sec, flops_token, peak, world)}
-                logger.log({k: v for k, v in metrics.items() if v is not None}, state.step)
-            bar.update(1)
-            bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
+        from llmlab.core.io import append_jsonl
 
-            paused = False  # evaluation and saving are not training time: keep them out of tokens/s
-            if len(val_dl) and ((cfg.eval_every and state.step % cfg.eval_every == 0) or state.step == cfg.max_steps):
-                last_val = validation_loss(accelerator, model, val_dl, cfg.eval_batches)
-                logger.log({"val/loss": last_val, "val/perplexity": math.exp(min(last_val, 50))}, state.step)
-                model.train()
-                paused = True
-            pending_save = pending_save or state.step % cfg.save_every == 0
-            if pending_save and detector.streak == 0:  # never save in the middle of a spike
-                save()
-                pending_save, paused = False, True
-            if paused:
-                tick = time.perf_counter()
+        if self.session.accelerator.is_main_process:
+            append_jsonl(self.session.out / "events.jsonl", {"time": time.time(), **record})
+        self.session.log({f"events/{record['event']}": str(record), "train/rollbacks": self.rollbacks.rollbacks},
+                         step)
 
-    finally:  # close the bar first, so an error message starts on its own line
-        bar.close()
-        logger.flush()
-    final_dir = save_final(accelerator, model, tokenizer, out)
-    logger.close()
-    return {"step": state.step, "val_loss": last_val,
-            "rollbacks": state.rollbacks, "final_dir": str(final_dir), "output_dir": str(out)}
+    def loss_scale(self):
+        from llmlab.train.pretrain_setup import loss_scale
+
+        return loss_scale(self.session.accelerator, self.optimizer)
+
+    def save_final(self):
+        from llmlab.train.pretrain_setup import save_final
+
+        with self.session.paused():
+            return save_final(self.session.accelerator, self.model, self.tokenizer, self.session.out)

@@ -10,34 +10,39 @@ import torch
 from llmlab.core.errors import UserError
 
 
-def make_accelerator(cfg):
-    from accelerate import Accelerator
+def accumulation_plugin():
+    """Accumulation is counted in optimizer steps by the loop itself, across epoch boundaries."""
     from accelerate.utils import GradientAccumulationPlugin
 
-    from llmlab.train.common import process_group_handlers
+    return GradientAccumulationPlugin(num_steps=1, sync_with_dataloader=False)
 
-    # Accumulation is counted in optimizer steps by the loop itself, across epoch boundaries.
-    plugin = GradientAccumulationPlugin(num_steps=1, sync_with_dataloader=False)
-    try:
-        accelerator = Accelerator(mixed_precision=cfg.mixed_precision, gradient_accumulation_plugin=plugin,
-                                  kwargs_handlers=process_group_handlers())
-    except ValueError as err:
-        raise UserError(f"accelerate cannot set up this run ({str(err).splitlines()[0][:200]}); "
-                        "check --mixed_precision and the `accelerate launch` config") from None
-    if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
-        raise UserError("--mixed_precision fp16 needs a GPU (on CPU there is no fp16 loss scaling); "
-                        "use --mixed_precision bf16 or no")
+
+def accumulation_steps(cfg, world: int) -> int:
+    if cfg.effective_batch_size % (cfg.batch_size * world):
+        raise UserError(f"--effective_batch_size {cfg.effective_batch_size} is not a multiple of --batch_size "
+                        f"{cfg.batch_size} x {world} processes; change one of them")
+    return cfg.effective_batch_size // (cfg.batch_size * world)
+
+
+def check_deepspeed(accelerator, cfg) -> None:
+    """Under DeepSpeed the clip bound lives in its config: fill it from --clip, which cannot be adaptive there."""
     ds_plugin = accelerator.state.deepspeed_plugin
-    if ds_plugin is not None:
-        from llmlab.train.common import parse_clip
+    if ds_plugin is None:
+        return
+    from llmlab.train.common import parse_clip
 
-        clip = parse_clip(cfg.clip)
-        if clip == "adaptive":
-            raise UserError("--clip adaptive is not available under DeepSpeed (it clips inside its own step); "
-                            "pass a number, e.g. --clip 1.0")
-        if ds_plugin.deepspeed_config.get("gradient_clipping", "auto") == "auto":
-            ds_plugin.deepspeed_config["gradient_clipping"] = float(clip)
-    return accelerator
+    clip = parse_clip(cfg.clip)
+    if clip == "adaptive":
+        raise UserError("--clip adaptive is not available under DeepSpeed (it clips inside its own step); "
+                        "pass a number, e.g. --clip 1.0")
+    if ds_plugin.deepspeed_config.get("gradient_clipping", "auto") == "auto":
+        ds_plugin.deepspeed_config["gradient_clipping"] = float(clip)
+
+
+def check_data_size(train_dl, accelerator) -> None:
+    if len(train_dl) < accelerator.gradient_accumulation_steps:
+        raise UserError(f"the training split has only {len(train_dl)} batches per process, fewer than one "
+                        "optimizer step; use more data or a smaller --effective_batch_size")
 
 
 def build_pretrain_model(cfg, tokenizer):
@@ -67,13 +72,16 @@ def build_optimizer(cfg, model):
                              eps=cfg.adam_eps, fused=True)  # one kernel per step, on CPU and GPU alike
 
 
-def make_scheduler(cfg, optimizer):
-    """Linear warmup, cosine decay to min_lr (transformers' schedule). Stepped once per optimizer step."""
+def make_scheduler(cfg, optimizer, state):
+    """Linear warmup, cosine decay to min_lr (transformers' schedule) times the run's lr scale (lowered by each
+    rollback). Stepped once per optimizer step."""
     from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-    return get_cosine_with_min_lr_schedule_with_warmup(
+    from llmlab.train.loop import scaled_schedule
+
+    return scaled_schedule(get_cosine_with_min_lr_schedule_with_warmup(
         optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.max_steps,
-        min_lr_rate=cfg.min_lr / cfg.learning_rate)
+        min_lr_rate=cfg.min_lr / cfg.learning_rate), state)
 
 
 def make_dataloaders(cfg, data):
@@ -146,6 +154,9 @@ def save_final(accelerator, model, tokenizer, output_dir: Path) -> Path:
     accelerator.wait_for_everyone()
     state_dict = accelerator.get_state_dict(model)  # gathers ZeRO shards; every process must call it
     if accelerator.is_main_process:
+        from llmlab.train.checkpointing import assert_finite
+
+        assert_finite(accelerator.unwrap_model(model), "final model")
         shutil.rmtree(tmp, ignore_errors=True)
         accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(tmp)

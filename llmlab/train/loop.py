@@ -1,0 +1,317 @@
+"""The skeleton both trainers build on: one `TrainingSession` owns what every run needs, so the trainers keep
+only what is their own (pretraining: spike rollback; LoRA: prompt masking, early stopping, before/after eval).
+
+    session = TrainingSession(cfg, "pretraining", run_files=RUN_FILES, resumable=RESUMABLE)  # lock, trackers
+    model, optimizer, loader = session.prepare(model, optimizer, loader)
+    session.register(scheduler, clipper)                      # saved and restored with every checkpoint
+    session.begin(config, total_steps, layout)               # run record, trackers, resume
+    with session:                                            # Ctrl-C and errors end as one line
+        ... with accelerator.accumulate(model):
+                session.backward(loss, tokens)
+                if accelerator.sync_gradients:
+                    result = session.optimizer_step(params, optimizer, scheduler, clipper)
+        session.log_step(result)
+        if session.due(cfg.eval_every): with session.paused(): ...
+        session.checkpointer.maybe_save(step)
+
+What it owns: the Accelerator (mixed precision, gradient accumulation, gloo on multi-process CPU, trackers
+from --report_to), the run folder (lock, fresh/resume/overwrite policy, config.yaml + run_info.json),
+resume (a verified checkpoint, a config that may only change where the trainer allows it), the optimizer
+step (clipping, and no step on a non-finite loss or gradient), logging (TensorBoard/wandb/... plus
+metrics.jsonl, a progress bar with loss, lr and tokens/s that leaves evaluation and saving out), and the
+checkpoint cadence.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import torch
+
+from llmlab.core.errors import UserError
+from llmlab.train import checkpointing as ckpt
+
+ALWAYS_RESUMABLE = ("output_dir", "resume_from_checkpoint", "overwrite_output_dir", "report_to", "cache_dir",
+                    "num_proc", "prepare_only", "cpu_threads")
+
+
+@dataclass
+class LoopState:
+    """The counters an exact resume needs; registered with accelerate, so every checkpoint carries them."""
+    step: int = 0  # optimizer steps done
+    micro_batches: int = 0  # data position: micro-batches this process has consumed
+    tokens_seen: int = 0
+    lr_scale: float = 1.0  # the schedule's multiplier (pretraining lowers it at each rollback)
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
+@dataclass
+class StepResult:
+    loss: float  # mean over this step's micro-batches and processes
+    grad_norm: Optional[float]  # before clipping
+    lr: float  # the lr this step used
+    stepped: bool  # False when a non-finite loss or gradient kept the update off the weights
+
+
+def scaled_schedule(scheduler, state: LoopState):
+    """The same schedule (any transformers LambdaLR) times the run's current lr scale, read at every step:
+    the public way to lower the lr mid-run (a rollback) without touching a scheduler's private state."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    schedules = scheduler.lr_lambdas
+    return LambdaLR(scheduler.optimizer, [lambda step, f=f: f(step) * state.lr_scale for f in schedules])
+
+
+class TrainingSession:
+    def __init__(self, cfg, kind: str, *, run_files: Iterable[str], resumable: Iterable[str],
+                 mixed_precision: Optional[str] = None, gradient_accumulation_plugin=None,
+                 gradient_accumulation_steps: int = 1):
+        from llmlab.core.runfolder import check_output_dir
+
+        self.cfg, self.kind = cfg, kind
+        self.out = check_output_dir(cfg.output_dir)  # a file or read-only folder fails here, before any setup
+        self.run_files, self.resumable = tuple(run_files), set(resumable) | set(ALWAYS_RESUMABLE)
+        self.resume_path = None
+        if cfg.resume_from_checkpoint:  # fail fast, before the data and model are built
+            self.resume_path = ckpt.resolve_checkpoint(self.out, cfg.resume_from_checkpoint)
+        self.accelerator = _make_accelerator(cfg, mixed_precision, gradient_accumulation_plugin,
+                                             gradient_accumulation_steps, self.out)
+        if self.accelerator.device.type == "cpu":
+            from llmlab.core.device import set_cpu_threads
+
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", self.accelerator.num_processes))
+            set_cpu_threads(getattr(cfg, "cpu_threads", 0), local, self.accelerator.print)
+        self.state, self.bar, self.checkpointer, self._claimed = LoopState(), None, None, False
+        self._window = {"loss": 0.0, "micro": 0, "tokens": 0, "seconds": 0.0}
+        self._micro_losses: list[torch.Tensor] = []
+        self._micro_tokens = 0
+        self._tick = time.perf_counter()
+        self.flops_per_token = self.peak_flops = None
+        self._claim()
+
+    # ------------------------------------------------------------------ setup
+    def _claim(self) -> None:
+        from llmlab.core.runfolder import claim_run_folder
+
+        if self.accelerator.is_main_process:
+            _, note = claim_run_folder(self.out, self.run_files, resume=self.resume_path is not None,
+                                       overwrite=getattr(self.cfg, "overwrite_output_dir", False), what=self.kind)
+            if note:
+                self.accelerator.print(note)
+            ckpt.remove_partial_saves(self.out)
+            self._claimed = True
+        self.accelerator.wait_for_everyone()
+
+    def prepare(self, *objects):
+        try:
+            return self.accelerator.prepare(*objects)
+        except ValueError as err:  # DeepSpeed refuses a precision the device lacks
+            raise UserError(f"cannot prepare the model for this device ({str(err).splitlines()[0][:160]}); "
+                            "on CPU use --mixed_precision bf16 or no") from None
+
+    def register(self, *objects) -> None:
+        """Objects with state_dict/load_state_dict that every checkpoint saves and restores (order matters)."""
+        for obj in (self.state, *objects):
+            self.accelerator.register_for_checkpointing(obj)
+
+    def begin(self, total_steps: int, layout: dict, save_every: int, keep_last: int, model=None,
+              desc: Optional[str] = None, extra_manifest=None, write_extra=None) -> Optional[dict]:
+        """Write the run record, start the trackers, resume if asked; returns the checkpoint manifest if resumed."""
+        from tqdm.auto import tqdm
+
+        from llmlab.core.config import to_dict
+        from llmlab.core.runinfo import write_run_info
+        from llmlab.core.tracking import tracker_config
+
+        if self.accelerator.is_main_process:
+            write_run_info(self.out, self.cfg)
+        self.accelerator.init_trackers(f"llmlab-{self.kind}", config=tracker_config(to_dict(self.cfg)))
+        self.layout, self.total_steps = layout, total_steps
+        self.checkpointer = Checkpointer(self, save_every, keep_last, model, extra_manifest, write_extra)
+        manifest = self._resume() if self.resume_path is not None else None
+        self.bar = tqdm(total=total_steps, initial=self.state.step, desc=desc or self.kind, dynamic_ncols=True,
+                        disable=not self.accelerator.is_local_main_process)
+        self._tick = time.perf_counter()
+        return manifest
+
+    def _resume(self) -> dict:
+        from llmlab.core.config import to_dict
+
+        path = self.resume_path
+        saved = ckpt.read_trainer_state(path)
+        ckpt.check_layout(saved.get("layout", {}), self.layout, path, self.layout_hint)
+        changed = ckpt.check_resume_config(saved.get("config", {}), to_dict(self.cfg), self.resumable, path)
+        if self.accelerator.is_main_process:
+            moved = ckpt.set_aside_newer_checkpoints(self.out, path)
+            if moved:
+                self.accelerator.print(f"note: resuming from {path.name}, an older checkpoint: "
+                                       f"{', '.join(p.name for p in moved)} set aside (renamed, not deleted)")
+        if saved["step"] > self.total_steps:
+            raise UserError(f"checkpoint {path} is at step {saved['step']}, past the {self.total_steps} steps this run "
+                            "would train; pass a larger --max_steps (or --epochs) to continue it")
+        ckpt.load_checkpoint(self.accelerator, path)
+        if changed:
+            self.accelerator.print(f"resume: honouring changed option(s) {', '.join(changed)}")
+        self.accelerator.print(f"resumed from {path} at step {self.state.step}")
+        return saved
+
+    layout_hint = "batch size, block size, processes and data"
+
+    # ------------------------------------------------------------------ the step
+    def backward(self, loss: torch.Tensor, tokens: int) -> None:
+        self.accelerator.backward(loss)
+        self._micro_losses.append(loss.detach().float())
+        self._micro_tokens += tokens
+        self.state.micro_batches += 1
+
+    def optimizer_step(self, params, optimizer, scheduler, clipper) -> StepResult:
+        """Clip, then update -- unless the loss or the gradient is not finite: a NaN must never reach the weights
+        (it is reported as the step's loss, so the trainer can react). Steps the schedule either way."""
+        max_norm = clipper.max_norm(self.state.step)
+        grad_norm = self.accelerator.clip_grad_norm_(params, max_norm or float("inf"))
+        grad_norm = float(grad_norm) if grad_norm is not None else None  # DeepSpeed clips inside its own step
+        losses = torch.stack(self._micro_losses)
+        finite = bool(torch.isfinite(losses).all()) and (grad_norm is None or math.isfinite(grad_norm))
+        lr = optimizer.param_groups[0]["lr"]
+        if finite:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        if grad_norm is not None and math.isfinite(grad_norm):
+            clipper.observe(grad_norm)
+        count = torch.tensor([losses.sum().item(), len(losses), self._micro_tokens], dtype=torch.float64,
+                             device=self.accelerator.device)
+        loss_sum, micro, tokens = self.accelerator.reduce(count, reduction="sum").tolist()
+        self._micro_losses, self._micro_tokens = [], 0
+        self.state.step += 1
+        self.state.tokens_seen += int(tokens)
+        window = self._window
+        window["loss"], window["micro"], window["tokens"] = window["loss"] + loss_sum, window["micro"] + micro, \
+            window["tokens"] + tokens
+        return StepResult(loss_sum / micro, grad_norm, lr, finite)
+
+    def refresh_lr(self, scheduler, base_lr: Optional[float] = None) -> None:
+        """Apply the schedule's current factor now (after a rollback or a resume with a new --learning_rate),
+        through LambdaLR's public attributes: the next step already uses it."""
+        if base_lr is not None:
+            scheduler.base_lrs = [base_lr for _ in scheduler.base_lrs]
+        for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+            group["lr"] = base * factor(scheduler.last_epoch)
+
+    # ------------------------------------------------------------------ logging and cadence
+    def log(self, values: dict[str, Any], step: Optional[int] = None) -> None:
+        self.accelerator.log({k: v for k, v in values.items() if v is not None}, step=self.state.step if step is None else step)
+
+    def log_step(self, result: StepResult, every: int, extra: Optional[dict] = None) -> None:
+        """Advance the bar; every `every` steps (and at the end) log the window's mean loss and tokens/s."""
+        now = time.perf_counter()
+        self._window["seconds"] += now - self._tick
+        self._tick = now
+        self.bar.update(1)
+        if not (self.state.step % every == 0 or self.state.step == self.total_steps):
+            return
+        window = self._window
+        tokens_per_sec = window["tokens"] / max(window["seconds"], 1e-9)
+        metrics = {"train/loss": window["loss"] / max(window["micro"], 1), "train/lr": result.lr,
+                   "train/grad_norm": result.grad_norm, "train/tokens_per_sec": tokens_per_sec,
+                   "train/tokens_seen": self.state.tokens_seen, **(extra or {})}
+        if self.flops_per_token and self.peak_flops:
+            metrics["train/mfu"] = tokens_per_sec * self.flops_per_token / (self.peak_flops * self.accelerator.num_processes)
+        self.log(metrics)
+        self.bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{result.lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
+        self._window = {"loss": 0.0, "micro": 0, "tokens": 0, "seconds": 0.0}
+
+    @contextmanager
+    def paused(self):
+        """Evaluation, sampling and saving are not training: keep their time out of tokens/s."""
+        try:
+            yield
+        finally:
+            self._tick = time.perf_counter()
+
+    def discard_window(self) -> None:
+        """Forget the steps since the last log (e.g. the steps a rollback undid)."""
+        self._window = {"loss": 0.0, "micro": 0, "tokens": 0, "seconds": 0.0}
+        self._tick = time.perf_counter()
+
+    def due(self, every: int) -> bool:
+        return (every > 0 and self.state.step % every == 0) or self.state.step == self.total_steps
+
+    # ------------------------------------------------------------------ the end
+    def __enter__(self) -> "TrainingSession":
+        return self
+
+    def __exit__(self, kind, error, trace) -> bool:
+        if self.bar is not None:
+            self.bar.close()  # first, so an error message starts on its own line
+        self.accelerator.end_training()
+        if self._claimed:
+            from llmlab.core.runfolder import release_lock
+
+            release_lock(self.out)
+        if kind is KeyboardInterrupt:
+            last = ckpt.latest_checkpoint(self.out)
+            where = f"the last checkpoint is {last}" if last else "no checkpoint was written yet"
+            raise UserError(f"interrupted at step {self.state.step}; {where}: rerun with --resume_from_checkpoint "
+                            "latest to continue") from None
+        if isinstance(error, OSError) and not isinstance(error, UserError):
+            raise ckpt._write_error(error, f"the run's files in {self.out}") from None
+        return False
+
+
+class Checkpointer:
+    """Owns the checkpoint cadence: `maybe_save(step)` saves every `save_every` steps, and a save that falls
+    where the trainer cannot save yet (e.g. in the middle of a loss spike) waits until it can."""
+
+    def __init__(self, session: TrainingSession, save_every: int, keep_last: int, model, extra_manifest, write_extra):
+        self.session, self.save_every, self.keep_last, self.model = session, save_every, keep_last, model
+        self.extra_manifest, self.write_extra, self.pending = extra_manifest, write_extra, False
+
+    def maybe_save(self, step: int, allowed: bool = True) -> Optional[Path]:
+        self.pending = self.pending or (self.save_every > 0 and step % self.save_every == 0)
+        if not (self.pending and allowed):
+            return None
+        self.pending = False
+        return self.save(step)
+
+    def save(self, step: int) -> Path:
+        from llmlab.core.config import to_dict
+
+        session = self.session
+        manifest = {"step": step, "config": to_dict(session.cfg), "layout": session.layout,
+                    "trainer": {**session.state.state_dict(), **(self.extra_manifest() if self.extra_manifest else {})}}
+        with session.paused():
+            return ckpt.save_checkpoint(session.accelerator, session.out, step, manifest, self.keep_last,
+                                        model=self.model, write_extra=self.write_extra)
+
+
+def _make_accelerator(cfg, mixed_precision, plugin, accumulation_steps: int, out: Path):
+    from accelerate import Accelerator
+
+    from llmlab.core.tracking import make_trackers
+    from llmlab.train.common import process_group_handlers
+
+    trackers = make_trackers(cfg.report_to, out)  # an unknown or missing tracker fails before anything starts
+    kwargs = {"gradient_accumulation_plugin": plugin} if plugin is not None else {
+        "gradient_accumulation_steps": accumulation_steps}
+    try:
+        accelerator = Accelerator(mixed_precision=mixed_precision, kwargs_handlers=process_group_handlers(),
+                                  log_with=trackers, project_dir=str(out), **kwargs)
+    except ValueError as err:
+        raise UserError(f"accelerate cannot set up this run ({str(err).splitlines()[0][:200]}); "
+                        "check --mixed_precision and the `accelerate launch` config") from None
+    if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
+        raise UserError("--mixed_precision fp16 needs a GPU (on CPU there is no fp16 loss scaling); "
+                        "use --mixed_precision bf16 or no")
+    return accelerator
