@@ -266,8 +266,10 @@ def test_int8_cpu_changes_weights_and_keeps_perplexity(trained_dir, wiki_texts, 
     fp32 = AutoModelForCausalLM.from_pretrained(trained_dir).eval()
     int8 = load_for_inference(model=str(trained_dir), precision="int8", device="cpu")
     q = int8.model
-    assert int8.quantized_layers == 2 * 4 + 1  # c_attn, attn c_proj, c_fc, mlp c_proj per block + lm_head
+    assert int8.quantized_layers == 2 * 4  # c_attn, attn c_proj, c_fc, mlp c_proj per block
     assert not any(isinstance(m, Conv1D) or type(m) is torch.nn.Linear for m in q.modules())
+    # the tied embedding/head stays one matrix, in bf16: no second, quantized copy of the largest weight
+    assert q.lm_head.weight is q.transformer.wte.weight and q.lm_head.weight.dtype == torch.bfloat16
     # the stored weights really are int8 now: dequantized they differ from fp32, by at most half a step
     layer = q.transformer.h[0].attn.c_attn
     assert isinstance(layer, DynamicQuantLinear)
@@ -285,6 +287,19 @@ def test_int8_cpu_changes_weights_and_keeps_perplexity(trained_dir, wiki_texts, 
 
     ids = torch.tensor([blocks[0][:32]])
     assert (_logits(q, ids) - _logits(fp32, ids)).abs().max() < 0.5
+
+
+def test_every_low_bit_variant_is_smaller_than_bf16(trained_dir):
+    from llmlab.infer.bench import weight_bytes
+    from llmlab.infer.loading import load_for_inference
+    from llmlab.infer.quantize import available_precisions
+
+    sizes = {p: weight_bytes(load_for_inference(model=str(trained_dir), precision=p, device="cpu").model)
+             for p in ("bf16", "int8", "int4") if p in available_precisions("cpu")}
+    assert "int8" in sizes
+    for precision in ("int8", "int4"):
+        if precision in sizes:  # in memory and serialized
+            assert sizes[precision][0] < sizes["bf16"][0] and sizes[precision][1] < sizes["bf16"][1], sizes
 
 
 # ---- bench --------------------------------------------------------------------------------------------------------

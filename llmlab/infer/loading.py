@@ -3,7 +3,6 @@ precision (precisions and quantization live in quantize.py); every path problem 
 from __future__ import annotations
 
 import json
-import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,16 +11,16 @@ from typing import Any
 from llmlab.core.errors import UserError
 from llmlab.core.device import resolve_device
 from llmlab.infer.quantize import (FLOAT_DTYPES, bnb_config, check_precision, count_quantized_layers,
-                                   quantize_int8_dynamic)
-
+                                   keep_tie_in_bf16, quantize_int8_dynamic)
 
 
 def quiet_backend_logs() -> None:
     """Silence import-time chatter (missing optional kernels, deprecations, progress bars) that buries results."""
     import warnings
 
-    for name in ("torchao", "bitsandbytes", "torch.utils._pytree", "DeepSpeed"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    from llmlab.core.notices import quiet_known_notices
+
+    quiet_known_notices()
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     import torch
@@ -134,6 +133,8 @@ def load_at_precision(name: str, precision: str, device: str):
     n = count_quantized_layers(model)
     if n == 0:
         raise RuntimeError(f"bitsandbytes {precision} load left every layer in full precision")
+    if device == "cpu":  # bitsandbytes keeps the tied embedding/head in fp32 on CPU: one bf16 matrix instead
+        keep_tie_in_bf16(model)
     return model.eval(), n
 
 

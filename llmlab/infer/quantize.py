@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+import torch.nn.functional as F
+
 from llmlab.core.errors import UserError
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
@@ -83,13 +86,52 @@ def conv1d_to_linear(model) -> int:
     return converted
 
 
+class SharedEmbedding(torch.nn.Module):
+    """The token embedding stored in a low precision (bf16), handing fp32 vectors to the (quantized) layers."""
+
+    def __init__(self, weight: torch.nn.Parameter, padding_idx=None):
+        super().__init__()
+        self.weight, self.padding_idx = weight, padding_idx
+
+    def forward(self, input_ids):
+        return F.embedding(input_ids, self.weight, self.padding_idx).float()
+
+
+class SharedHead(torch.nn.Module):
+    """The output layer on the same low-precision matrix as the embedding: fp32 in, fp32 logits out."""
+
+    def __init__(self, weight: torch.nn.Parameter):
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, hidden):
+        return F.linear(hidden.to(self.weight.dtype), self.weight).float()
+
+
+def keep_tie_in_bf16(model) -> bool:
+    """A tied embedding/head (GPT-2) as one bf16 matrix for both uses, never quantized twice.
+
+    Dynamic INT8 and bitsandbytes quantize the head as a Linear of its own, which means a second copy of the
+    largest matrix next to the float embedding: the INT8 gpt2-tiny was bigger than fp32 (64.7 vs 61.4 MB). Kept as
+    one bf16 matrix the tie holds and every low-bit variant is smaller than bf16. Returns False (nothing changed)
+    for a model whose head is not tied."""
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if head is None or getattr(head, "bias", None) is not None or head.weight.data_ptr() != embedding.weight.data_ptr():
+        return False
+    weight = torch.nn.Parameter(embedding.weight.detach().to(torch.bfloat16), requires_grad=False)
+    model.set_input_embeddings(SharedEmbedding(weight, embedding.padding_idx))
+    model.set_output_embeddings(SharedHead(weight))
+    return True
+
+
 def quantize_int8_dynamic(model) -> dict[str, Any]:
-    """Dynamic INT8 on CPU (modifies `model`); returns the quantized model and layer counts. Verifies it took."""
-    import torch
+    """Dynamic INT8 on CPU (modifies `model`); returns the quantized model and layer counts. Verifies it took.
+    A tied embedding/head stays one bf16 matrix (keep_tie_in_bf16); every other Linear becomes INT8."""
     from torch.ao.quantization import quantize_dynamic
     from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantLinear
 
     model = model.float().eval()
+    tied = keep_tie_in_bf16(model)
     converted = conv1d_to_linear(model)
     float_linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     quantized = quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
@@ -98,7 +140,7 @@ def quantize_int8_dynamic(model) -> dict[str, Any]:
     if n_quant == 0 or n_quant != float_linears or left:
         raise RuntimeError(f"INT8 dynamic quantization did not take: {n_quant} of {float_linears} Linear layers "
                            f"quantized, {left} still float")
-    return {"model": quantized, "conv1d_converted": converted, "int8_layers": n_quant}
+    return {"model": quantized, "conv1d_converted": converted, "int8_layers": n_quant, "tied_head_bf16": tied}
 
 
 def count_quantized_layers(model) -> int:
