@@ -36,12 +36,13 @@ def main() -> None:
 
     from llmlab.data.instruct import collate, load_records, split_records, tokenize_records
     from llmlab.train.lora import LoraTrainConfig, default_cache_dir
-    from llmlab.train.lora_model import add_lora, quiet_optional_backends
+    from llmlab.core.notices import quiet_known_notices
+    from llmlab.train.lora_model import add_lora
     from llmlab.train.lora_eval import answer_logits, answer_loss
     from llmlab.models.gpt2 import GPT2_PRESETS, build_gpt2_model
     from llmlab.data.tokenizer import load_tokenizer
 
-    quiet_optional_backends()
+    quiet_known_notices()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     tokenizer = load_tokenizer()

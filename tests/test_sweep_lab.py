@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from llmlab.sweep import stats
-from llmlab.sweep.design import CONTROL, FACTORS, doe20_design, replicate
+from llmlab.sweep.design import FACTORS, doe20_design, replicate
 from tests.conftest import run_script
 
 

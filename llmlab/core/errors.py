@@ -10,10 +10,13 @@ class UserError(Exception):
 
 
 def cli_entry(main):
-    """Wrap a script's main() so a UserError prints one line and exits 2."""
+    """Wrap a script's main(): known-harmless third-party notices off, and a UserError prints one line and exits 2."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
+        from llmlab.core.notices import quiet_known_notices
+
+        quiet_known_notices()
         try:
             return main(*args, **kwargs)
         except UserError as err:

@@ -1,7 +1,6 @@
 """Per-trial summary metrics computed from a trial's recorded curves (pure functions, easy to test)."""
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import numpy as np

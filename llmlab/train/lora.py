@@ -17,7 +17,7 @@ from llmlab.data.instruct import DEFAULT_PROMPT, DEFAULT_PROMPT_NO_INPUT, check_
 from llmlab.core.io import llmlab_cache
 from llmlab.train.lora_model import (BEST_ADAPTER_FILE, DEFAULT_BASE_MODEL, adapter_state, add_lora, check_base_model,
                                checkpoint_trainable_weights_only, load_base_model,
-                               quiet_optional_backends, save_adapter)
+                               save_adapter)
 
 
 def default_cache_dir() -> str:
@@ -143,7 +143,6 @@ def train(cfg: LoraTrainConfig) -> dict:
     from llmlab.train.loop import TrainingSession
 
     check_base_model(cfg)  # before the slow imports: the most common first-run mistake answers at once
-    quiet_optional_backends()
     session = TrainingSession(cfg, "lora", run_files=RUN_FILES, resumable=RESUMABLE,
                               gradient_accumulation_steps=cfg.gradient_accumulation_steps)
     session.layout_hint = "model, data, batch sizes, processes and seed"

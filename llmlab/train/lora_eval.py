@@ -6,8 +6,6 @@ over a bounded number of validation examples whose answers are generated greedil
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 

@@ -23,14 +23,6 @@ def check_base_model(cfg) -> None:
                         "folder or a Hugging Face model name")
 
 
-def quiet_optional_backends() -> None:
-    """peft imports torchao and bitsandbytes, whose missing optional kernels log warnings at import time."""
-    import logging
-
-    for name in ("torchao", "bitsandbytes", "torch.utils._pytree"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
 def load_base_model(cfg):
     """(model, tokenizer, whether the tokenizer came from the base model's folder).
 

@@ -1,0 +1,41 @@
+"""Third-party notices known to be harmless, silenced by their exact text; every other warning still shows.
+
+Each entry names the logger, the start of the message and why it can go: a newcomer's first run should show the
+model learning, not six lines of other libraries talking to themselves.
+"""
+from __future__ import annotations
+
+import logging
+
+KNOWN_HARMLESS = (
+    ("bitsandbytes.backends.cpu.ops", "Failed to load CPU gemm_4bit_forward from kernels-community",
+     "an optional 4-bit CPU kernel fetched from the hub; bitsandbytes falls back to its own (and training never "
+     "uses 4-bit). Printed whenever peft is imported, which transformers' optimization module does"),
+    ("DeepSpeed", "Setting accelerator to CPU",
+     "DeepSpeed's accelerator auto-detection reporting that there is no GPU, which the run already knows"),
+    ("accelerate.utils.other", "Removed shared tensor",
+     "GPT-2 ties lm_head to the token embedding; safetensors stores the shared tensor once and loading re-ties it"),
+)
+
+
+class _DropKnown(logging.Filter):
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
+def quiet_known_notices() -> None:
+    """Install the filters (once) and turn off transformers' per-file progress bars for saves and loads."""
+    for name, prefix, _why in KNOWN_HARMLESS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropKnown) and f.prefix == prefix for f in logger.filters):
+            logger.addFilter(_DropKnown(prefix))
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # "Writing model shards" bars on every save of a model of a few MB
+    except ImportError:
+        pass
