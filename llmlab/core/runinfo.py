@@ -12,7 +12,7 @@ from llmlab.core.config import dump_yaml
 from llmlab.core.io import atomic_write_json, atomic_write_text
 
 TRACKED_PACKAGES = (
-    "torch", "transformers", "accelerate", "deepspeed", "datasets", "peft", "bitsandbytes", "torchao",
+    "torch", "transformers", "accelerate", "deepspeed", "datasets", "peft", "bitsandbytes", "statsmodels",
     "tensorboard", "lion-pytorch", "numpy",
 )
 
