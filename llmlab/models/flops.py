@@ -1,8 +1,10 @@
-"""Model FLOPs utilisation: achieved training FLOP/s over the device's dense peak (llm.c-style table).
+"""Model FLOPs utilisation: achieved training FLOP/s over the device's dense peak.
 
-Peaks are dense tensor-core TFLOP/s with fp32 accumulation (what PyTorch uses for bf16/fp16 matmuls),
-and plain fp32 for full-precision runs. Unknown devices and CPUs have no entry: MFU is then not reported,
-rather than reported against a guess.
+GPU peaks come from a table (dense tensor-core TFLOP/s with fp32 accumulation for bf16/fp16, plain fp32 otherwise;
+llm.c-style). A CPU has no such datasheet number that holds on a shared machine, so its peak is measured: the
+best of a few 2048 x 2048 matmuls in the training precision on the threads the run uses (bench/cpu_peak.py prints
+it; 158 GFLOP/s fp32 and 366 bf16 on two threads of this project's EPYC). Unlisted GPUs get no MFU rather than one
+against a guess.
 """
 from __future__ import annotations
 
@@ -19,14 +21,41 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 
 
 def peak_flops(device_name: str | None, mixed_precision: str) -> float | None:
-    """Peak FLOP/s of one device for this precision, or None when unknown (CPU, unlisted GPU)."""
-    if not device_name:
-        return None
+    """Peak FLOP/s of one device for this precision: measured on a CPU (`device_name` None), from the table on a
+    GPU, None for an unlisted GPU."""
     precision = "fp32" if mixed_precision in (None, "no") else "bf16"
+    if not device_name:
+        return measure_cpu_peak_flops(precision)
     for fragment in sorted(PEAK_TFLOPS, key=len, reverse=True):
         if fragment.lower() in device_name.lower():
             return PEAK_TFLOPS[fragment][precision] * 1e12
     return None
+
+
+_CPU_PEAKS: dict[tuple[str, int], float] = {}
+
+
+def measure_cpu_peak_flops(precision: str = "fp32", size: int = 2048, repeats: int = 5) -> float:
+    """Best-of-`repeats` FLOP/s of a size x size matmul on this CPU's current torch threads (cached per process)."""
+    import time
+
+    import torch
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    key = (precision, torch.get_num_threads())
+    if key not in _CPU_PEAKS:
+        own = torch.Generator().manual_seed(0)  # never the global RNG: a resumed run's dropout must not move
+        a, b = (torch.randn(size, size, generator=own).to(dtype) for _ in range(2))
+        torch.mm(a, b)  # warm-up: thread pool, kernel selection
+        best = min(_timed(lambda: torch.mm(a, b), time.perf_counter) for _ in range(repeats))
+        _CPU_PEAKS[key] = 2 * size**3 / best
+    return _CPU_PEAKS[key]
+
+
+def _timed(fn, clock) -> float:
+    start = clock()
+    fn()
+    return clock() - start
 
 
 def current_device_name() -> str | None:

@@ -30,6 +30,9 @@ def gpt2_config(preset: str, vocab_size: int = 50257, n_positions: int | None = 
     if shape["n_embd"] % shape["n_head"]:
         raise UserError(f"n_embd ({shape['n_embd']}) must be divisible by n_head ({shape['n_head']})")
     eos = vocab_size - 1 if vocab_size == 50257 else None  # GPT-2's <|endoftext|>
+    # GPT-2's tanh-approximated GELU as one fused op: the same function as its "gelu_new", whose six elementwise
+    # Python ops each keep a [tokens x 4 width] tensor for backward (bench/loss_memory.py measures the difference).
+    shape.setdefault("activation_function", "gelu_pytorch_tanh")
     return GPT2Config(vocab_size=vocab_size, bos_token_id=eos, eos_token_id=eos, **shape)
 
 
