@@ -1,14 +1,16 @@
 #!/usr/bin/env python
-"""Training throughput and peak memory: llmlab's pretraining loop vs transformers' Trainer, side by side.
+"""Training throughput, peak memory and loss: llmlab's pretraining (as the README launches it) vs transformers' Trainer.
 
-Both train the same GPT-2 (same preset, seed, data blocks, micro-batch, AdamW settings, grad clipping 1.0,
-cosine schedule, precision) for the same number of steps, each in a fresh process so that peak memory is
-its own (no validation split, so neither evaluates). Throughput is measured between the end of step `--skip` and the last step, from each trainer's own
-per-step timestamps, so start-up, data preparation and the first (slow) steps are left out. Runs alternate
-(ours, theirs, ours, ...) and the best of `--repeats` is kept, which damps noise from a shared machine.
+Same GPT-2 preset, data blocks, micro-batch, AdamW settings, clipping 1.0 and cosine schedule, for the same number
+of steps, every run in a fresh process. llmlab runs through the README's own command (`python train_pretrain.py`,
+so its defaults: bf16 autocast where the CPU has bf16 units, the fused GELU, the chunked head); the Trainer runs
+with its defaults (fp32) and, as a second baseline, with bf16=True. Throughput is taken between the end of step
+`--skip` and the last step from each trainer's own per-step timestamps (start-up, data and compilation left out);
+loss is the mean training loss of the last 5 steps. Runs alternate per seed; the table gives medians over seeds and
+the loss difference with a 95 % CI from the seed spread.
 
-    python bench/pretrain_throughput.py                          # gpt2-tiny, CPU, a few minutes
-    python bench/pretrain_throughput.py --model gpt2 --block_size 1024 --batch_size 8 --mixed_precision bf16
+    python bench/pretrain_throughput.py                          # gpt2-tiny, CPU, ~10 minutes on 2 cores
+    python bench/pretrain_throughput.py --model gpt2 --block_size 1024 --batch_size 8 --steps 12 --seeds 1
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import argparse
 import json
 import os
 import resource
+import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,62 +30,60 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def peak_memory_mb() -> dict:
-    import torch
-
-    info = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    if torch.cuda.is_available():
-        info["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    return info
-
-
 def tokens_per_sec(step_times: dict[int, float], skip: int, tokens_per_step: int) -> float:
     last = max(step_times)
     return (last - skip) * tokens_per_step / (step_times[last] - step_times[skip])
 
 
-def pretrain_config(args, output_dir: str):
-    from llmlab.core.config import build_config
-    from llmlab.train.pretrain import PretrainConfig
-
-    return build_config(PretrainConfig, {
-        "model": args.model, "n_layer": args.n_layer, "n_embd": args.n_embd, "n_head": args.n_head,
-        "block_size": args.block_size, "batch_size": args.batch_size, "effective_batch_size": args.batch_size,
-        "max_steps": args.steps, "warmup_steps": 1, "max_documents": args.max_documents, "output_dir": output_dir,
-        "val_fraction": 0.0, "save_every": 10**9, "mixed_precision": args.mixed_precision, "seed": 0})
+def common_options(args, seed: int) -> list[str]:
+    return ["--model", args.model, "--block_size", str(args.block_size), "--batch_size", str(args.batch_size),
+            "--effective_batch_size", str(args.batch_size), "--max_steps", str(args.steps), "--warmup_steps", "1",
+            "--max_documents", str(args.max_documents), "--val_fraction", "0", "--save_every", str(10**9),
+            "--seed", str(seed), "--log_every", "1", "--sample_tokens", "0"]
 
 
-def run_ours(args) -> dict:
+def run_ours(args, seed: int) -> dict:
+    """The README's command, as a user runs it; metrics.jsonl holds one timestamp per step."""
     from llmlab.core.io import read_jsonl
-    from llmlab.train.pretrain import train
 
     with tempfile.TemporaryDirectory() as out:
-        cfg = pretrain_config(args, out)
-        train(cfg)
-        times = {r["step"]: r["time"] for r in read_jsonl(Path(out) / "metrics.jsonl") if "train/loss" in r}
-        return {"tokens_per_sec": tokens_per_sec(times, args.skip, cfg.batch_size * cfg.block_size), **peak_memory_mb()}
+        cmd = [sys.executable, "train_pretrain.py", *common_options(args, seed), "--output_dir", out, *args.ours]
+        proc = subprocess.run(["/usr/bin/time", "-f", "%M", *cmd], cwd=REPO, capture_output=True, text=True,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        if proc.returncode != 0:
+            sys.exit(f"train_pretrain.py failed:\n{proc.stderr[-3000:]}")
+        rows = [r for r in read_jsonl(Path(out) / "metrics.jsonl") if "train/loss" in r]
+        times = {r["step"]: r["time"] for r in rows}
+        return {"tokens_per_sec": tokens_per_sec(times, args.skip, args.batch_size * args.block_size),
+                "peak_rss_mb": int(proc.stderr.strip().splitlines()[-1]) / 1024,
+                "loss": statistics.mean(r["train/loss"] for r in rows[-5:])}
 
 
-def run_hf_trainer(args) -> dict:
+def run_hf_trainer(args, seed: int, bf16: bool) -> dict:
     import torch
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
+    from llmlab.core.config import parse_config
     from llmlab.data.prepare import prepare_dataset
-    from llmlab.models.gpt2 import build_gpt2_model
     from llmlab.data.tokenizer import load_tokenizer
+    from llmlab.models.gpt2 import build_gpt2_model
+    from llmlab.train.pretrain import PretrainConfig
 
     with tempfile.TemporaryDirectory() as out:
-        cfg = pretrain_config(args, out)
-        tokenizer = load_tokenizer()
-        data = prepare_dataset(cfg.data_config(), tokenizer)
-        torch.manual_seed(0)
-        model = build_gpt2_model(cfg.model, n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head,
-                                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        cfg = parse_config(PretrainConfig, [*common_options(args, seed), "--output_dir", out])
+        data = prepare_dataset(cfg.data_config(), load_tokenizer())
+        torch.manual_seed(seed)
+        model = build_gpt2_model(cfg.model, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         times: dict[int, float] = {}
+        losses: dict[int, float] = {}
 
         class StepTimes(TrainerCallback):
             def on_step_end(self, targs, state, control, **kwargs):
                 times[state.global_step] = time.time()
+
+            def on_log(self, targs, state, control, logs=None, **kwargs):
+                if logs and "loss" in logs:
+                    losses[state.global_step] = logs["loss"]
 
         def collate(rows):
             ids = torch.stack([torch.as_tensor(r["input_ids"]) for r in rows])
@@ -91,68 +93,87 @@ def run_hf_trainer(args) -> dict:
             output_dir=out, per_device_train_batch_size=cfg.batch_size, max_steps=cfg.max_steps,
             learning_rate=cfg.learning_rate, adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2,
             adam_epsilon=cfg.adam_eps, weight_decay=cfg.weight_decay, max_grad_norm=1.0, warmup_steps=1,
-            lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr": cfg.min_lr},
-            bf16=cfg.mixed_precision == "bf16", fp16=cfg.mixed_precision == "fp16", logging_steps=1,
-            save_strategy="no", eval_strategy="no", report_to=[], dataloader_num_workers=0, seed=0,
-            remove_unused_columns=False, disable_tqdm=True)
+            lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr": cfg.min_lr}, bf16=bf16,
+            use_cpu=not torch.cuda.is_available(),
+            logging_steps=1, save_strategy="no", eval_strategy="no", report_to=[], dataloader_num_workers=0,
+            seed=seed, remove_unused_columns=False, disable_tqdm=True)
         Trainer(model=model, args=targs, train_dataset=data.train, data_collator=collate,
                 callbacks=[StepTimes()]).train()
-        return {"tokens_per_sec": tokens_per_sec(times, args.skip, cfg.batch_size * cfg.block_size), **peak_memory_mb()}
+        last = sorted(losses)[-5:]
+        return {"tokens_per_sec": tokens_per_sec(times, args.skip, cfg.batch_size * cfg.block_size),
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "loss": statistics.mean(losses[s] for s in last)}
+
+
+def worker_result(args, worker: str, seed: int) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        result_path = f.name
+    cmd = [sys.executable, __file__, *sys.argv[1:], "--worker", worker, "--worker_seed", str(seed),
+           "--result", result_path]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"{worker} run failed:\n{proc.stderr[-3000:]}")
+    result = json.loads(Path(result_path).read_text())
+    os.unlink(result_path)
+    return result
+
+
+def report(args, results: dict[str, list[dict]]) -> None:
+    from scipy import stats
+
+    from llmlab.core.runinfo import hardware_info
+
+    print(f"\n{args.model}, batch {args.batch_size} x {args.block_size} tokens, {args.steps} steps (first {args.skip} "
+          f"untimed), {hardware_info().get('cpu_model')} ({os.cpu_count()} cores), {args.seeds} seed(s), medians")
+    ours = results["ours"]
+    print(f"{'trainer':<34}{'tokens/s':>10}{'ratio':>8}{'peak RSS MB':>13}{'loss (last 5)':>15}{'Δloss vs ours, 95% CI':>30}")
+    for name, rows in results.items():
+        tps = statistics.median(r["tokens_per_sec"] for r in rows)
+        ratio = statistics.median(r["tokens_per_sec"] for r in ours) / tps
+        losses = [r["loss"] for r in rows]
+        delta = "-"
+        if name != "ours" and len(rows) > 1:
+            test = stats.ttest_ind(losses, [r["loss"] for r in ours], equal_var=False)
+            ci = test.confidence_interval(0.95)
+            delta = f"{statistics.mean(losses) - statistics.mean(r['loss'] for r in ours):+.3f} [{ci.low:+.3f}, {ci.high:+.3f}]"
+        label = {"ours": f"llmlab (python train_pretrain.py{' ' + ' '.join(args.ours) if args.ours else ''})",
+                 "hf": "transformers Trainer (fp32)", "hf_bf16": "transformers Trainer (bf16=True)"}[name]
+        print(f"{label:<34}{tps:>10,.0f}{'' if name == 'ours' else f'{ratio:.2f}x':>8}"
+              f"{statistics.median(r['peak_rss_mb'] for r in rows):>13,.0f}{statistics.mean(losses):>15.3f}{delta:>30}")
+    print("ratio = llmlab tokens/s / that trainer's tokens/s")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gpt2-tiny")
-    parser.add_argument("--n_layer", type=int, default=None)
-    parser.add_argument("--n_embd", type=int, default=None)
-    parser.add_argument("--n_head", type=int, default=None)
     parser.add_argument("--block_size", type=int, default=128)
     parser.add_argument("--batch_size", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=14, help="optimizer steps per run")
-    parser.add_argument("--skip", type=int, default=4, help="steps left out of the timing (warm-up)")
-    parser.add_argument("--mixed_precision", default=None, choices=["no", "bf16", "fp16"])
+    parser.add_argument("--steps", type=int, default=40, help="optimizer steps per run")
+    parser.add_argument("--skip", type=int, default=10, help="steps left out of the timing (warm-up)")
     parser.add_argument("--max_documents", type=int, default=30)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--worker", choices=["ours", "hf"], help=argparse.SUPPRESS)
+    parser.add_argument("--seeds", type=int, default=2, help="runs per trainer (seeds 0, 1, ...)")
+    parser.add_argument("--ours", default="", help="extra train_pretrain.py flags in one string: --ours='--compile'")
+    parser.add_argument("--no_bf16_trainer", action="store_true", help="skip the Trainer bf16 baseline")
+    parser.add_argument("--worker", choices=["ours", "hf", "hf_bf16"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker_seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
-
+    args.ours = shlex.split(args.ours)
     if args.worker:
-        result = run_ours(args) if args.worker == "ours" else run_hf_trainer(args)
+        result = (run_ours(args, args.worker_seed) if args.worker == "ours"
+                  else run_hf_trainer(args, args.worker_seed, bf16=args.worker == "hf_bf16"))
         Path(args.result).write_text(json.dumps(result))
         return
-
-    passthrough = sys.argv[1:]
-    best: dict[str, dict] = {}
-    for repeat in range(args.repeats):
-        for worker in ("ours", "hf"):
-            with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-                result_path = f.name
-            cmd = [sys.executable, __file__, *passthrough, "--worker", worker, "--result", result_path]
-            env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-            proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-            if proc.returncode != 0:
-                sys.exit(f"{worker} run failed:\n{proc.stderr[-3000:]}")
-            result = json.loads(Path(result_path).read_text())
-            os.unlink(result_path)
-            print(f"repeat {repeat + 1}/{args.repeats} {worker:>4}: {result['tokens_per_sec']:,.0f} tokens/s",
+    workers = ["ours", "hf"] + ([] if args.no_bf16_trainer else ["hf_bf16"])
+    results: dict[str, list[dict]] = {w: [] for w in workers}
+    for seed in range(args.seeds):
+        for worker in workers:
+            result = worker_result(args, worker, seed)
+            results[worker].append(result)
+            print(f"seed {seed} {worker:>8}: {result['tokens_per_sec']:,.0f} tokens/s, loss {result['loss']:.4f}",
                   flush=True)
-            if worker not in best or result["tokens_per_sec"] > best[worker]["tokens_per_sec"]:
-                best[worker] = result
-
-    import torch
-
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
-    print(f"\n{args.model} (n_layer={args.n_layer or 'preset'}, n_embd={args.n_embd or 'preset'}), "
-          f"batch {args.batch_size} x {args.block_size} tokens, {args.steps} steps (first {args.skip} untimed), "
-          f"precision {args.mixed_precision or 'no'}, {device}, best of {args.repeats}")
-    memory_key = "peak_gpu_mb" if "peak_gpu_mb" in best["ours"] else "peak_rss_mb"
-    memory_label = "peak GPU MiB" if memory_key == "peak_gpu_mb" else "peak RSS MiB"
-    print(f"{'trainer':<26}{'tokens/s':>12}{memory_label:>16}")
-    print(f"{'llmlab train_pretrain':<26}{best['ours']['tokens_per_sec']:>12,.0f}{best['ours'][memory_key]:>16,.0f}")
-    print(f"{'transformers Trainer':<26}{best['hf']['tokens_per_sec']:>12,.0f}{best['hf'][memory_key]:>16,.0f}")
-    print(f"{'ratio (llmlab / Trainer)':<26}{best['ours']['tokens_per_sec'] / best['hf']['tokens_per_sec']:>11.2f}x"
-          f"{best['ours'][memory_key] / best['hf'][memory_key]:>15.2f}x")
+    report(args, results)
 
 
 if __name__ == "__main__":

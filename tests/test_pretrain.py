@@ -70,7 +70,8 @@ def test_loss_falls_and_outputs_are_usable(reference_run):
     events.Reload()
     for tag in ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_sec", "val/loss", "val/perplexity"):
         assert tag in events.Tags()["scalars"], tag
-    assert "train/mfu" not in events.Tags()["scalars"]  # CPU: no peak-FLOPs entry, so no made-up MFU
+    mfu = [e.value for e in events.Scalars("train/mfu")]  # on CPU against the measured matmul peak
+    assert mfu and all(0 < value < 1 for value in mfu)
     model = AutoModelForCausalLM.from_pretrained(reference_run / "final")
     assert model.config.n_layer == 1 and model.config.vocab_size == 50257
     assert len(AutoTokenizer.from_pretrained(reference_run / "final")) == 50257

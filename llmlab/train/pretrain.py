@@ -53,9 +53,14 @@ class PretrainConfig(DataConfig):
                                                     "accumulation); default 512, for gpt2-tiny = batch_size")
     clip: str = opt("1.0", "max grad norm, 0 = off, or 'adaptive' (1.5 x mean of the last 50 norms)")
     label_smoothing: float = opt(0.0, "label smoothing of the cross-entropy loss")
-    mixed_precision: Optional[Literal["no", "bf16", "fp16"]] = opt(
-        None, "no/bf16/fp16; default: what `accelerate launch` was configured with (else no)")
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = opt(
+        "auto", "auto = the `accelerate launch` config's bf16/fp16 if it sets one, else bf16 autocast where the "
+                "hardware has bf16 units (AVX512-BF16/AMX CPUs, Ampere+ GPUs), fp16 on older GPUs, else no")
+    compile: bool = opt(False, "torch.compile the transformer body (a one-off 30-90 s on a CPU, then faster steps; "
+                               "bench/pretrain_throughput.py measures it)")
     gradient_checkpointing: bool = opt(False, "recompute activations in backward: less memory, ~30%% slower")
+    loss_chunk_tokens: int = opt(1024, "compute the output layer + loss in chunks of this many tokens, so the "
+                                       "[tokens x vocab] logits never exist whole (0 = the model's full logits)")
     seed: int = opt(42, "seed for python/numpy/torch (model init, data order, dropout)")
     cpu_threads: int = opt(0, "CPU threads per process; 0 = PyTorch's default, or all cores when `accelerate "
                               "launch` forced OMP_NUM_THREADS=1")
@@ -78,6 +83,9 @@ class PretrainConfig(DataConfig):
     inject_spike: Optional[str] = opt(None, "drill: STEP[:FACTOR] multiplies the loss of `spike_patience` "
                                             "steps from STEP by FACTOR (default 10) to trigger a rollback")
     prepare_only: bool = opt(False, "only prepare (clean, tokenize, pack, cache) the dataset, print a summary")
+    sample_prompts: list[str] = opt(["The history of", "In mathematics,"], "prompts the final model continues "
+                                    "(greedy) at the end, so you can read what it learned; empty = none")
+    sample_tokens: int = opt(24, "new tokens per final sample")
 
     @property
     def is_tiny(self) -> bool:
@@ -129,6 +137,8 @@ class PretrainConfig(DataConfig):
              f"--rollback_lr_factor must be in (0, 1], got {self.rollback_lr_factor}"),
             (self.max_rollbacks >= 0, f"--max_rollbacks must be >= 0, got {self.max_rollbacks}"),
             (self.cpu_threads >= 0, f"--cpu_threads must be >= 0 (0 = automatic), got {self.cpu_threads}"),
+            (self.loss_chunk_tokens >= 0, f"--loss_chunk_tokens must be >= 0, got {self.loss_chunk_tokens}"),
+            (self.sample_tokens >= 0, f"--sample_tokens must be >= 0, got {self.sample_tokens}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -166,16 +176,17 @@ RUN_FILES = ("checkpoints", "final", "metrics.jsonl", "events.jsonl", "tensorboa
 RESUMABLE = ("max_steps", "learning_rate", "min_lr", "warmup_steps", "eval_every", "eval_batches", "log_every",
              "save_every", "keep_last", "spike_factor", "spike_window", "spike_patience", "spike_arm_steps",
              "rollback_lr_factor", "max_rollbacks", "rollback_skip_data", "inject_spike", "gradient_checkpointing",
-             "clip")
+             "clip", "loss_chunk_tokens", "compile", "sample_prompts", "sample_tokens")
 
 
 def train(cfg: PretrainConfig) -> dict:
     """Pretrain per `cfg`; returns a summary (steps, last validation loss, rollbacks, paths)."""
-    from llmlab.train.loop import TrainingSession
+    from llmlab.train.loop import TrainingSession, resolve_mixed_precision
     from llmlab.train.pretrain_setup import accumulation_plugin, check_deepspeed
 
     session = TrainingSession(cfg, "pretraining", run_files=RUN_FILES, resumable=RESUMABLE,
-                              mixed_precision=cfg.mixed_precision, gradient_accumulation_plugin=accumulation_plugin())
+                              mixed_precision=resolve_mixed_precision(cfg.mixed_precision),
+                              gradient_accumulation_plugin=accumulation_plugin())
     check_deepspeed(session.accelerator, cfg)
     with session:
         return Pretraining(cfg, session).run()
@@ -201,7 +212,12 @@ class Pretraining:
         acc.gradient_accumulation_steps = setup.accumulation_steps(cfg, acc.num_processes)
         self.cfg = cfg = resolved_for_run(cfg, len(data.train))
         session.cfg = cfg
-        model = setup.build_pretrain_model(cfg, self.tokenizer)
+        from llmlab.train.fused_loss import CausalLMWithLoss
+
+        model = CausalLMWithLoss(setup.build_pretrain_model(cfg, self.tokenizer), cfg.label_smoothing,
+                                 cfg.loss_chunk_tokens)
+        if cfg.compile:  # the body only, in place (state-dict keys unchanged); the chunked loss stays eager
+            model.model.base_model.compile()
         optimizer = setup.build_optimizer(cfg, model)
         train_dl, self.val_dl = setup.make_dataloaders(cfg, data)
         self.model, self.optimizer, self.train_dl, self.val_dl = session.prepare(model, optimizer, train_dl, self.val_dl)
@@ -224,7 +240,7 @@ class Pretraining:
         from llmlab.train.pretrain_setup import innermost_optimizer
 
         cfg, acc, session = self.cfg, self.session.accelerator, self.session
-        unwrapped = acc.unwrap_model(self.model)
+        unwrapped = acc.unwrap_model(self.model).model
         acc.print(f"model {cfg.init_from or cfg.model}: {unwrapped.num_parameters() / 1e6:.1f}M params; "
                   f"{cfg.max_steps} steps of {cfg.effective_batch_size} x {cfg.block_size} tokens "
                   f"({cfg.batch_size}/device x {acc.gradient_accumulation_steps} accumulation x {acc.num_processes} "
@@ -260,17 +276,16 @@ class Pretraining:
             raise UserError(f"the run ended with loss {final_loss}: not publishing a broken model; lower "
                             "--learning_rate and resume from the last good checkpoint")
         final_dir = self.save_final()
-        return {"step": state.step, "val_loss": last_val, "rollbacks": self.rollbacks.rollbacks,
+        samples = self.final_samples()
+        return {"samples": samples, "step": state.step, "val_loss": last_val, "rollbacks": self.rollbacks.rollbacks,
                 "final_dir": str(final_dir), "output_dir": str(session.out)}
 
     def train_step(self, drill_factor: float):
-        from llmlab.train.common import causal_lm_loss
-
         acc, session = self.session.accelerator, self.session
         for _ in range(acc.gradient_accumulation_steps):
             input_ids = next(self.batches)["input_ids"]
             with acc.accumulate(self.model):
-                loss = causal_lm_loss(self.model(input_ids=input_ids).logits, input_ids, self.cfg.label_smoothing)
+                loss = self.model(input_ids)  # the chunked head + cross-entropy (llmlab.train.fused_loss)
                 session.backward(loss * drill_factor, input_ids.numel())
                 if acc.sync_gradients:
                     result = session.optimizer_step(self.model.parameters(), self.optimizer, self.scheduler,
@@ -341,6 +356,27 @@ class Pretraining:
         from llmlab.train.pretrain_setup import loss_scale
 
         return loss_scale(self.session.accelerator, self.optimizer)
+
+    def final_samples(self) -> list[str]:
+        """Greedy continuations of --sample_prompts by the final model, with the repetition guards of
+        merge_and_infer.py generate (no repeated trigram, repetition penalty): the first thing a newcomer reads,
+        and logged to TensorBoard's Text tab."""
+        acc, cfg = self.session.accelerator, self.cfg
+        if not (cfg.sample_prompts and cfg.sample_tokens and acc.is_main_process):
+            return []
+        import torch
+
+        model = acc.unwrap_model(self.model).model.eval()
+        texts = []
+        for prompt in cfg.sample_prompts:
+            ids = self.tokenizer(prompt, return_tensors="pt").input_ids.to(acc.device)
+            with torch.no_grad(), acc.autocast():
+                out = model.generate(ids, max_new_tokens=cfg.sample_tokens, do_sample=False, no_repeat_ngram_size=3,
+                                     repetition_penalty=1.2, pad_token_id=self.tokenizer.eos_token_id)
+            texts.append(self.tokenizer.decode(out[0], skip_special_tokens=True))
+        print("\n".join(f"sample: {text!r}" for text in texts), flush=True)
+        self.session.log({"samples/final": "\n\n".join(texts)}, self.session.state.step)
+        return texts
 
     def save_final(self):
         from llmlab.train.pretrain_setup import save_final

@@ -114,15 +114,13 @@ def batch_stream(accelerator, train_dl, position: int):
 
 @torch.no_grad()
 def validation_loss(accelerator, model, val_dl, max_batches: int) -> float:
-    from llmlab.train.common import causal_lm_loss
-
     model.eval()
     losses = []
     for i, batch in enumerate(val_dl):
         if i >= max_batches:
             break
         input_ids = batch["input_ids"]
-        loss = causal_lm_loss(model(input_ids=input_ids).logits, input_ids)
+        loss = model(input_ids, label_smoothing=0.0)  # the loss wrapper; validation never smooths
         losses.append(accelerator.gather_for_metrics(loss.detach().reshape(1)))
     return torch.cat(losses).float().mean().item() if losses else math.nan
 
@@ -156,9 +154,11 @@ def save_final(accelerator, model, tokenizer, output_dir: Path) -> Path:
     if accelerator.is_main_process:
         from llmlab.train.checkpointing import assert_finite
 
-        assert_finite(accelerator.unwrap_model(model), "final model")
+        hf_model = accelerator.unwrap_model(model).model  # inside the loss wrapper
+        assert_finite(hf_model, "final model")
         shutil.rmtree(tmp, ignore_errors=True)
-        accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+        state_dict = {k.removeprefix("model."): v for k, v in state_dict.items()}
+        hf_model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         publish_dir(tmp, final)
     accelerator.wait_for_everyone()

@@ -1,0 +1,98 @@
+"""The output layer and the cross-entropy as one chunked operation: the [tokens, vocab] logits never exist whole.
+
+With GPT-2's 50,257-token vocabulary the logits dominate training memory: at batch 8 x 1024 tokens they are 1.6 GB
+in fp32, and the usual path keeps them (and a float copy, and their gradient) alive until backward. Here each chunk
+of tokens computes its logits, its loss and, while they are at hand, their gradients with respect to the hidden
+states and the head weight; only those gradients are kept for backward. Same arithmetic as head + cross-entropy
+(a test checks loss and gradients to 1e-5), no extra matmul, and peak memory is one chunk's logits. The idea is
+liger-kernel's fused linear cross-entropy, whose Triton kernels need CUDA; this is the plain PyTorch version that
+also runs on a CPU.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+DEFAULT_CHUNK_TOKENS = 1024  # one chunk's fp32 logits: 1024 x 50257 x 4 B = 206 MB
+
+
+def _chunk(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, smoothing: float, scale: float,
+           want_grads: bool):
+    """Loss sum of one chunk; with `want_grads`, also d(loss * scale) / d(logits) for the chunk."""
+    logits = F.linear(hidden, weight).float()
+    valid = labels != -100
+    safe = labels.clamp_min(0)
+    logsumexp = logits.logsumexp(dim=-1)
+    nll = logsumexp - logits.gather(1, safe[:, None]).squeeze(1)
+    if smoothing:
+        nll = (1 - smoothing) * nll + smoothing * (logsumexp - logits.mean(dim=-1))
+    loss_sum = (nll * valid).sum()
+    if not want_grads:
+        return loss_sum, None
+    grad = torch.softmax(logits, dim=-1)
+    if smoothing:
+        grad -= smoothing / logits.size(-1)
+    grad[torch.arange(len(safe), device=grad.device), safe] -= 1 - smoothing
+    grad *= (valid * scale)[:, None]
+    return loss_sum, grad
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, chunk: int, smoothing: float):
+        count = int((labels != -100).sum())
+        scale = 1.0 / max(count, 1)
+        want = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        grad_hidden = torch.empty_like(hidden) if want else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want else None
+        total = hidden.new_zeros((), dtype=torch.float32)
+        for start in range(0, hidden.size(0), chunk):
+            part = slice(start, start + chunk)
+            loss_sum, grad = _chunk(hidden[part], weight, labels[part], smoothing, scale, want)
+            total += loss_sum
+            if want:  # the two backward matmuls of the head, in the matmul dtype (bf16 under autocast)
+                grad = grad.to(weight.dtype)
+                grad_hidden[part] = grad @ weight
+                grad_weight += grad.t() @ hidden[part]
+        if want:
+            ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
+        return total * scale
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad_output, grad_weight * grad_output, None, None, None
+
+
+def chunked_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, input_ids: torch.Tensor, label_smoothing: float = 0.0,
+                    chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
+    """Next-token cross-entropy of `hidden` [batch, seq, width] through the head `weight` [vocab, width], with the
+    inputs as labels (shifted here, -100 ignored): the same value as causal_lm_loss(F.linear(hidden, weight), ...)."""
+    labels = F.pad(input_ids, (0, 1), value=-100)[..., 1:].reshape(-1)
+    flat = hidden.reshape(-1, hidden.size(-1))
+    device = flat.device.type
+    # Under autocast the head's matmuls run in its dtype (as F.linear would); softmax and the loss stay fp32.
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else flat.dtype
+    with torch.autocast(device, enabled=False):
+        return _ChunkedLinearCrossEntropy.apply(flat.to(dtype), weight.to(dtype), labels, chunk_tokens, label_smoothing)
+
+
+class CausalLMWithLoss(nn.Module):
+    """Wraps a Hugging Face causal LM so that forward(input_ids) returns its next-token loss: through the chunked
+    head (`chunk_tokens` > 0) or the model's own full logits (0). Prepared by accelerate like the model itself, so
+    DDP and DeepSpeed see every forward; `.model` is the Hugging Face model to save."""
+
+    def __init__(self, model: nn.Module, label_smoothing: float = 0.0, chunk_tokens: int = DEFAULT_CHUNK_TOKENS):
+        super().__init__()
+        self.model, self.label_smoothing, self.chunk_tokens = model, label_smoothing, chunk_tokens
+
+    def forward(self, input_ids: torch.Tensor, label_smoothing: float | None = None) -> torch.Tensor:
+        from llmlab.train.common import causal_lm_loss
+
+        smoothing = self.label_smoothing if label_smoothing is None else label_smoothing
+        if not self.chunk_tokens:
+            return causal_lm_loss(self.model(input_ids=input_ids).logits, input_ids, smoothing)
+        hidden = self.model.base_model(input_ids=input_ids).last_hidden_state
+        head = self.model.get_output_embeddings().weight
+        return chunked_lm_loss(hidden, head, input_ids, smoothing, self.chunk_tokens)

@@ -1,0 +1,57 @@
+"""The chunked output layer + cross-entropy (issue 15): the same loss and gradients as the full logits."""
+import pytest
+import torch
+
+from llmlab.train.common import causal_lm_loss
+from llmlab.train.fused_loss import CausalLMWithLoss, chunked_lm_loss
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_chunked_loss_and_gradients_equal_the_full_logits(smoothing):
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 20, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(60, 16, dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(0, 60, (3, 20))
+    full = causal_lm_loss(hidden @ weight.T, ids, smoothing)
+    full.backward()
+    grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    chunked = chunked_lm_loss(hidden, weight, ids, smoothing, chunk_tokens=7)  # chunks that cut across rows
+    chunked.backward()
+    assert chunked.item() == pytest.approx(full.item(), abs=1e-6)
+    assert torch.allclose(hidden.grad, grads[0], atol=1e-7) and torch.allclose(weight.grad, grads[1], atol=1e-7)
+    with torch.no_grad():  # evaluation: no gradients computed or kept
+        assert float(chunked_lm_loss(hidden, weight, ids, smoothing, 7)) == pytest.approx(float(full), abs=1e-6)
+
+
+def test_wrapped_gpt2_trains_identically_through_the_chunked_head(tiny_gpt2_dir):
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.randint(0, 50257, (2, 32))
+    results = []
+    for chunk in (0, 24):
+        torch.manual_seed(0)
+        model = CausalLMWithLoss(AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir), 0.1, chunk).train()
+        loss = model(ids)
+        loss.backward()
+        results.append((float(loss), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (full_loss, full_grads), (chunked_loss, chunked_grads) = results
+    assert chunked_loss == pytest.approx(full_loss, abs=1e-5)
+    for name, grad in full_grads.items():  # the tied embedding gets both its input and its head gradient
+        assert torch.allclose(chunked_grads[name], grad, atol=1e-5), name
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 matmuls, fp32 softmax: close to fp32
+        torch.manual_seed(0)
+        model = CausalLMWithLoss(AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir), 0.1, 24)
+        assert float(model(ids)) == pytest.approx(full_loss, abs=2e-2)
+
+
+def test_measuring_the_cpu_peak_leaves_the_global_rng_alone():
+    """The trainers measure the matmul peak after a resume restored the RNG; dropout must not notice."""
+    from llmlab.models import flops
+
+    flops._CPU_PEAKS.clear()
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    assert flops.measure_cpu_peak_flops("fp32", size=64, repeats=1) > 0
+    assert torch.equal(torch.rand(3), expected)
