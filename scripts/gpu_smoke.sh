@@ -51,7 +51,7 @@ for precision in fp16 bf16 int8 int4; do
 done
 check infer_bench 300 $PY merge_and_infer.py bench --model "$WORK/merged" --output "$WORK/bench.json"
 printf 'trials:\n  - {optimizer: adamw}\n  - {optimizer: lion}\n  - {optimizer: adafactor}\n' > "$WORK/grid.yaml"
-check sweep_fp16_scaler 420 $PY sweep.py --grid "$WORK/grid.yaml" --budget smoke --device cuda --workers 2 \
+check sweep_fp16_scaler 420 $PY sweep.py --grid "$WORK/grid.yaml" --budget smoke --device cuda --precision fp16 --workers 2 \
   --output_dir "$WORK/sweep"
 check pytest_gpu 600 $PY -m pytest -q -m gpu tests
 

@@ -37,8 +37,9 @@ class RecommendConfig(ScalingOptions):
 
     from_dir: str = opt("", "output folder of `sweep.py --grid lr_bs` (holds scaling_fits.json); also --from")
     memory_gb: Optional[float] = opt(None, "memory of the target device in GiB (required); also --memory-gb")
-    params: Optional[int] = opt(None, "parameter count of the target model; predicted memory is scaled by "
-                                "params / swept params; unset = the swept model")
+    params: Optional[int] = opt(None, "non-embedding parameter count N of the target model (what the sweep "
+                                "records and the lr fit uses); predicted memory is scaled by params / swept params; "
+                                "unset = the swept model")
     tokens: Optional[int] = opt(None, "training tokens of the target run; sets max_steps and warmup "
                                 "(unset = tokens_per_param x params, the Chinchilla ratio)")
     seq_len: Optional[int] = opt(None, "sequence length of the target run; unset = the sweep's")

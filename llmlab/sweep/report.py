@@ -235,13 +235,12 @@ def calibration_section(rows: list[dict], facts: dict, fitted: dict) -> list[str
                         "keeps the finished trials and runs only the new seeds).", ""]
     lines += ["Seed replicates rerun one configuration with other seeds (model init and data order; the data "
               "split is fixed). Their spread is the noise every effect below is judged against.", "",
-              "| outcome | replicate groups | runs | mean (reference) | seed SD | 95% CI of SD | df |",
+              "| outcome | replicate groups | replicated runs | mean (reference) | seed SD | 95% CI of SD | df |",
               "|---|---|---|---|---|---|---|"]
     for metric, label in CALIBRATED.items():
         floor = stats.pure_error(rows, metric)
         ref = _mean(r.get(metric) for r in rows if r.get("point") == facts["reference"] and r.get("status") == "ok")
-        runs = sum(1 for r in rows if r.get("status") == "ok" and r.get(metric) is not None)
-        lines.append(f"| {label} | {floor['groups']} | {runs} | {_fmt(ref)} | {_fmt(floor['sd'])} | "
+        lines.append(f"| {label} | {floor['groups']} | {floor['runs']} | {_fmt(ref)} | {_fmt(floor['sd'])} | "
                      f"{_ci(*floor['ci'], digits=4)} | {floor['df']} |")
     k = facts["reference_runs"]
     single = sps.t.ppf(0.975, noise["df"]) * noise["sd"] * math.sqrt(1 + 1 / max(k, 1))
@@ -264,8 +263,8 @@ def effects_section(fitted: dict, factors: list[str], plots: Path) -> list[str]:
     plot_main_effects(plots / "main_effects.png", fitted["effects"], fitted["factors"])
     rows = [{**e, "95% CI": _ci(e["ci_low"], e["ci_high"])} for e in fitted["effects"]]
     tests = stats.factor_tests(fitted)
-    per_factor = ([f"Does each factor matter at all? F test of its levels against the noise (type II sums of "
-                   f"squares): " + "; ".join(f"**{f['factor']}** p = {f['p_value']:.3g} ({f['verdict']})"
+    per_factor = (["Does each factor matter at all? F test of its levels against the noise (type II sums of "
+                   "squares): " + "; ".join(f"**{f['factor']}** p = {f['p_value']:.3g} ({f['verdict']})"
                                               for f in tests) + ".", ""] if tests else [])
     return lines + [
         f"All factors fitted jointly by ordinary least squares (statsmodels; sum-to-zero contrasts, so each level's "

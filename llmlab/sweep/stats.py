@@ -42,11 +42,11 @@ def pure_error(rows: list[dict], metric: str) -> dict:
     replicated = [np.array(v) for v in groups.values() if len(v) >= 2]
     df = sum(len(v) - 1 for v in replicated)
     if df == 0:
-        return {"sd": None, "df": 0, "ci": (None, None), "groups": 0}
+        return {"sd": None, "df": 0, "ci": (None, None), "groups": 0, "runs": 0}
     sd = math.sqrt(sum(float(((v - v.mean()) ** 2).sum()) for v in replicated) / df)
     tail = (1 - CONFIDENCE) / 2
     ci = (sd * math.sqrt(df / stats.chi2.ppf(1 - tail, df)), sd * math.sqrt(df / stats.chi2.ppf(tail, df)))
-    return {"sd": sd, "df": df, "ci": ci, "groups": len(replicated)}
+    return {"sd": sd, "df": df, "ci": ci, "groups": len(replicated), "runs": sum(len(v) for v in replicated)}
 
 
 def replicates_needed(sd: Optional[float], effect: float = TARGET_EFFECT) -> Optional[int]:
