@@ -53,3 +53,11 @@ def test_accelerate_launch_no_longer_trains_on_one_core(tmp_path):
     assert threads == available_cores()
     if available_cores() > 1:
         assert "accelerate launch set OMP_NUM_THREADS=1; using" in proc.stdout
+
+
+def test_sweep_trial_workers_start_quietly():
+    """The sweep's fork server preloads the trial module; its imports (peft via transformers.optimization) must not
+    print the optional-kernel notices into the sweep's terminal."""
+    proc = subprocess.run([sys.executable, "-c", "import llmlab.sweep.trial"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and not NOISE.search(proc.stderr), proc.stderr[-2000:]

@@ -20,6 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from llmlab.core.notices import quiet_known_notices
+
+quiet_known_notices()  # before transformers.optimization imports peft -> bitsandbytes (the forkserver preloads us)
+
 import numpy as np
 import torch
 import torch.nn.functional as F
