@@ -324,3 +324,33 @@ def test_damaged_sweep_files_rerun_or_explain(tmp_path):
     (out / "sweep.json").write_text("{")
     assert_one_line_error(run_script(sweep_args(out, cache, grid)), "sweep.json is damaged")
     assert not math.isnan(rows["g02"]["final_loss"])
+
+
+# ------------------------------------------------------------------ memory
+def _prepare_peak_mb(dataset: Path, tmp_path: Path) -> float:
+    """Peak RSS of `train_pretrain.py --prepare_only` on `dataset`, in a fresh process (Linux ru_maxrss: KiB)."""
+    code = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    proc = subprocess.run([sys.executable, "-c", code, sys.executable, "train_pretrain.py", "--prepare_only",
+                           "--dataset", str(dataset), "--cache_dir", str(tmp_path / f"cache_{dataset.suffix[1:]}"),
+                           "--output_dir", str(tmp_path / f"out_{dataset.suffix[1:]}"), "--near_dup_threshold", "0",
+                           "--val_fraction", "0"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return int(proc.stdout.strip().splitlines()[-1]) / 1024
+
+
+def test_a_huge_one_line_document_costs_no_more_memory_than_the_same_text_as_many(tmp_path):
+    """Tokenising a document in one piece took ~150 bytes per character (a 50 MB line peaked at 7.6 GB); cut into
+    pieces it costs about what the same text split into ordinary documents costs."""
+    import random
+
+    words = [w for w in (REPO / "README.md").read_text().split() if w.isalpha()]  # no markup for the cleaner
+    text = " ".join(random.Random(0).choice(words) for _ in range(300_000))  # ~2 MB, one line
+    (tmp_path / "one.txt").write_text(text)
+    with open(tmp_path / "many.jsonl", "w") as f:
+        for i in range(0, len(text), 10_000):
+            f.write(json.dumps({"text": text[i:i + 10_000]}) + "\n")
+    one, many = _prepare_peak_mb(tmp_path / "one.txt", tmp_path), _prepare_peak_mb(tmp_path / "many.jsonl", tmp_path)
+    # unsplit, this line alone would add ~150 bytes/char x 2 MB = ~300 MB on top of the many-document peak
+    assert one < many + 100, (one, many)

@@ -141,8 +141,10 @@ def _read_jsonl(path: Path, text_field: str) -> list[str]:
 
 
 # A document is cleaned, shingled and tokenised in one piece; a 50 MB one-line file done so peaked at 7.6 GB.
-# Longer documents are cut into pieces of at most this many characters, at a line break or space when possible.
-MAX_DOCUMENT_CHARS = 1_000_000
+# Longer documents are cut into pieces of at most this many characters (~50k tokens: an eos every 50k tokens costs
+# nothing), at a line break or space when possible; with 16 documents per tokenizer batch (prepare.py) the memory
+# a batch needs no longer grows with the file.
+MAX_DOCUMENT_CHARS = 200_000
 
 
 def split_long_document(text: str, limit: int = MAX_DOCUMENT_CHARS) -> list[str]:
