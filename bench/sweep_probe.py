@@ -11,9 +11,9 @@ Runs the doe20 control (cosine, clip 1.0, warmup 500 -> 55 steps, wd 0.01, AdamW
 
 Configurations run two at a time, paired so that each speed comparison is side by side on the same machine
 (legacy with sinusoidal, fp32 with default), one worker of one thread each: a 2-core box fully used, as the
-README's doe20 command uses it. Prints final validation loss (mean, seed SD) against the unigram (7.88) and
-uniform (10.83) reference lines, attention entropy, and median tokens/s, with the speed ratios and the loss
-difference of the fast path with its 95 % CI. Writes bench_probe.json in --out.
+README's doe20 command uses it. Prints final validation loss (mean, seed SD) against the uniform guess and an
+add-one unigram model evaluated on the same validation rows, attention entropy, and median tokens/s, with the speed
+ratios and the loss difference of the fast path with its 95 % CI. Writes bench_probe.json in --out.
 
   python bench/sweep_probe.py                       # ~25 minutes on 2 cores
   python bench/sweep_probe.py --seeds 2 --only fp32 default
@@ -30,7 +30,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-UNIFORM, UNIGRAM = math.log(50257), 7.88  # builtin:wiki, block 128 validation split (docs/findings/README.md)
+sys.path.insert(0, str(REPO))
+
+from llmlab.sweep.config import BUDGETS  # noqa: E402
+from llmlab.sweep.metrics import reference_lines  # noqa: E402
 CONFIGS = {
     "legacy": ["--embedding", "frozen", "--position_encoding", "sinusoidal", "--precision", "fp32", "--no-compile"],
     "sinusoidal": ["--position_encoding", "sinusoidal"],
@@ -100,13 +103,16 @@ def main() -> None:
         if names:
             run_pair(names, args.seeds, out)
     rows = [summarise(name, out) for name in wanted]
-    print(f"\nProbe at the cpu budget, {args.seeds} seeds each ({time.time() - started:.0f} s in all). "
-          f"Reference lines: uniform {UNIFORM:.2f}, unigram {UNIGRAM:.2f} nats.")
+    ref = reference_lines(out / wanted[0] / "data", BUDGETS["cpu"].eval_batches * BUDGETS["cpu"].batch_size)
+    unigram = ref["unigram"]
+    print(f"\nProbe at the cpu budget, {args.seeds} seeds each ({time.time() - started:.0f} s in all). Reference "
+          f"lines on the {ref['eval_tokens']:,} tokens trials are scored on: uniform {ref['uniform']:.2f}, "
+          f"add-one unigram {unigram:.2f} nats.")
     print(f"{'config':<11} {'precision':<9} {'compile':<7} {'final loss':>16} {'vs unigram':>10} "
           f"{'attn entropy':>12} {'tokens/s':>9} {'trial s':>8}")
     for r in rows:
         print(f"{r['config']:<11} {r['precision']:<9} {r['compiled']:<7} {r['mean']:>8.3f} ± {r['sd']:.3f}  "
-              f"{r['mean'] - UNIGRAM:>+10.2f} {r['entropy']:>12.3f} {r['tokens_per_s']:>9.0f} {r['trial_s']:>8.0f}")
+              f"{r['mean'] - unigram:>+10.2f} {r['entropy']:>12.3f} {r['tokens_per_s']:>9.0f} {r['trial_s']:>8.0f}")
     by = {r["config"]: r for r in rows}
     if {"fp32", "default"} <= set(by):
         print(f"default vs fp32 (same model, side by side): {by['default']['tokens_per_s'] / by['fp32']['tokens_per_s']:.2f}x "

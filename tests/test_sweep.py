@@ -2,15 +2,18 @@
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from llmlab.core.errors import UserError
+from llmlab.sweep.config import BUDGETS
 from llmlab.sweep.design import (CONTROL, FACTORS, balance_design, doe20_design, grid_from_yaml, latin_hypercube_levels,
                                  level_counts, lr_bs_design)
 from tests.conftest import REPO, run_script
@@ -131,6 +134,13 @@ def test_smoke_doe20_end_to_end(smoke_doe20):
                     "plots/loss_curves.png"):
         assert section in report
     assert report.count("| t") >= 19
+    smoke = BUDGETS["smoke"]
+    train = np.load(out / "data" / "train.npy").ravel()
+    rows_scored = np.load(out / "data" / "validation.npy")[: smoke.eval_batches * smoke.batch_size].ravel()
+    counts = np.bincount(train, minlength=50257) + 1.0
+    unigram = -np.log(counts[rows_scored] / counts.sum()).mean()
+    stated = re.search(r"unigram model of the training split ([0-9.]+) nats", report)
+    assert stated and float(stated.group(1)) == pytest.approx(unigram, abs=0.006), report[:600]
     for plot in ("loss_curves.png", "main_effects.png"):
         assert (out / "plots" / plot).stat().st_size > 10_000
     design = json.loads((out / "design.json").read_text())

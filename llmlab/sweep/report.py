@@ -335,6 +335,7 @@ def write_report(out_dir: Path, design: list[dict], results: list[dict], cfg) ->
         + ("" if facts["reference_ok"] else " (did not finish ok: no deltas)")
         + f". Target loss for convergence speed: {_fmt(facts['target_loss'])}"
         + f" (the reference reaches it at step {_fmt(facts['reference_steps_to_target'])} on average).", "",
+        *_reference_lines(out_dir, cfg),
         *calibration_section(rows, facts, fitted),
         "## Design", "", design_table(design), "",
         "## Results", "",
@@ -352,6 +353,18 @@ def write_report(out_dir: Path, design: list[dict], results: list[dict], cfg) ->
     atomic_write_text(out_dir / "report.md", "\n".join(lines))
     return {"rows": rows, "effects": fitted["effects"], "facts": facts,
             "gains": list(dict.fromkeys(r["point"] for r in rows if r.get("effective_gain")))}
+
+
+def _reference_lines(out_dir: Path, cfg) -> list[str]:
+    from llmlab.sweep.metrics import reference_lines
+
+    budget = cfg.budget_spec
+    ref = reference_lines(out_dir / "data", budget.eval_batches * budget.batch_size)
+    if not ref or ref["unigram"] is None:
+        return []
+    return [f"Reference lines on the {ref['eval_tokens']:,} validation tokens every trial is scored on: uniform "
+            f"guess {ref['uniform']:.2f} nats, add-one unigram model of the training split {ref['unigram']:.2f} "
+            "nats. A final loss below the unigram line means the model uses context.", ""]
 
 
 def _problems_section(rows: list[dict]) -> list[str]:
