@@ -18,7 +18,11 @@ from llmlab.models.gpt2 import GPT2_PRESETS
 from llmlab.train.spikes import parse_inject_spike
 from llmlab.train.common import parse_clip
 
-TINY_MAX_STEPS = 150  # gpt2-tiny defaults: 150 steps x 8 x 128 tokens take a few minutes on two CPU cores
+# gpt2-tiny's recipe: about five minutes on two CPU cores (bench/quickstart.py measures it against the old one).
+# bf16 autocast and the chunked loss buy ~1.4x the tokens of the old fp32 150 steps in the same time; lr 2e-3 was
+# the best of the peak lrs tried at this length (docs/findings/README.md).
+TINY_MAX_STEPS = 220
+TINY_LEARNING_RATE = 2e-3
 TINY_BLOCK_SIZE = 128
 
 
@@ -39,7 +43,8 @@ class PretrainConfig(DataConfig):
     report_to: list[str] = opt(["tensorboard"], "trackers: tensorboard, wandb, mlflow, aim, comet_ml, all or none "
                                                 "(metrics.jsonl is always written)")
     # optimisation
-    learning_rate: float = opt(6e-4, "peak AdamW learning rate")
+    learning_rate: Optional[float] = opt(None, f"peak AdamW learning rate; default 6e-4, for gpt2-tiny "
+                                               f"{TINY_LEARNING_RATE:g}")
     min_lr: float = opt(1e-5, "floor of the cosine decay")
     adam_beta1: float = opt(0.9, "AdamW beta1")
     adam_beta2: float = opt(0.98, "AdamW beta2")
@@ -114,6 +119,8 @@ class PretrainConfig(DataConfig):
             raise UserError(f"--max_steps must be >= 1, got {self.max_steps}")
         if self.is_tiny and self.max_steps is None:
             self.max_steps = TINY_MAX_STEPS
+        if self.learning_rate is None:
+            self.learning_rate = TINY_LEARNING_RATE if self.is_tiny else 6e-4
         if self.warmup_steps is None and (self.max_steps is not None or not self.is_tiny):
             self.warmup_steps = max(1, self.max_steps // 10) if self.is_tiny else 2000
         checks = [
