@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -351,6 +352,24 @@ def test_held_out_check_flags_a_planted_wrong_forecast(tmp_path):
     assert report.index("## Held-out check") < report.index("## Dropped trials")
     assert "**outside the band**" in report and "Step Law" in report and "DeepSeek" in report
     assert (tmp_path / "plots" / "lr_transfer.png").stat().st_size > 10_000
+
+
+def test_a_held_out_band_too_wide_to_test_anything_is_called_so(tmp_path):
+    """Two small sizes x two batches fit three coefficients with one residual degree of freedom: the band on the
+    largest size then spans orders of magnitude, and "inside" must not read as a passed test."""
+    three = {k: SIZES[k] for k in ("64x2", "128x2", "256x2")}
+    rows = sized_rows(seed=5, sizes=three, batches=(4, 8))
+    noise = np.random.default_rng(9)
+    for row in rows:  # a noisier lab: the loss bowls' minima move by tens of percent in lr
+        row["final_loss"] += 0.05 * noise.normal()
+    write_lr_bs_report(tmp_path, rows, SYNTHETIC_OPTIONS)
+    report = (tmp_path / "scaling_report.md").read_text()
+    band = re.search(r"The band spans ([0-9,]+)x", report)
+    assert band and float(band.group(1).replace(",", "")) > 30, report[:1500]
+    assert "1 residual degree(s) of freedom" in report
+    wide = write_lr_bs_report(tmp_path / "full", sized_rows(), SYNTHETIC_OPTIONS)  # 3 sizes x 3 batches: narrow
+    assert "too wide" not in (tmp_path / "full" / "scaling_report.md").read_text()
+    assert wide["transfer"]["holdout"]["status"] == "ok"
 
 
 def test_recommend_forecasts_lr_from_n_and_warns_beyond_the_validated_factor(tmp_path):

@@ -39,6 +39,24 @@ def _interval(ci: list[float]) -> str:
     return f"[{_fmt(ci[0])}, {_fmt(ci[1])}]"
 
 
+# A held-out band wider than this factor (upper / lower) cannot falsify a forecast; the lr grid itself spans 16x.
+UNINFORMATIVE_BAND = 30.0
+
+
+def _holdout_caveats(holdout: dict) -> list[str]:
+    """Say when the check cannot fail (a band spanning orders of magnitude) or rests on too few points."""
+    fit, notes = holdout["fit"], []
+    widest = max(r["band"][1] / r["band"][0] for r in holdout["rows"])
+    if widest > UNINFORMATIVE_BAND:
+        notes.append(f"**The band spans {widest:,.0f}x: too wide for \"inside\" to test anything**; judge the forecast "
+                     "by predicted / measured.")
+    spare = fit["n_inliers"] - (2 + int(fit["with_batch"]))
+    if spare < 2:
+        notes.append(f"The fit on the smaller sizes has {spare} residual degree(s) of freedom, so its band is unreliable "
+                     "either way; scan more sizes or batch sizes for a check that can fail.")
+    return [line for note in notes for line in ("", note)]
+
+
 def transfer_markdown(analysis: dict) -> list[str]:
     """Across sizes: the held-out check first (the lab's credibility), then the joint fit and the literature."""
     transfer = analysis.get("transfer")
@@ -57,6 +75,7 @@ def transfer_markdown(analysis: dict) -> list[str]:
         lines += [f"| {r['batch_size']:g} | {r['predicted']:.3g} | {_interval(r['band'])} | {r['measured']:.3g}"
                   f"{' (grid edge)' if r['measured_at_edge'] else ''} | {r['ratio']:.2f} | "
                   f"{'yes' if r['inside'] else '**no**'} |" for r in holdout["rows"]]
+        lines += _holdout_caveats(holdout)
     else:
         lines.append(f"Not run: {holdout.get('reason')}.")
     lines += ["", "## Joint fit across sizes", ""]
