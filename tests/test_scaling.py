@@ -367,6 +367,8 @@ def test_a_held_out_band_too_wide_to_test_anything_is_called_so(tmp_path):
     band = re.search(r"The band spans ([0-9,]+)x", report)
     assert band and float(band.group(1).replace(",", "")) > 30, report[:1500]
     assert "1 residual degree(s) of freedom" in report
+    rec = recommend_main(["--from", str(tmp_path), "--memory-gb", "8", "--params", "3200000"])  # 2x the largest
+    assert any("too wide to validate anything" in n and "validated 1.0x" in n for n in rec["notes"]), rec["notes"]
     wide = write_lr_bs_report(tmp_path / "full", sized_rows(), SYNTHETIC_OPTIONS)  # 3 sizes x 3 batches: narrow
     assert "too wide" not in (tmp_path / "full" / "scaling_report.md").read_text()
     assert wide["transfer"]["holdout"]["status"] == "ok"

@@ -194,7 +194,7 @@ def _learning_rate(cfg: RecommendConfig, fits: dict, batch: int, notes: list[str
 
 
 def _lr_across_sizes(cfg: RecommendConfig, fits: dict, transfer: dict, batch: int, notes: list[str]) -> dict:
-    from llmlab.scaling.transfer import forecast
+    from llmlab.scaling.transfer import UNINFORMATIVE_BAND, band_ratio, forecast
 
     fit, holdout = transfer["joint_fit"], transfer["holdout"]
     largest = fit["n_range"][1]
@@ -202,13 +202,17 @@ def _lr_across_sizes(cfg: RecommendConfig, fits: dict, transfer: dict, batch: in
     lr, lr_low, lr_high = forecast(fit, target, batch, fits["options"]["confidence"])
     factor = target / largest
     # The held-out check is this lab's only evidence for extrapolating in N: beyond the factor it covered the
-    # forecast is unvalidated (published laws have missed by more than 4x far from their data).
-    validated = holdout["extrapolation"] if holdout.get("status") == "ok" else 1.0
+    # forecast is unvalidated (published laws have missed by more than 4x far from their data), and so it is
+    # everywhere when the check's band was too wide to fail.
+    checked = holdout.get("status") == "ok"
+    informative = checked and band_ratio(holdout) <= UNINFORMATIVE_BAND
+    validated = holdout["extrapolation"] if informative else 1.0
     if factor > validated:
+        why = (f" (forecast / measured {holdout['median_ratio']:.2f})" if informative else
+               f" (its band spans {band_ratio(holdout):.0f}x, too wide to validate anything)" if checked else
+               " (no held-out check ran)")
         notes.append(f"WARNING: target N is {factor:.1f}x the largest scanned size; the held-out check validated "
-                     f"{validated:.1f}x" + (f" (forecast / measured {holdout['median_ratio']:.2f})"
-                                             if holdout.get("status") == "ok" else " (no held-out check ran)")
-                     + ": run the confirmation scan before the long job")
+                     f"{validated:.1f}x{why}: run the confirmation scan before the long job")
     if holdout.get("status") == "ok" and not holdout["all_inside"]:
         notes.append("WARNING: on this scan's held-out size the measured lr_opt fell outside the forecast band")
     if fit.get("warning"):

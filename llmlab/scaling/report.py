@@ -39,14 +39,12 @@ def _interval(ci: list[float]) -> str:
     return f"[{_fmt(ci[0])}, {_fmt(ci[1])}]"
 
 
-# A held-out band wider than this factor (upper / lower) cannot falsify a forecast; the lr grid itself spans 16x.
-UNINFORMATIVE_BAND = 30.0
-
-
 def _holdout_caveats(holdout: dict) -> list[str]:
     """Say when the check cannot fail (a band spanning orders of magnitude) or rests on too few points."""
+    from llmlab.scaling.transfer import UNINFORMATIVE_BAND, band_ratio
+
     fit, notes = holdout["fit"], []
-    widest = max(r["band"][1] / r["band"][0] for r in holdout["rows"])
+    widest = band_ratio(holdout)
     if widest > UNINFORMATIVE_BAND:
         notes.append(f"**The band spans {widest:,.0f}x: too wide for \"inside\" to test anything**; judge the forecast "
                      "by predicted / measured.")

@@ -80,6 +80,15 @@ def joint_fit(points: list[dict], options: ScalingOptions) -> dict:
     return result
 
 
+# A held-out band wider than this factor (upper / lower) cannot falsify a forecast; the lr grid itself spans 16x.
+UNINFORMATIVE_BAND = 30.0
+
+
+def band_ratio(holdout: dict) -> float:
+    """Upper / lower edge of the widest held-out band."""
+    return max(r["band"][1] / r["band"][0] for r in holdout["rows"])
+
+
 def forecast(fit: dict, n_params: float, batch: float, confidence: float) -> tuple[float, float, float]:
     """lr_opt at (N, B) with its band (bootstrap over the fit's parameters)."""
     features = [math.log(n_params)] + ([math.log(batch)] if fit["with_batch"] else [])
