@@ -165,7 +165,7 @@ def test_preset_defaults_and_recommend_yaml(tmp_path):
     from llmlab.train.pretrain import PretrainConfig
 
     tiny = parse_config(PretrainConfig, [])
-    assert (tiny.block_size, tiny.max_steps, tiny.warmup_steps, tiny.effective_batch_size) == (128, 220, 22, 8)
+    assert (tiny.block_size, tiny.max_steps, tiny.warmup_steps, tiny.effective_batch_size) == (128, 190, 19, 8)
     assert (tiny.learning_rate, tiny.mixed_precision, tiny.loss_chunk_tokens) == (2e-3, "auto", 1024)
     big = parse_config(PretrainConfig, ["--model", "gpt2"])
     assert (big.block_size, big.warmup_steps, big.effective_batch_size, big.learning_rate) == (1024, 2000, 512, 6e-4)
