@@ -14,6 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from llmlab.train.common import causal_lm_loss, next_token_labels
+
 DEFAULT_CHUNK_TOKENS = 1024  # one chunk's fp32 logits: 1024 x 50257 x 4 B = 206 MB
 
 
@@ -69,7 +71,7 @@ def chunked_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, input_ids: torch
                     chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
     """Next-token cross-entropy of `hidden` [batch, seq, width] through the head `weight` [vocab, width], with the
     inputs as labels (shifted here, -100 ignored): the same value as causal_lm_loss(F.linear(hidden, weight), ...)."""
-    labels = F.pad(input_ids, (0, 1), value=-100)[..., 1:].reshape(-1)
+    labels = next_token_labels(input_ids).reshape(-1)
     flat = hidden.reshape(-1, hidden.size(-1))
     device = flat.device.type
     # Under autocast the head's matmuls run in its dtype (as F.linear would); softmax and the loss stay fp32.
@@ -88,8 +90,6 @@ class CausalLMWithLoss(nn.Module):
         self.model, self.label_smoothing, self.chunk_tokens = model, label_smoothing, chunk_tokens
 
     def forward(self, input_ids: torch.Tensor, label_smoothing: float | None = None) -> torch.Tensor:
-        from llmlab.train.common import causal_lm_loss
-
         smoothing = self.label_smoothing if label_smoothing is None else label_smoothing
         if not self.chunk_tokens:
             return causal_lm_loss(self.model(input_ids=input_ids).logits, input_ids, smoothing)

@@ -297,20 +297,17 @@ class Checkpointer:
 
 
 def resolve_mixed_precision(choice: str) -> str:
-    """`auto`: an explicit bf16/fp16 from the `accelerate launch` config wins; otherwise bf16 where the hardware
-    has bf16 units (its matmuls ran 2.3x fp32 on this project's CPU), fp16 on older GPUs, else no."""
-    import torch
-
-    from llmlab.core.device import cpu_has_fast_bf16
+    """`auto`: an explicit bf16/fp16 from the `accelerate launch` config wins; otherwise the same hardware choice
+    as the sweep's trials (core.device.resolve_precision), in accelerate's spelling ("no" for fp32)."""
+    from llmlab.core.device import resolve_device, resolve_precision
 
     if choice != "auto":
         return choice
     configured = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
     if configured in ("bf16", "fp16"):
         return configured
-    if torch.cuda.is_available():
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "bf16" if cpu_has_fast_bf16() else "no"
+    chosen = resolve_precision("auto", resolve_device("auto"))
+    return "no" if chosen == "fp32" else chosen
 
 
 def _make_accelerator(cfg, mixed_precision, plugin, accumulation_steps: int, out: Path):
