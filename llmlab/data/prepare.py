@@ -189,7 +189,8 @@ def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, c
     docs = docs.select_columns(["text"])
     num_proc = cfg.num_proc if cfg.num_proc > 1 else None
     tokenized = docs.map(_tokenize_batch, batched=True, batch_size=16, num_proc=num_proc,
-                         remove_columns=docs.column_names, fn_kwargs={"tokenizer": tokenizer, "eos_id": tokenizer.eos_token_id}, desc="Tokenizing")
+                         remove_columns=docs.column_names, desc="Tokenizing",
+                         fn_kwargs={"tokenizer": tokenizer, "eos_id": tokenizer.eos_token_id})
     tokenize_seconds = lap("tokenize")
     values, offsets = _flat_token_ids(tokenized)
     train_docs, val_docs = split_documents(np.diff(offsets), cfg.val_fraction, cfg.data_seed)

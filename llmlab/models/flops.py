@@ -32,7 +32,7 @@ def peak_flops(device_name: str | None, mixed_precision: str) -> float | None:
     return None
 
 
-_CPU_PEAKS: dict[tuple[str, int], float] = {}
+_CPU_PEAKS: dict[tuple[str, int, int], float] = {}
 
 
 def measure_cpu_peak_flops(precision: str = "fp32", size: int = 2048, repeats: int = 5) -> float:
@@ -42,7 +42,7 @@ def measure_cpu_peak_flops(precision: str = "fp32", size: int = 2048, repeats: i
     import torch
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    key = (precision, torch.get_num_threads())
+    key = (precision, torch.get_num_threads(), size)
     if key not in _CPU_PEAKS:
         own = torch.Generator().manual_seed(0)  # never the global RNG: a resumed run's dropout must not move
         a, b = (torch.randn(size, size, generator=own).to(dtype) for _ in range(2))

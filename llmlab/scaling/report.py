@@ -206,9 +206,13 @@ def write_plots(plot_dir: Path, analysis: dict) -> list[str]:
     return written
 
 
-def _feasible(analysis: dict) -> list[dict]:
+def _trials_by_id(analysis: dict, ids: list) -> list[dict]:
     trials = {t.get("trial_id"): t for t in analysis["trials"]}
-    return [trials[i] for i in analysis["feasible_ids"]]
+    return [trials[i] for i in ids]
+
+
+def _feasible(analysis: dict) -> list[dict]:
+    return _trials_by_id(analysis, analysis["feasible_ids"])
 
 
 def _plot_loss_vs_lr(plot_dir: Path, analysis: dict) -> Optional[str]:
@@ -265,8 +269,7 @@ def _plot_memory_fit(plot_dir: Path, analysis: dict) -> Optional[str]:
     fit = analysis["fits"]["peak_memory_mb"]
     if fit["status"] != "ok":
         return None
-    trials = {t.get("trial_id"): t for t in analysis["trials"]}
-    used = [trials[i] for i in fit["trial_ids"]]
+    used = _trials_by_id(analysis, fit["trial_ids"])
     xs = np.array([memory_batch(t) for t in used])
     ys = np.array([float(t["peak_memory_mb"]) for t in used])
     inliers = np.array(fit["inliers"])
@@ -287,8 +290,7 @@ def _plot_loss_std_fit(plot_dir: Path, analysis: dict) -> Optional[str]:
     fit = analysis["fits"]["loss_std"]
     if fit["status"] != "ok":
         return None
-    trials = {t.get("trial_id"): t for t in analysis["trials"]}
-    used = [trials[i] for i in fit["trial_ids"]]
+    used = _trials_by_id(analysis, fit["trial_ids"])
     inliers = np.array(fit["inliers"])
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     std_batches = sorted({float(t["batch_size"]) for t in used})

@@ -18,7 +18,7 @@ from llmlab.models.gpt2 import GPT2_PRESETS
 from llmlab.train.spikes import parse_inject_spike
 from llmlab.train.common import parse_clip
 
-# gpt2-tiny's recipe: about five minutes on two CPU cores (bench/quickstart.py measures it against the old one).
+# gpt2-tiny's recipe: about four minutes on two CPU cores (bench/quickstart.py measures it against the old one).
 # bf16 autocast and the chunked loss run ~1.25x the old fp32 tokens/s end to end, so 190 steps fit the wall time of
 # the old 150; lr 2e-3 was the best of the peak lrs tried at this length (docs/findings/README.md).
 TINY_MAX_STEPS = 190
@@ -365,9 +365,9 @@ class Pretraining:
         return loss_scale(self.session.accelerator, self.optimizer)
 
     def final_samples(self) -> list[str]:
-        """Greedy continuations of --sample_prompts by the final model, with the repetition guards of
-        merge_and_infer.py generate (no repeated trigram, repetition penalty): the first thing a newcomer reads,
-        and logged to TensorBoard's Text tab."""
+        """Greedy continuations of --sample_prompts by the final model, with repetition guards (no repeated
+        trigram, repetition penalty 1.2) so a barely trained model does not just loop: the first thing a newcomer
+        reads, and logged to TensorBoard's Text tab."""
         acc, cfg = self.session.accelerator, self.cfg
         if not (cfg.sample_prompts and cfg.sample_tokens and acc.is_main_process):
             return []
