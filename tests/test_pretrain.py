@@ -149,6 +149,10 @@ def test_spike_detector_counts_nan_and_needs_patience():
     (["--block_size", "512"], "context length"),
     (["--rollback_lr_factor", "1.5"], "--rollback_lr_factor"),
     (["--spike_factor", "1"], "--spike_factor"),
+    (["--loss_chunk_tokens", "-1"], "--loss_chunk_tokens"),
+    (["--sample_tokens", "-1"], "--sample_tokens"),
+    (["--cpu_threads", "-2"], "--cpu_threads"),
+    (["--learning_rate", "nan"], "--learning_rate"),
 ])
 def test_bad_options_are_user_errors(argv, fragment):
     from llmlab.core.config import parse_config
