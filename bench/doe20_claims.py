@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """The methodology claims the lab tests, answered from a finished doe20 (and optional Lion lr grid) results.csv.
 
-For each claim: the least-squares effect that speaks to it, with its 95 % CI from the seed replicates' pure error,
-and whether it is resolved (CI excludes 0) at this budget. Prints the Markdown table of docs/findings/README.md.
+For each claim: the least-squares difference that speaks to it (one planned comparison each, 95 % CI on the
+main-effects fit's residual df), and the factor's F test, Holm-corrected across the five factors. Prints the Markdown table of docs/findings/README.md.
 
   python bench/doe20_claims.py docs/findings/doe20-cpu/results.csv [--lion docs/findings/lion-lr-cpu/results.csv]
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from llmlab.sweep import stats  # noqa: E402
-from llmlab.sweep.design import FACTORS  # noqa: E402
+from llmlab.sweep.design import CONTROL, FACTORS  # noqa: E402
 
 NUMERIC = ("final_loss", "attention_entropy_last_layer", "grad_norm_mean", "grad_norm_std", "stability_index",
            "steps_to_target", "lr")
@@ -32,28 +32,36 @@ def read_rows(path: str) -> list[dict]:
 
 
 def fitted(rows: list[dict], metric: str) -> dict:
-    return stats.fit_main_effects(rows, list(FACTORS), metric, {k: list(v) for k, v in FACTORS.items()})
+    return stats.fit_effects(rows, list(FACTORS), CONTROL, metric, {k: list(v) for k, v in FACTORS.items()})
 
 
 def fmt(result: dict) -> str:
     if result.get("ci_low") is None:
         return f"{result['difference']:+.3f} (no noise estimate)"
-    return f"{result['difference']:+.3f} [{result['ci_low']:+.3f}, {result['ci_high']:+.3f}], {result['verdict']}"
+    return f"{result['difference']:+.3f} [{result['ci_low']:+.3f}, {result['ci_high']:+.3f}], p = {result['p_value']:.3g}"
 
 
 def factor_line(fit: dict, factor: str) -> str:
     test = next((t for t in stats.factor_tests(fit) if t["factor"] == factor), None)
-    return f"F test p = {test['p_value']:.3g} ({test['verdict']})" if test else "no F test"
+    return f"F test p = {test['p_value']:.3g}, Holm {test['p_holm']:.3g} ({test['verdict']})" if test else "no F test"
 
 
 def doe20_claims(rows: list[dict]) -> list[tuple[str, str, str]]:
     loss, entropy = fitted(rows, "final_loss"), fitted(rows, "attention_entropy_last_layer")
     spread, mean_norm = fitted(rows, "grad_norm_std"), fitted(rows, "grad_norm_mean")
     stability = fitted(rows, "stability_index")
-    shares = stats.variance_shares(rows, list(FACTORS), ["final_loss", "grad_norm_std"])
-    interactions = {i["factors"]: i for i in stats.interaction_tests(loss, limit=10)}
+    shares = stats.variance_shares(rows, list(FACTORS), ["final_loss", "grad_norm_std"], CONTROL)
+    interactions = {i["factors"]: i for i in stats.interaction_tests(loss)}
     pair = interactions.get("scheduler x warmup")
-    return [
+    # the claims' headline comparisons are one family: Holm across them decides "resolved"
+    primary = [stats.level_difference(loss, "warmup", "1000", "100"),
+               stats.level_difference(spread, "weight_decay", "0.01", "0.0"),
+               stats.level_difference(loss, "clip", "0.5", "1.0"),
+               stats.level_difference(loss, "scheduler", "cosine", "linear")]
+    adjusted = stats.holm([d["p_value"] for d in primary])
+    verdicts = [f" **{'resolved' if p < stats.ALPHA else 'within noise'}** (Holm over {len(primary)} claims: p = {p:.3g})"
+                for p in adjusted]
+    claims = [
         ("Longer warmup lowers the loss and sharpens attention",
          f"final loss, warmup 1000 - 100: {fmt(stats.level_difference(loss, 'warmup', '1000', '100'))}; "
          f"attention entropy, 1000 - 100: {fmt(stats.level_difference(entropy, 'warmup', '1000', '100'))} nats",
@@ -70,10 +78,12 @@ def doe20_claims(rows: list[dict]) -> list[tuple[str, str, str]]:
          factor_line(loss, "clip")),
         ("Cosine beats linear, depending on the warmup",
          f"final loss, cosine - linear: {fmt(stats.level_difference(loss, 'scheduler', 'cosine', 'linear'))}; "
-         + (f"scheduler x warmup added to the fit: F = {pair['F']:.2f}, p = {pair['p_value']:.3g} (nested F test on "
-            f"the residual, {pair['df']} df)" if pair else "scheduler x warmup: too few runs to test"),
+         + (f"scheduler x warmup: F = {pair['F']:.2f} on {pair['df'][0]}, {pair['df'][1]} df (pure error), p = "
+            f"{pair['p_value']:.3g}, Holm over {len(interactions)} pairs {pair['p_holm']:.3g}" if pair
+            else "scheduler x warmup: no pure error to test it"),
          factor_line(loss, "scheduler")),
     ]
+    return [(claim, measured + verdict, overall) for (claim, measured, overall), verdict in zip(claims, verdicts)]
 
 
 def lion_claim(rows: list[dict]) -> tuple[str, str, str]:

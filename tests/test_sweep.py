@@ -130,7 +130,7 @@ def test_smoke_doe20_end_to_end(smoke_doe20):
     control = next(r for r in rows if r["trial_id"] == "control")
     assert float(control["delta_loss"]) == 0.0
     report = (out / "report.md").read_text()
-    for section in ("## Design", "## Main effects", "## Top two-factor interactions", "## Verdict: effective gain",
+    for section in ("## Design", "## Effects on final loss", "## Two-factor interactions", "## Verdict: effective gain",
                     "plots/loss_curves.png"):
         assert section in report
     assert report.count("| t") >= 19
@@ -329,7 +329,7 @@ def _gain_case(with_replicates: bool):
 
 
 def test_effective_gain_needs_all_three_criteria_and_a_resolved_difference():
-    from llmlab.sweep.report import main_effects
+    from llmlab.sweep import stats
 
     rows, facts = _gain_case(with_replicates=True)
     verdict = {r["trial_id"]: r["effective_gain"] for r in rows}
@@ -339,8 +339,9 @@ def test_effective_gain_needs_all_three_criteria_and_a_resolved_difference():
     assert win["gain_resolved"] and win["delta_ci_high"] < 0 < win["delta_ci_high"] + 0.3
     assert win["steps_to_target"] < 0.9 * facts["reference_steps_to_target"]
     assert facts["noise"]["df"] == 2 and abs(facts["noise"]["sd"] - 0.01) < 1e-9
-    effects = {(e["factor"], e["level"]): e for e in main_effects(rows, ["optimizer"])}
-    assert effects[("optimizer", "lion")]["effect"] < 0 < effects[("optimizer", "adamw")]["effect"]
+    assert win["delta_p_holm"] < 0.05 and next(r for r in rows if r["trial_id"] == "small")["delta_p_holm"] > 0.05
+    contrasts = {c["level"]: c for c in stats.fit_effects(rows, ["optimizer"], {"optimizer": "adamw"})["contrasts"]}
+    assert contrasts["lion"]["effect"] < 0 and contrasts["lion"]["reference"] == "adamw"
 
 
 def test_without_replicates_no_gain_is_resolved():

@@ -53,7 +53,7 @@ class ScalingOptions:
             raise UserError(f"--holdout must be auto, largest or none, got {self.holdout!r}")
 
 
-def _number(value: Any) -> Optional[float]:
+def number(value: Any) -> Optional[float]:
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -63,9 +63,9 @@ def _number(value: Any) -> Optional[float]:
 
 def memory_batch(row: dict) -> Optional[float]:
     """Memory follows the micro batch actually on the device, not the effective (accumulated) batch."""
-    batch, accumulation = _number(row.get("batch_size")), _number(row.get("accumulation_steps"))
-    if _number(row.get("micro_batch_size")):
-        return min(_number(row["micro_batch_size"]), batch or math.inf)
+    batch, accumulation = number(row.get("batch_size")), number(row.get("accumulation_steps"))
+    if number(row.get("micro_batch_size")):
+        return min(number(row["micro_batch_size"]), batch or math.inf)
     if batch and accumulation:
         return float(math.ceil(batch / accumulation))
     return batch
@@ -74,7 +74,7 @@ def memory_batch(row: dict) -> Optional[float]:
 def feasible_region(rows: list[dict], options: ScalingOptions) -> tuple[list[dict], list[dict], dict]:
     """Split trials into feasible ones and dropped ones (each with a reason); returns the thresholds used."""
     ok = [r for r in rows if r.get("status") == "ok"]
-    stds = [s for s in (_number(r.get("early_loss_std")) for r in ok) if s is not None]
+    stds = [s for s in (number(r.get("early_loss_std")) for r in ok) if s is not None]
     if options.unstable_std is not None:
         unstable_std, unstable_rule = options.unstable_std, "set by the user"
     elif stds:
@@ -88,14 +88,14 @@ def feasible_region(rows: list[dict], options: ScalingOptions) -> tuple[list[dic
     feasible, dropped = [], []
     for row in rows:
         status = row.get("status")
-        final_loss, early_std = _number(row.get("final_loss")), _number(row.get("early_loss_std"))
+        final_loss, early_std = number(row.get("final_loss")), number(row.get("early_loss_std"))
         detail = row.get("error") or row.get("failures")
         if status != "ok":
             reason = f"status {status}" + (f" ({str(detail)[:160]})" if detail else "")
         elif row.get("boundary") and not options.keep_boundary:
             reason = (f"boundary: finished only after a retry with fallback {row.get('fallback') or '?'}"
                       + (f" (first attempt: {str(detail)[:120]})" if detail else ""))
-        elif _number(row.get("lr")) is None or _number(row.get("batch_size")) is None:
+        elif number(row.get("lr")) is None or number(row.get("batch_size")) is None:
             reason = "no lr or batch size recorded"
         elif final_loss is None:
             reason = f"diverged: final loss {row.get('final_loss')!r} is not finite"
@@ -225,11 +225,11 @@ def _power_law(fit: dict, coefficient: str, exponent: str) -> dict:
             exponent: fit["params"][1], f"{exponent}_ci": [fit["ci_low"][1], fit["ci_high"][1]]}
 
 
-def _unavailable(reason: str) -> dict:
+def unavailable(reason: str) -> dict:
     return {"status": "unavailable", "reason": reason}
 
 
-def _lr_fit(lr_points: list[dict], options: ScalingOptions) -> dict:
+def lr_batch_fit(lr_points: list[dict], options: ScalingOptions) -> dict:
     # One surviving lr says nothing about where the optimum is; such batch sizes are listed but not fitted.
     usable = [p for p in lr_points if p["n_lrs"] >= 2]
     # An optimum at the edge of the lr grid is only a bound; fit on interior optima when there are enough.
@@ -243,7 +243,7 @@ def _lr_fit(lr_points: list[dict], options: ScalingOptions) -> dict:
                    f"{', '.join(f'{b:g}' for b in edge_batches)}: the fit and its interval only bound lr_opt there; "
                    f"widen --lrs")
     if len(usable) < 3:
-        return _unavailable(f"needs feasible trials at >= 3 batch sizes (each with >= 2 learning rates to locate "
+        return unavailable(f"needs feasible trials at >= 3 batch sizes (each with >= 2 learning rates to locate "
                             f"the best one), found {len(usable)}")
     x = np.log([p["batch_size"] for p in usable])
     y = np.log([p["lr_opt"] for p in usable])
@@ -254,16 +254,16 @@ def _lr_fit(lr_points: list[dict], options: ScalingOptions) -> dict:
             "x_range": [float(np.exp(x.min())), float(np.exp(x.max()))], "warning": warning}
 
 
-def _memory_fit(rows: list[dict], options: ScalingOptions) -> dict:
+def memory_fit(rows: list[dict], options: ScalingOptions) -> dict:
     # Memory does not depend on whether the loss behaved, so every trial that ran to the end counts here.
     completed = [r for r in rows if r.get("status") == "ok" and memory_batch(r)
-                 and (_number(r.get("peak_memory_mb")) or 0) > 0]
+                 and (number(r.get("peak_memory_mb")) or 0) > 0]
     batches = sorted({memory_batch(r) for r in completed})
     if len(completed) < 3 or len(batches) < 2:
         single = (f"; every trial ran micro batches of {batches[0]:g} (gradient accumulation), so memory was never "
                   f"measured at another batch -- rerun with --micro_batch_size >= the largest batch"
                   if len(batches) == 1 else "")
-        return _unavailable(f"needs >= 3 completed trials with peak memory over >= 2 micro batch sizes, found "
+        return unavailable(f"needs >= 3 completed trials with peak memory over >= 2 micro batch sizes, found "
                             f"{len(completed)} over {len(batches)}{single}")
     x = np.log([memory_batch(r) for r in completed])
     y = np.log([float(r["peak_memory_mb"]) for r in completed])
@@ -272,10 +272,10 @@ def _memory_fit(rows: list[dict], options: ScalingOptions) -> dict:
             "x_range": [batches[0], batches[-1]], "trial_ids": [r.get("trial_id") for r in completed]}
 
 
-def _loss_std_fit(feasible: list[dict], options: ScalingOptions) -> dict:
-    with_std = [r for r in feasible if (_number(r.get("early_loss_std")) or 0) > 0]
+def loss_std_fit(feasible: list[dict], options: ScalingOptions) -> dict:
+    with_std = [r for r in feasible if (number(r.get("early_loss_std")) or 0) > 0]
     if len(with_std) < 4 or len({r["lr"] for r in with_std}) < 2 or len({r["batch_size"] for r in with_std}) < 2:
-        return _unavailable(f"needs >= 4 feasible trials with an early loss std over >= 2 lrs and >= 2 batch "
+        return unavailable(f"needs >= 4 feasible trials with an early loss std over >= 2 lrs and >= 2 batch "
                             f"sizes, found {len(with_std)}")
     x = np.array([[math.log(1 / float(r["lr"])), math.log(float(r["batch_size"]))] for r in with_std])
     y = np.log([float(r["early_loss_std"]) for r in with_std])
@@ -285,74 +285,3 @@ def _loss_std_fit(feasible: list[dict], options: ScalingOptions) -> dict:
             **{name: fit["params"][i] for i, name in enumerate(names)},
             **{f"{name}_ci": [fit["ci_low"][i], fit["ci_high"][i]] for i, name in enumerate(names)},
             "trial_ids": [r.get("trial_id") for r in with_std]}
-
-
-def analyse(rows: list[dict], options: ScalingOptions) -> dict:
-    """Feasible region, best lr per batch size and the three fits, as one JSON-ready dict; with several model sizes
-    also the joint fit across sizes and its held-out check (llmlab.scaling.transfer). Per-batch fits, memory and
-    the model the plan is for are then those of the largest size."""
-    rows = [{**row, "trial_id": row.get("trial_id") or f"row{i}"} for i, row in enumerate(rows)]
-    feasible, dropped, thresholds = feasible_region(rows, options)
-    transfer, sized_rows, sized_feasible = None, rows, feasible
-    if len({str(r.get("size")) for r in rows if r.get("size") not in (None, "")}) >= 2:
-        from llmlab.scaling.transfer import analyse_sizes
-
-        transfer = analyse_sizes(feasible, options)
-        largest = transfer["sizes"][-1] if transfer["sizes"] else None
-        sized_rows = [r for r in rows if str(r.get("size")) == largest]
-        sized_feasible = [r for r in feasible if str(r.get("size")) == largest]
-    by_batch: dict[float, list[dict]] = {}
-    for row in sized_feasible:
-        by_batch.setdefault(float(row["batch_size"]), []).append(row)
-    lr_points = [{"batch_size": batch, **lr_optimum(trials)} for batch, trials in sorted(by_batch.items())]
-    fits: dict[str, dict] = {}
-    for name, make in (("lr_opt", lambda: _lr_fit(lr_points, options)),
-                       ("peak_memory_mb", lambda: _memory_fit(sized_rows, options)),
-                       ("loss_std", lambda: _loss_std_fit(sized_feasible, options))):
-        try:
-            fits[name] = make()
-        except (ValueError, np.linalg.LinAlgError) as err:  # degenerate data must not sink the sweep's report
-            fits[name] = _unavailable(f"fit failed on these data ({err})")
-    return {
-        "options": {**vars(options)}, "thresholds": thresholds, "n_trials": len(rows), "n_feasible": len(feasible),
-        "feasible_ids": [r.get("trial_id") for r in feasible], "dropped": dropped, "lr_opt_per_batch": lr_points,
-        "fits": fits, "measured": _measured(sized_rows), "transfer": transfer, "trials": rows,
-    }
-
-
-def _measured(rows: list[dict]) -> dict:
-    models = sorted({str(r.get("model")) for r in rows if r.get("model") is not None})
-    seq_len = next(filter(None, (_sequence_length(r) for r in rows)), None)
-    params = next(filter(None, (_number(r.get("n_params") or r.get("params")) for r in rows)), None)
-    if params is None and len(models) == 1:
-        params = swept_model_parameters(models[0], int(seq_len or 1024))
-    return {"models": models, "params": params, "seq_len": seq_len,
-            "size": next((str(r["size"]) for r in rows if r.get("size")), None)}
-
-
-def _sequence_length(row: dict) -> Optional[float]:
-    """The trial's tokens per sequence: recorded directly, or train_tokens / (steps x batch)."""
-    direct = _number(row.get("seq_len") or row.get("block_size"))
-    if direct:
-        return direct
-    tokens, steps, batch = (_number(row.get(k)) for k in ("train_tokens", "steps", "batch_size"))
-    return round(tokens / (steps * batch)) if tokens and steps and batch else None
-
-
-def swept_model_parameters(model: str, block_size: int) -> Optional[int]:
-    """All parameters (trainable and frozen: both take memory) of the swept model, built on the meta device."""
-    try:
-        import torch
-
-        with torch.device("meta"):
-            if model == "minimal":
-                from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig
-
-                net = MinimalTransformer(MinimalTransformerConfig(max_seq_len=block_size))
-            else:
-                from llmlab.models.gpt2 import build_gpt2_model
-
-                net = build_gpt2_model(model, n_positions=block_size)
-        return int(sum(p.numel() for p in net.parameters()))
-    except Exception:  # an unknown model name: the recommendation then asks for --tokens instead
-        return None

@@ -1,12 +1,13 @@
-"""`sweep.py recommend`: turn an lr_bs sweep's fits into a training config for a given memory budget.
+"""`sweep.py recommend`: turn an lr scan's measurements into a complete train_pretrain.py config for one GPU.
 
-Memory model (stated, deliberately conservative): activations grow with tokens per micro batch, so a run at
-sequence length L and batch B is read off the measured fit at batch B * L / L_swept; a larger target model
-(--params N) multiplies the whole prediction by N / N_swept. Weights, gradients and Adam states (~16 bytes
-per parameter) scale exactly so; activations grow more slowly than params when a model is made wider, and
-runtime overhead does not grow at all, so the scaled prediction errs on the high side. The prediction used
-is the upper edge of the fit's bootstrap band, with a further `memory_headroom` (10 %) kept free: on a GPU
-the sweep measures torch.cuda.max_memory_allocated, which leaves out the CUDA context and allocator cache.
+- Learning rate: across sizes, the law's forecast at the target N with its prediction interval, and the
+  extrapolation its held-out verdict validated (`undecided` and `failed` validate nothing: a WARNING beyond 1x);
+  from a one-size scan, its lr(batch) fit. Three confirmation runs (0.5x, 1x, 2x) are printed either way.
+- Batch: the effective batch (given, or DeepSeek LLM's B_opt = 0.292 C^0.3271 tokens at C = 6 N D), reached with
+  the largest micro batch the analytic memory model (llmlab.scaling.memory) fits on --memory-gb, plus gradient
+  accumulation.
+- Optimizer and schedule: the best level a doe20 (--doe) resolved against its reference, else the defaults; warmup,
+  clip (1.5 x the measured mean grad norm) and label smoothing. The YAML says where every value came from.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import json
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import numpy as np
 import yaml
@@ -23,11 +24,14 @@ import yaml
 from llmlab.core.config import add_dataclass_args, config_from_namespace, load_yaml, opt
 from llmlab.core.errors import UserError
 from llmlab.core.io import atomic_write_text
+import llmlab.scaling.memory as memory
 from llmlab.scaling.fits import ScalingOptions, predict_band
+from llmlab.scaling.law import predict
 from llmlab.scaling.report import FITS_FILE, write_lr_bs_report
 
-DEFAULT_SEQ_LEN = 1024  # train_pretrain.py's default block size, used when the sweep did not record one
-MB_PER_GB = 1024  # peak memory is recorded in MiB; --memory-gb is GiB, as nvidia-smi and torch report it
+MAX_CONTEXT = 1024  # the GPT-2 family train_pretrain.py builds has 1024 positions
+MAX_PARAMS = 1e13
+MAX_STEPS = 10 ** 9
 
 
 @dataclass
@@ -36,34 +40,51 @@ class RecommendConfig(ScalingOptions):
     trials, and rewrite the sweep's scaling_fits.json / report / plots, when they differ from the stored ones."""
 
     from_dir: str = opt("", "output folder of `sweep.py --grid lr_bs` (holds scaling_fits.json); also --from")
-    memory_gb: Optional[float] = opt(None, "memory of the target device in GiB (required); also --memory-gb")
-    params: Optional[int] = opt(None, "non-embedding parameter count N of the target model (what the sweep "
-                                "records and the lr fit uses); predicted memory is scaled by params / swept params; "
-                                "unset = the swept model")
-    tokens: Optional[int] = opt(None, "training tokens of the target run; sets max_steps and warmup "
-                                "(unset = tokens_per_param x params, the Chinchilla ratio)")
-    seq_len: Optional[int] = opt(None, "sequence length of the target run; unset = the sweep's")
+    memory_gb: Optional[float] = opt(None, "memory of the target GPU in GiB (required); also --memory-gb")
+    params: Optional[int] = opt(None, "non-embedding parameter count N of the target model (12 x layers x width^2 "
+                                "for GPT-2); unset = the swept model")
+    n_layer: Optional[int] = opt(None, "target layers (unset: from --params at GPT-2 small's width = 64 x layers)")
+    n_embd: Optional[int] = opt(None, "target width (unset: from --params and --n_layer)")
+    tokens: Optional[int] = opt(None, "training tokens of the target run (unset = tokens_per_param x params)")
+    tokens_per_param: float = opt(20.0, "tokens per parameter when --tokens is not given (Chinchilla)")
+    seq_len: int = opt(1024, "sequence length (block_size) of the target run, at most 1024 (GPT-2 positions)")
+    effective_batch_size: Optional[int] = opt(None, "sequences per optimizer step (unset: DeepSeek LLM's B_opt at "
+                                                    "the target's compute)")
+    precision: Literal["bf16", "fp16", "no"] = opt("bf16", "training precision on the target GPU")
+    zero_stage: int = opt(0, "0: plain accelerate; 2: DeepSpeed ZeRO-2")
+    offload: bool = opt(False, "ZeRO-2 with the optimizer states and step on the CPU (one_gpu_zero2_offload.yaml)")
+    gradient_checkpointing: bool = opt(False, "plan with activation recomputation (less memory, ~30 %% slower)")
+    optimizer: Optional[Literal["adamw", "lion", "adafactor"]] = opt(None, "optimizer (unset: the best the --doe "
+                                                                         "sweep resolved, else adamw)")
+    doe: Optional[str] = opt(None, "a doe20 / YAML-grid sweep folder whose resolved contrasts pick the optimizer and "
+                                   "schedule (unset: the defaults)")
     output: Optional[str] = opt(None, "YAML file to write; unset = FROM/recommended_config.yaml")
-    memory_headroom: float = opt(0.10, "fraction of --memory-gb kept free on top of the band's upper edge "
-                                 "(the measured GPU peak excludes the CUDA context and allocator cache)")
-    max_extrapolation: float = opt(4.0, "never recommend a batch above this multiple of the largest swept "
-                                   "batch: the fits are not trusted far outside their data")
-    tokens_per_param: float = opt(20.0, "tokens per parameter when --tokens is not given")
+    memory_headroom: float = opt(0.10, "fraction of --memory-gb kept free on top of the prediction")
 
     def validate(self) -> None:
         super().validate()
         if not self.from_dir:
             raise UserError("--from is required: pass the output folder of `python sweep.py --grid lr_bs`")
-        if self.memory_gb is None or self.memory_gb <= 0:
-            raise UserError("--memory-gb is required and must be > 0 (the target device's memory in GiB)")
-        for name in ("params", "tokens", "seq_len"):
+        if self.memory_gb is None or not (math.isfinite(self.memory_gb) and self.memory_gb > 0):
+            raise UserError("--memory-gb is required and must be > 0 (the target GPU's memory in GiB)")
+        for name in ("params", "tokens", "n_layer", "n_embd", "effective_batch_size"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise UserError(f"--{name} must be > 0, got {value}")
-        if not 0 <= self.memory_headroom < 1:
-            raise UserError(f"--memory_headroom must be in [0, 1), got {self.memory_headroom}")
-        if self.max_extrapolation < 1 or self.tokens_per_param <= 0:
-            raise UserError("--max_extrapolation must be >= 1 and --tokens_per_param > 0")
+        if self.params is not None and self.params > MAX_PARAMS:
+            raise UserError(f"--params {self.params:.3g} is beyond any model this trainer builds (max {MAX_PARAMS:.0e})")
+        if not 1 <= self.seq_len <= MAX_CONTEXT:
+            raise UserError(f"--seq_len must be in [1, {MAX_CONTEXT}] (GPT-2's positions), got {self.seq_len}")
+        if self.n_embd is not None and self.n_embd % 64:
+            raise UserError(f"--n_embd must be a multiple of 64 (GPT-2's head size), got {self.n_embd}")
+        if not 0 <= self.memory_headroom < 1 or not (math.isfinite(self.tokens_per_param) and self.tokens_per_param > 0):
+            raise UserError("--memory_headroom must be in [0, 1) and --tokens_per_param > 0")
+        if self.zero_stage not in (0, 2):
+            raise UserError(f"--zero_stage must be 0 or 2 (the configs this project ships), got {self.zero_stage}")
+        if self.offload and self.zero_stage != 2:
+            raise UserError("--offload needs --zero_stage 2 (CPU offload is a DeepSpeed ZeRO feature)")
+        if self.output and Path(self.output).is_dir():
+            raise UserError(f"--output {self.output} is a folder; give a file name, e.g. {self.output}/recommended.yaml")
 
 
 def load_fits(from_dir: str) -> dict:
@@ -76,31 +97,13 @@ def load_fits(from_dir: str) -> dict:
                         f"`python sweep.py --grid lr_bs --output_dir {folder}` first (rerunning a finished sweep "
                         f"with its original flags skips its trials and only rewrites the reports)")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+        fits = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise UserError(f"{path} is not valid JSON ({err}); rerun the lr_bs sweep to rewrite it") from None
-
-
-def _require(fits: dict, name: str) -> dict:
-    fit = fits["fits"].get(name, {})
-    if fit.get("status") != "ok":
-        raise UserError(
-            f"too few feasible trials to fit {name}: {fit.get('reason', 'missing')}; {fits['n_feasible']} of "
-            f"{fits['n_trials']} trials were feasible -- rerun the lr_bs sweep with more batch sizes / lrs "
-            f"(>= 3 batch sizes, >= 2 lrs each) or see the dropped trials in scaling_report.md")
-    return fit
-
-
-def _nearest_grad_norm(fits: dict, batch: int, lr: float) -> Optional[dict]:
-    """The feasible trial closest to (batch, lr) in log space that recorded a mean grad norm."""
-    trials = {t.get("trial_id"): t for t in fits["trials"]}
-    candidates = [trials[i] for i in fits["feasible_ids"]
-                  if isinstance(trials[i].get("grad_norm_mean"), (int, float))
-                  and math.isfinite(trials[i]["grad_norm_mean"]) and trials[i]["grad_norm_mean"] > 0]
-    if not candidates:
-        return None
-    return min(candidates, key=lambda t: math.log(float(t["batch_size"]) / batch) ** 2
-               + math.log(float(t["lr"]) / lr) ** 2)
+    if not isinstance(fits, dict) or not {"fits", "trials", "options", "measured"} <= set(fits):
+        raise UserError(f"{path} is not a scaling analysis (wrong shape); rerun the lr_bs sweep with --report_only "
+                        "to rewrite it")
+    return fits
 
 
 ANALYSIS_OPTIONS = tuple(f.name for f in fields(ScalingOptions))
@@ -116,186 +119,229 @@ def recommend(cfg: RecommendConfig, reanalyse: tuple[str, ...] = ()) -> dict:
               f"(rewrites {FITS_FILE}, the scaling report and plots)")
         write_lr_bs_report(cfg.from_dir, fits["trials"], options)
         fits = load_fits(cfg.from_dir)
-    swept_params, swept_seq = fits["measured"].get("params"), fits["measured"].get("seq_len")
-    if cfg.params is not None and not swept_params:
-        raise UserError("--params needs the swept model's parameter count, which this sweep did not record; "
-                        "drop --params to plan for the swept model itself")
-    if cfg.seq_len is not None and not swept_seq:
-        raise UserError("--seq_len needs the sweep's sequence length, which it did not record; drop --seq_len")
+    params = float(cfg.params or fits["measured"].get("non_embedding") or fits["measured"].get("params") or 0)
+    if not params:
+        raise UserError("the sweep did not record its model's size; pass --params N (non-embedding parameters)")
     notes: list[str] = []
-    plan = _batch_plan(cfg, fits, _require(fits, "peak_memory_mb"), notes)
-    plan.update(_learning_rate(cfg, fits, plan["batch_size"], notes))
-    plan.update(_schedule(cfg, swept_params, plan["batch_size"], plan["seq_len"], notes))
-    plan["expected_early_loss_std"] = None
-    if fits["fits"].get("loss_std", {}).get("status") == "ok":
-        point = np.array([[math.log(1 / plan["learning_rate"]), math.log(plan["batch_size"])]])
-        plan["expected_early_loss_std"] = [float(math.exp(v[0])) for v in predict_band(
-            fits["fits"]["loss_std"], point, fits["options"]["confidence"])]
-    nearest = _nearest_grad_norm(fits, plan["batch_size"], plan["learning_rate"])
-    plan["clip"] = round(1.5 * float(nearest["grad_norm_mean"]), 4) if nearest else None
-    plan["clip_basis"] = (f"1.5 x mean grad norm {float(nearest['grad_norm_mean']):.4g} of trial {nearest['trial_id']} "
-                          f"(lr {float(nearest['lr']):.3g}, batch {nearest['batch_size']})") if nearest else None
-    if nearest is None:
-        notes.append("no grad norms recorded: clip left to the trainer's default")
+    shape = memory.shape_for(params, cfg.seq_len, cfg.n_layer, cfg.n_embd)
+    tokens = int(cfg.tokens or cfg.tokens_per_param * shape.non_embedding)
+    methods = _methods(cfg, notes)
+    plan = {"shape": shape, "tokens": tokens, "gradient_checkpointing": cfg.gradient_checkpointing, **methods}
+    plan.update(_batch_plan(cfg, shape, tokens, methods["optimizer"], fits, notes))
+    plan.update(_learning_rate(cfg, fits, shape.non_embedding, plan["effective_batch_size"] * cfg.seq_len, notes))
+    plan.update(_schedule(tokens, plan["effective_batch_size"], cfg.seq_len, notes))
+    plan.update(_clip(fits, plan["learning_rate"], notes))
     return {**plan, "confidence": fits["options"]["confidence"], "notes": notes}
 
 
-def _batch_plan(cfg: RecommendConfig, fits: dict, memory_fit: dict, notes: list[str]) -> dict:
-    """The largest batch whose upper-band memory fits the device (a multiple of 8 from 8 up)."""
-    confidence = fits["options"]["confidence"]
-    swept_params, swept_seq = fits["measured"].get("params"), fits["measured"].get("seq_len")
-    param_scale = cfg.params / swept_params if cfg.params else 1.0
-    seq_len = cfg.seq_len or int(swept_seq or DEFAULT_SEQ_LEN)
-    token_scale = seq_len / swept_seq if swept_seq else 1.0
-    budget_mb = cfg.memory_gb * MB_PER_GB * (1 - cfg.memory_headroom)
-    cap = int(cfg.max_extrapolation * memory_fit["x_range"][1])
-    batches = np.arange(1, cap + 1)
-    _, _, upper = predict_band(memory_fit, np.log(batches * token_scale)[:, None], confidence)
-    upper_mb = param_scale * np.exp(upper)
-    fitting = batches[upper_mb <= budget_mb]
-    if len(fitting) == 0:
-        raise UserError(f"even batch 1 is predicted to need {upper_mb[0] / MB_PER_GB:.2f} GiB (upper band) > "
-                        f"{budget_mb / MB_PER_GB:.2f} GiB usable of --memory-gb {cfg.memory_gb:g}; use a smaller "
-                        f"model or --seq_len, gradient checkpointing or ZeRO-2 offload")
-    batch = int(fitting.max())
-    if batch >= 8:
-        batch -= batch % 8  # multiples of 8 suit GPU kernels; costs at most 7 sequences
-    limited_by = "extrapolation cap" if upper_mb[cap - 1] <= budget_mb else "memory"
-    if limited_by == "extrapolation cap":
-        notes.append(f"batch capped at {cfg.max_extrapolation:g} x the largest swept batch; memory would allow more")
-    lo_m, hi_m = memory_fit["x_range"]
-    if not lo_m <= batch * token_scale <= hi_m:
-        notes.append(f"memory extrapolated: {batch * token_scale:g} swept-length sequences per micro batch is "
-                     f"outside the swept {lo_m:g}-{hi_m:g}")
-    return {"batch_size": batch, "effective_batch_size": batch, "limited_by": limited_by, "seq_len": seq_len,
-            "predicted_memory_gb": float(upper_mb[batch - 1]) / MB_PER_GB, "usable_memory_gb": budget_mb / MB_PER_GB,
-            "param_scale": param_scale}
+def _methods(cfg: RecommendConfig, notes: list[str]) -> dict:
+    """Optimizer, schedule and label smoothing: a doe20's resolved improvement over its reference, else defaults."""
+    chosen = {"optimizer": ("adamw", "default (AdamW)"), "lr_scheduler": ("cosine", "default (cosine to min_lr)"),
+              "label_smoothing": (0.0, "default (none)")}
+    if cfg.doe:
+        for factor, (level, why) in resolved_improvements(cfg.doe).items():
+            key = "lr_scheduler" if factor == "scheduler" else factor
+            if key in chosen:
+                chosen[key] = (float(level) if key == "label_smoothing" else level, why)
+        for key, (level, why) in chosen.items():
+            if why.startswith("default"):
+                chosen[key] = (level, f"default: {cfg.doe} resolved no level better than the reference (Holm)")
+    if cfg.optimizer:
+        chosen["optimizer"] = (cfg.optimizer, "--optimizer")
+    return {key: value for key, (value, _) in chosen.items()} | {"basis": {k: why for k, (_, why) in chosen.items()}}
 
 
-def _learning_rate(cfg: RecommendConfig, fits: dict, batch: int, notes: list[str]) -> dict:
-    """From the joint fit across sizes when the scan had them (at the target N), else the one-size lr(B) fit."""
-    confidence = fits["options"]["confidence"]
+def resolved_improvements(folder: str) -> dict[str, tuple[str, str]]:
+    """factor -> (level, why) for every level whose contrast against the reference lowered the final loss and is
+    resolved after Holm, in a finished doe20 / grid sweep folder (its results.csv and design.json)."""
+    from llmlab.sweep import report
+
+    path = Path(folder)
+    try:
+        design = json.loads((path / "design.json").read_text())
+        import csv
+
+        with open(path / "results.csv", newline="") as f:
+            rows = [{k: (float(v) if k == "final_loss" and v not in ("", "None") else v) for k, v in r.items()}
+                    for r in csv.DictReader(f)]
+    except (OSError, ValueError) as err:
+        raise UserError(f"--doe {folder}: not a finished sweep folder ({str(err).splitlines()[0][:120]}); pass the "
+                        "output folder of `sweep.py --grid doe20`") from None
+    best: dict[str, tuple[float, str, str]] = {}
+    for c in report.effects(rows, design)["contrasts"]:
+        if c["verdict"] == "resolved" and c["effect"] < 0 and c["effect"] < best.get(c["factor"], (0.0,))[0]:
+            best[c["factor"]] = (c["effect"], c["level"], f"{folder}: {c['level']} - {c['reference']} = "
+                                                          f"{c['effect']:+.3f} nats, Holm p = {c['p_holm']:.2g}")
+    return {factor: (level, why) for factor, (_, level, why) in best.items()}
+
+
+def _batch_plan(cfg: RecommendConfig, shape: memory.Shape, tokens: int, optimizer: str, fits: dict,
+                notes: list[str]) -> dict:
+    """The effective batch, and the largest micro batch the memory model fits under it (then accumulation)."""
+    if cfg.effective_batch_size:
+        effective, basis = cfg.effective_batch_size, "--effective_batch_size"
+    else:
+        b_tokens = 0.2920 * (6 * shape.non_embedding * tokens) ** 0.3271
+        effective = max(1, round(b_tokens / cfg.seq_len))
+        basis = f"DeepSeek LLM (2024) B_opt = 0.292 C^0.3271 = {b_tokens:,.0f} tokens at C = 6 N D"
+    factor, calibration = memory.calibrate(fits.get("trials") or [])
+    usable = cfg.memory_gb * memory.GIB * (1 - cfg.memory_headroom)
+    plan = dict(optimizer=optimizer, precision=cfg.precision, zero_stage=cfg.zero_stage, offload=cfg.offload,
+                gradient_checkpointing=cfg.gradient_checkpointing, calibration=factor)
+    need = lambda micro: memory.predicted_bytes(shape, micro, **plan)  # noqa: E731
+    if need(1)["total"] > usable:
+        parts = need(1)
+        fix = ("use ZeRO-2 with CPU offload (--zero_stage 2 --offload), gradient checkpointing, a smaller model or "
+               "a larger GPU" if not cfg.offload else "use a smaller model or a larger GPU")
+        raise UserError(f"even micro batch 1 needs {parts['total'] / memory.GIB:.1f} GiB (model states "
+                        f"{parts['states'] / memory.GIB:.1f} GiB for {shape.total:,} parameters with {optimizer}) > "
+                        f"{usable / memory.GIB:.1f} GiB usable of --memory-gb {cfg.memory_gb:g}; {fix}")
+    micro = 1
+    while micro < effective and need(micro + 1)["total"] <= usable:
+        micro += 1
+    if micro >= 8:
+        micro -= micro % 8  # multiples of 8 suit GPU kernels; costs at most 7 sequences
+    accumulation = math.ceil(effective / micro)
+    parts = need(micro)
+    notes.append(f"memory model {calibration}")
+    return {"batch_size": micro, "effective_batch_size": micro * accumulation, "accumulation": accumulation,
+            "batch_basis": basis, "predicted_memory_gb": parts["total"] / memory.GIB,
+            "usable_memory_gb": usable / memory.GIB, "memory_parts": {k: v / memory.GIB for k, v in parts.items()
+                                                                     if k != "calibration"}}
+
+
+def _learning_rate(cfg: RecommendConfig, fits: dict, params: float, batch_tokens: float, notes: list[str]) -> dict:
+    """From the law across sizes when the scan had them (at the target N), else the one-size lr(B) fit."""
     transfer = fits.get("transfer") or {}
-    if transfer.get("joint_fit", {}).get("status") == "ok":
-        return _lr_across_sizes(cfg, fits, transfer, batch, notes)
-    lr_fit = _require(fits, "lr_opt")
-    center, low, high = predict_band(lr_fit, np.array([[math.log(batch)]]), confidence)
-    lr, lr_low, lr_high = (float(math.exp(v[0])) for v in (center, low, high))
+    if (transfer.get("law") or {}).get("status") == "ok":
+        return _lr_across_sizes(fits, transfer, params, batch_tokens, notes)
+    lr_fit = fits["fits"].get("lr_opt", {})
+    if lr_fit.get("status") != "ok":
+        raise UserError(f"no learning-rate fit in {cfg.from_dir}: {lr_fit.get('reason', 'missing')}; scan several "
+                        "sizes (--sizes default) or >= 3 batch sizes")
+    seq = fits["measured"].get("seq_len") or cfg.seq_len
+    batch = batch_tokens / seq  # the swept model's batch in its own sequences, at the same tokens per step
+    center, low, high = predict_band(lr_fit, np.array([[math.log(batch)]]), fits["options"]["confidence"])
     lo_b, hi_b = lr_fit["x_range"]
     if not lo_b <= batch <= hi_b:
-        notes.append(f"lr extrapolated: batch {batch} is outside the swept {lo_b:g}-{hi_b:g}")
-    if lr_fit.get("warning"):
-        notes.append(lr_fit["warning"])
+        notes.append(f"lr extrapolated: {batch:,.0f} swept-length sequences per step is outside the swept {lo_b:g}-{hi_b:g}")
     if cfg.params:
-        notes.append("lr fitted on one model size: it does not follow N; scan several sizes (--sizes) to forecast "
-                     "lr for a bigger model -- meanwhile start at the low end")
-    return {"learning_rate": lr, "learning_rate_interval": [lr_low, lr_high], "extrapolation": None,
-            "lr_basis": f"lr_opt = a * batch^b fit of the swept model at batch {batch}", "confirm_lrs": None}
-
-
-def _lr_across_sizes(cfg: RecommendConfig, fits: dict, transfer: dict, batch: int, notes: list[str]) -> dict:
-    from llmlab.scaling.transfer import UNINFORMATIVE_BAND, band_ratio, forecast
-
-    fit, holdout = transfer["joint_fit"], transfer["holdout"]
-    largest = fit["n_range"][1]
-    target = float(cfg.params or fits["measured"]["params"] or largest)
-    lr, lr_low, lr_high = forecast(fit, target, batch, fits["options"]["confidence"])
-    factor = target / largest
-    # The held-out check is this lab's only evidence for extrapolating in N: beyond the factor it covered the
-    # forecast is unvalidated (published laws have missed by more than 4x far from their data), and so it is
-    # everywhere when the check's band was too wide to fail.
-    checked = holdout.get("status") == "ok"
-    informative = checked and band_ratio(holdout) <= UNINFORMATIVE_BAND
-    validated = holdout["extrapolation"] if informative else 1.0
-    if factor > validated:
-        why = (f" (forecast / measured {holdout['median_ratio']:.2f})" if informative else
-               f" (its band spans {band_ratio(holdout):.0f}x, too wide to validate anything)" if checked else
-               " (no held-out check ran)")
-        notes.append(f"WARNING: target N is {factor:.1f}x the largest scanned size; the held-out check validated "
-                     f"{validated:.1f}x{why}: run the confirmation scan before the long job")
-    if holdout.get("status") == "ok" and not holdout["all_inside"]:
-        notes.append("WARNING: on this scan's held-out size the measured lr_opt fell outside the forecast band")
-    if fit.get("warning"):
-        notes.append(fit["warning"])
-    basis = (f"joint fit ln lr = {fit['k0']:.3f} {fit['alpha']:+.3f} ln N"
-             + (f" {fit['beta']:+.3f} ln B" if fit["with_batch"] else "") + f" at N = {target:,.0f}, B = {batch}")
-    return {"learning_rate": lr, "learning_rate_interval": [lr_low, lr_high], "extrapolation": factor,
-            "lr_basis": basis, "target_params": target,
+        notes.append("WARNING: lr fitted on one model size does not follow N; scan several sizes (--sizes default) to "
+                     "forecast it for a bigger model, and run the confirmation runs")
+    lr = float(math.exp(center[0]))
+    return {"learning_rate": lr, "learning_rate_interval": [float(math.exp(low[0])), float(math.exp(high[0]))],
+            "extrapolation": None, "lr_basis": f"lr_opt = a * batch^b fit of the swept model at batch {batch:.3g}",
             "confirm_lrs": [float(f"{lr * m:.3g}") for m in (0.5, 1.0, 2.0)]}
 
 
-def _schedule(cfg: RecommendConfig, swept_params, batch: int, seq_len: int, notes: list[str]) -> dict:
-    if cfg.tokens:
-        tokens, basis = cfg.tokens, "--tokens"
-    elif cfg.params or swept_params:
-        tokens = int(cfg.tokens_per_param * (cfg.params or swept_params))
-        basis = f"{cfg.tokens_per_param:g} tokens/param (Chinchilla) x {int(cfg.params or swept_params):,} params"
-    else:
-        raise UserError("the sweep did not record its model's parameter count, so there is no default token "
-                        "budget; pass --tokens D (training tokens)")
-    total_steps = max(1, math.ceil(tokens / (batch * seq_len)))
+def _lr_across_sizes(fits: dict, transfer: dict, params: float, batch_tokens: float, notes: list[str]) -> dict:
+    """The law's forecast at the target N with its prediction interval, and the extrapolation it was validated for."""
+    law, holdout = transfer["law"], transfer["holdout"]
+    largest = law["n_range"][1]
+    scanned = [p for p in transfer["points"] if p["status"] == "measured"]
+    batch = max(p["batch_size"] for p in scanned)
+    forecast = predict(law, params, batch, fits["options"]["confidence"])
+    factor = params / largest
+    # The held-out verdict is this lab's only evidence for extrapolating in N: only `within 1.5x` validates the
+    # factor it covered; `undecided` and `failed` validate nothing (published laws miss by > 4x far from their data).
+    verdict = holdout.get("verdict") if holdout.get("status") == "ok" else None
+    validated = holdout["extrapolation"] if verdict and verdict.startswith("within") else 1.0
+    if factor > validated:
+        why = {None: "no held-out check ran", "failed": "the held-out forecast failed",
+               "undecided": "the held-out check was undecided"}.get(verdict, f"held-out verdict: {verdict}")
+        notes.append(f"WARNING: target N is {factor:.1f}x the largest scanned size; the held-out check validated "
+                     f"{validated:.1f}x ({why}): run the confirmation runs before the long job")
+    if verdict == "failed":
+        notes.append(f"WARNING: the law failed its held-out check (worst forecast / measured "
+                     f"{holdout['worst_ratio']:.2f}): treat this lr as a starting point only")
+    seq = fits["measured"].get("seq_len") or 128
+    if not law["with_batch"] and abs(math.log(batch_tokens / (batch * seq))) > math.log(2):
+        notes.append(f"the scan measured lr_opt at {batch * seq:,.0f} tokens per step only; at {batch_tokens:,.0f} "
+                     "the optimum may be higher (Adam: about sqrt of the batch ratio, Malladi et al. 2022), which "
+                     "the confirmation runs bracket")
+    basis = (f"law ln lr = {law['k0']:.3f} {law['alpha']:+.3f} ln N" + (f" {law['beta']:+.3f} ln B" if law["with_batch"]
+                                                                       else "")
+             + f" at N = {params:,.0f}; {forecast['confidence']:.0%} prediction interval on {law['df']} df")
+    return {"learning_rate": forecast["lr"], "learning_rate_interval": forecast["pi"], "extrapolation": factor,
+            "validated_extrapolation": validated, "heldout_verdict": verdict, "lr_basis": basis,
+            "confirm_lrs": [float(f"{forecast['lr'] * m:.3g}") for m in (0.5, 1.0, 2.0)]}
+
+
+def _schedule(tokens: int, batch: int, seq_len: int, notes: list[str]) -> dict:
+    total_steps = math.ceil(tokens / (batch * seq_len))
+    if total_steps > MAX_STEPS:
+        raise UserError(f"{tokens:,} tokens at {batch} x {seq_len} per step is {total_steps:.3g} steps; lower --tokens")
+    if total_steps < 10:
+        raise UserError(f"--tokens {tokens:,} is only {total_steps} optimizer step(s) of {batch} x {seq_len} tokens; "
+                        "give at least 10 steps of tokens")
     warmup = max(50, round(0.03 * total_steps * batch / 32))
     if warmup > total_steps // 2:
         warmup = max(1, total_steps // 2)
         notes.append("warmup capped at half of the run (the formula asked for more than the run has)")
-    return {"tokens": tokens, "tokens_basis": basis, "max_steps": total_steps, "warmup_steps": warmup}
+    return {"max_steps": total_steps, "warmup_steps": warmup}
+
+
+def _clip(fits: dict, lr: float, notes: list[str]) -> dict:
+    """1.5 x the mean grad norm of the feasible trial nearest in lr (log space), else the trainer's 1.0."""
+    trials = {t.get("trial_id"): t for t in fits["trials"]}
+    candidates = [trials[i] for i in fits["feasible_ids"] if isinstance(trials[i].get("grad_norm_mean"), (int, float))
+                  and math.isfinite(trials[i]["grad_norm_mean"]) and trials[i]["grad_norm_mean"] > 0]
+    if not candidates:
+        notes.append("no grad norms recorded: clip left at the trainer's default 1.0")
+        return {"clip": 1.0, "clip_basis": "trainer default"}
+    nearest = min(candidates, key=lambda t: math.log(float(t["lr"]) / lr) ** 2)
+    return {"clip": round(1.5 * float(nearest["grad_norm_mean"]), 4),
+            "clip_basis": f"1.5 x mean grad norm {float(nearest['grad_norm_mean']):.4g} of trial {nearest['trial_id']}"}
 
 
 def confirmation_commands(rec: dict, output: str) -> list[str]:
     """Three short runs around the forecast at the target size: cheap insurance before the long job."""
-    if not rec.get("confirm_lrs"):
-        return []
     steps = min(rec["max_steps"], max(200, rec["max_steps"] // 10))
     return [f"accelerate launch train_pretrain.py --config {output} --learning_rate {lr:g} --max_steps {steps} "
             f"--output_dir runs/confirm_lr{lr:g}" for lr in rec["confirm_lrs"]]
 
 
+def yaml_values(rec: dict) -> list[tuple[str, object, str]]:
+    low, high = rec["learning_rate_interval"]
+    lr = float(f"{rec['learning_rate']:.4g}")
+    extrapolation = f"; {rec['extrapolation']:.1f}x the largest scanned N" if rec.get("extrapolation") else ""
+    shape = rec["shape"]
+    return [
+        ("model", "gpt2", "GPT-2 family, reshaped below"),
+        ("n_layer", shape.n_layer, f"N = 12 x layers x width^2 = {shape.non_embedding:,}"),
+        ("n_embd", shape.n_embd, "width"), ("n_head", shape.n_embd // 64, "heads of 64"),
+        ("block_size", shape.seq_len, "the memory plan and max_steps hold for this sequence length"),
+        ("learning_rate", lr, f"{rec['lr_basis']}: [{low:.3g}, {high:.3g}]{extrapolation}"),
+        ("min_lr", float(f"{lr / 10:.4g}"), "cosine floor lr / 10 (nanoGPT, Chinchilla)"),
+        ("effective_batch_size", rec["effective_batch_size"], rec["batch_basis"]),
+        ("batch_size", rec["batch_size"], f"largest micro batch the memory model fits: {rec['predicted_memory_gb']:.2f} "
+                                          f"of {rec['usable_memory_gb']:.2f} GiB usable; accumulation "
+                                          f"{rec['accumulation']}"),
+        ("max_steps", rec["max_steps"], f"{rec['tokens']:,} tokens / (effective batch x block_size)"),
+        ("warmup_steps", rec["warmup_steps"], "max(50, 0.03 x max_steps x batch / 32)"),
+        ("clip", str(rec["clip"]), rec["clip_basis"]),
+        ("label_smoothing", rec["label_smoothing"], rec["basis"]["label_smoothing"]),
+        ("gradient_checkpointing", rec["gradient_checkpointing"], "as planned (--gradient_checkpointing)"),
+    ]
+
+
 def config_yaml(rec: dict, cfg: RecommendConfig, output: str = "RECOMMENDED.yaml") -> str:
     """The YAML train_pretrain.py --config reads; every value says where it came from."""
-    low, high = rec["learning_rate_interval"]
-    learning_rate = float(f"{rec['learning_rate']:.4g}")
-    extrapolation = f"; extrapolated {rec['extrapolation']:.1f}x in N" if rec.get("extrapolation") else ""
-    values = [
-        ("learning_rate", learning_rate, f"{rec['lr_basis']}; {rec['confidence']:.0%} band [{low:.3g}, {high:.3g}]"
-                                         f"{extrapolation}"),
-        ("effective_batch_size", rec["effective_batch_size"], "= batch_size (no accumulation needed)"),
-        ("batch_size", rec["batch_size"], f"largest whose upper-band memory {rec['predicted_memory_gb']:.2f} GiB fits "
-                                          f"{rec['usable_memory_gb']:.2f} GiB usable (limited by {rec['limited_by']})"),
-        ("warmup_steps", rec["warmup_steps"], "max(50, 0.03 x max_steps x batch / 32)"),
-        ("max_steps", rec["max_steps"], f"{rec['tokens']:,} tokens ({rec['tokens_basis']}) / (batch x block_size)"),
-        ("block_size", rec["seq_len"], "the memory prediction and max_steps hold for this sequence length"),
-        ("min_lr", float(f"{learning_rate / 10:.4g}"), "cosine floor lr/10 (nanoGPT, Chinchilla)"),
-    ]
-    if rec["clip"] is not None:
-        values.append(("clip", rec["clip"], rec["clip_basis"]))
-    lines = [f"# Recommended by `sweep.py recommend --from {cfg.from_dir} --memory-gb {cfg.memory_gb:g}`"]
+    lines = [f"# Recommended by `sweep.py recommend --from {cfg.from_dir} --memory-gb {cfg.memory_gb:g}`",
+             f"# optimizer: {rec['optimizer']} ({rec['basis']['optimizer']}); schedule: {rec['lr_scheduler']} "
+             f"({rec['basis']['lr_scheduler']})"]
     lines += [f"# note: {n}" for n in rec["notes"]]
-    commands = confirmation_commands(rec, output)
-    if commands:
-        lines += ["# confirm the lr first: three short runs at the target size, keep the lowest validation loss"]
-        lines += [f"#   {c}" for c in commands]
+    lines += ["# confirm the lr first: three short runs at the target size, keep the lowest validation loss"]
+    lines += [f"#   {c}" for c in confirmation_commands(rec, output)]
     lines += [f"{key}: {yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
-              f"  # {basis}" for key, value, basis in values]
+              f"  # {basis}" for key, value, basis in yaml_values(rec)]
     return "\n".join(lines) + "\n"
 
 
 def summary_table(rec: dict) -> str:
-    low, high = rec["learning_rate_interval"]
-    rows = [
-        ("batch_size", str(rec["batch_size"]), f"largest batch (a multiple of 8 from 8 up) whose upper-band memory fits "
-         f"({rec['predicted_memory_gb']:.2f} of {rec['usable_memory_gb']:.2f} GiB); limited by {rec['limited_by']}"),
-        ("effective_batch_size", str(rec["effective_batch_size"]), "= batch_size (no accumulation needed)"),
-        ("learning_rate", f"{rec['learning_rate']:.3g}", f"{rec['lr_basis']}, {rec['confidence']:.0%} interval "
-         f"[{low:.3g}, {high:.3g}]" + (f"; {rec['extrapolation']:.1f}x the largest scanned N"
-                                       if rec.get("extrapolation") else "")),
-        ("max_steps", str(rec["max_steps"]), f"{rec['tokens']:,} tokens / (batch x {rec['seq_len']})"),
-        ("warmup_steps", str(rec["warmup_steps"]), "max(50, 0.03 x max_steps x batch / 32)"),
-        ("clip", "-" if rec["clip"] is None else f"{rec['clip']:.4g}", rec["clip_basis"] or "not measured"),
-    ]
-    if rec["expected_early_loss_std"]:
-        center, low_std, high_std = rec["expected_early_loss_std"]
-        rows.append(("(early loss std)", f"{center:.3g}", f"expected from the loss_std fit at this lr and batch "
-                     f"(swept model), interval [{low_std:.3g}, {high_std:.3g}]; not written to the YAML"))
+    rows = [(key, str(value), basis) for key, value, basis in yaml_values(rec)]
+    rows.insert(0, ("optimizer", rec["optimizer"], rec["basis"]["optimizer"]))
+    rows.insert(1, ("schedule", rec["lr_scheduler"], rec["basis"]["lr_scheduler"]))
     width = max(len(r[0]) for r in rows)
     value_width = max(len(r[1]) for r in rows)
     lines = [f"{'option':<{width}}  {'value':<{value_width}}  basis", "-" * (width + value_width + 60)]
@@ -316,9 +362,7 @@ def recommend_main(argv: list[str]) -> dict:
     output = Path(cfg.output) if cfg.output else Path(cfg.from_dir) / "recommended_config.yaml"
     atomic_write_text(output, config_yaml(rec, cfg, str(output)))
     print(summary_table(rec))
-    commands = confirmation_commands(rec, str(output))
-    if commands:
-        print("before the long run, confirm the lr at the target size (keep the lowest validation loss):")
-        print("\n".join(f"  {c}" for c in commands))
+    print("before the long run, confirm the lr at the target size (keep the lowest validation loss):")
+    print("\n".join(f"  {c}" for c in confirmation_commands(rec, str(output))))
     print(f"wrote {output}  (use: accelerate launch train_pretrain.py --config {output})")
     return rec

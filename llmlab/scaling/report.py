@@ -10,11 +10,15 @@ from typing import Optional
 import numpy as np
 
 from llmlab.core.io import atomic_write_json, atomic_write_text
-from llmlab.scaling.fits import ScalingOptions, analyse, predict_band
+from llmlab.scaling.analysis import analyse
+from llmlab.scaling.fits import ScalingOptions, memory_batch, predict_band
+from llmlab.scaling.law import predict
+from llmlab.scaling.optimum import lr_table
 
 FITS_FILE = "scaling_fits.json"
 REPORT_FILE = "scaling_report.md"
-PLOT_NAMES = ("loss_vs_lr.png", "lr_opt_fit.png", "peak_memory_fit.png", "loss_std_fit.png", "lr_transfer.png")
+PLOT_NAMES = ("loss_vs_lr.png", "lr_opt_fit.png", "peak_memory_fit.png", "loss_std_fit.png", "lr_transfer.png",
+              "loss_vs_lr_sizes.png")
 
 
 def write_lr_bs_report(out_dir: str | os.PathLike, rows: list[dict], options: Optional[ScalingOptions] = None) -> dict:
@@ -39,65 +43,108 @@ def _interval(ci: list[float]) -> str:
     return f"[{_fmt(ci[0])}, {_fmt(ci[1])}]"
 
 
-def _holdout_caveats(holdout: dict) -> list[str]:
-    """Say when the check cannot fail (a band spanning orders of magnitude) or rests on too few points."""
-    from llmlab.scaling.transfer import UNINFORMATIVE_BAND, band_ratio
+def _lr_ci(point: dict) -> str:
+    if point["status"] != "measured":
+        return f"{_fmt(point.get('lr_opt'))} ({point['status'].replace('_', ' ')}: a bound, not in the fit)"
+    ci = point.get("ci")
+    return f"{point['lr_opt']:.3g}" + (f" {_interval(ci)}" if ci else " (no seed SD: no interval)")
 
-    fit, notes = holdout["fit"], []
-    widest = band_ratio(holdout)
-    if widest > UNINFORMATIVE_BAND:
-        notes.append(f"**The band spans {widest:,.0f}x: too wide for \"inside\" to test anything**; judge the forecast "
-                     "by predicted / measured.")
-    spare = fit["n_inliers"] - (2 + int(fit["with_batch"]))
-    if spare < 2:
-        notes.append(f"The fit on the smaller sizes has {spare} residual degree(s) of freedom, so its band is unreliable "
-                     "either way; scan more sizes or batch sizes for a check that can fail.")
-    return [line for note in notes for line in ("", note)]
+
+def verdict_markdown(holdout: dict) -> list[str]:
+    """The held-out line (its verdict word first), the ratio's intervals, power, and what would decide it."""
+    if holdout.get("status") != "ok":
+        return [f"**held-out: not run** ({holdout.get('reason')}).", ""]
+    fit = holdout["fit"]
+    lines = [f"**held-out: {holdout['verdict']}** -- the law fitted on {', '.join(holdout['fitted_on'])} only "
+             f"(alpha = {fit['alpha']:.3f} {_interval(fit['alpha_ci'])}, {fit['df']} residual df) forecasts "
+             f"{holdout['size']} (N = {holdout['n_params']:,.0f}, {holdout['extrapolation']:.1f}x the largest fitted N)"
+             + (f"; worst forecast / measured = **{holdout['worst_ratio']:.2f}**." if holdout.get("worst_ratio")
+                else "."), "",
+             "| batch | forecast lr_opt (95 % prediction interval) | measured lr_opt (95 % CI) | forecast / measured | "
+             "90 % CI | 95 % CI | verdict |", "|---|---|---|---|---|---|---|"]
+    for row in holdout["rows"]:
+        ratio = (f"{row['ratio']:.2f} | {_interval(row['ci90'])} | {_interval(row['ci95'])}" if "ratio" in row
+                 else "- | - | -")
+        lines.append(f"| {row['batch_size']:g} | {row['predicted']:.3g} {_interval(row['prediction_interval'])} | "
+                     f"{_fmt(row.get('measured'))} {_interval(row['measured_ci']) if row.get('measured_ci') else ''} | "
+                     f"{ratio} | {row['verdict']}{' (' + row['reason'] + ')' if row.get('reason') else ''} |")
+    lines.append("")
+    for row in holdout["rows"]:
+        if row.get("power"):
+            lines.append(f"Power of this design at batch {row['batch_size']:g} (SE of ln R = {row['se_ln']:.3f} on "
+                         f"{row['df']} df): {row['power']['detect_1.5x_miss']:.0%} to detect a 1.5x miss (t test of "
+                         f"R = 1 at 5 %), {row['power']['confirm_exact']:.0%} to call an exact forecast within 1.5x.")
+        decided = row.get("decided_by")
+        if decided:
+            seeds = (f"{decided['seeds_per_cell']} seeds per cell (now {decided['seeds_now']:g})"
+                     if decided["seeds_per_cell"] else f"no number of seeds up to 32x (now {decided['seeds_now']:g})")
+            sizes = (f"{decided['extra_fit_sizes']} more fit sizes (now {decided['fit_sizes_now']})"
+                     if decided["extra_fit_sizes"] else "no number of extra sizes up to 12")
+            lines.append(f"Undecided at batch {row['batch_size']:g}: at the same forecast / measured, {seeds}, or "
+                         f"{sizes}, would decide it.")
+    lines += ["", "Verdicts: `within 1.5x` when the 90 % CI of forecast / measured lies inside [0.67, 1.5]; `failed` "
+              "when its 95 % CI lies entirely outside; `undecided` otherwise. Var(ln R) = the forecast's variance from "
+              "the fit + the held-out vertex's variance, on t with the fit's residual df.", ""]
+    return lines
 
 
 def transfer_markdown(analysis: dict) -> list[str]:
-    """Across sizes: the held-out check first (the lab's credibility), then the joint fit and the literature."""
+    """Across sizes: the held-out verdict first (the lab's credibility), then noise, optima, the law, literature."""
     transfer = analysis.get("transfer")
     if not transfer:
         return []
-    level, holdout, fit = analysis["options"]["confidence"], transfer["holdout"], transfer["joint_fit"]
-    lines = ["## Held-out check: can the small sizes forecast the largest?", ""]
-    if holdout.get("status") == "ok":
-        verdict = ("inside the band at every batch size" if holdout["all_inside"] else
-                   "**outside the band**: this scan's fit does not carry to the held-out size")
-        lines += [f"Fitted on {', '.join(holdout['fitted_on'])} only, then asked for {holdout['size']} "
-                  f"(N = {holdout['n_params']:,.0f}, {holdout['extrapolation']:.1f}x the next size): the measured "
-                  f"lr_opt is {verdict}; median predicted / measured = **{holdout['median_ratio']:.2f}**.", "",
-                  f"| batch | predicted lr_opt | {level:.0%} band | measured lr_opt | predicted / measured | inside |",
-                  "|---|---|---|---|---|---|"]
-        lines += [f"| {r['batch_size']:g} | {r['predicted']:.3g} | {_interval(r['band'])} | {r['measured']:.3g}"
-                  f"{' (grid edge)' if r['measured_at_edge'] else ''} | {r['ratio']:.2f} | "
-                  f"{'yes' if r['inside'] else '**no**'} |" for r in holdout["rows"]]
-        lines += _holdout_caveats(holdout)
-    else:
-        lines.append(f"Not run: {holdout.get('reason')}.")
-    lines += ["", "## Joint fit across sizes", ""]
-    if fit["status"] != "ok":
-        return lines + [f"Not fitted: {fit['reason']}.", ""]
-    names = ["alpha"] + (["beta"] if fit["with_batch"] else [])
-    lines += [f"`{fit['formula']}` on {fit['n_inliers']} of {fit['n_points']} (size, batch) optima, sizes "
-              f"{', '.join(fit['sizes'])}: " + ", ".join(f"{n} = {fit[n]:.3f} {_interval(fit[f'{n}_ci'])}" for n in names)
-              + (f". **Warning:** {fit['warning']}." if fit.get("warning") else "."), "",
-              "| exponent | this lab | Step Law (Li et al. 2025) | DeepSeek LLM (2024) | muP (Yang et al. 2022) |",
+    noise, law = transfer["noise"], transfer["law"]
+    lines = ["## Held-out check: can the small sizes forecast the largest?", "", *verdict_markdown(transfer["holdout"])]
+    sigma = noise["sigma"]
+    lines += ["## Seed noise and lr_opt per size", "",
+              f"Seed SD of final loss at equal settings (pure error): sigma = **{_fmt(sigma, 3)}** nats on "
+              f"{noise['df']} df" + (f" (per size: " + ", ".join(f"{s} {_fmt(v['sigma'], 3)} ({v['df']} df)" for s, v
+                                                              in noise["per_size"].items()) + ")." if sigma else "."),
+              "", "lr_opt is the vertex of a quadratic in ln lr over the 5 lrs around the lowest seed-mean loss; its "
+              "95 % CI is a parametric bootstrap with that sigma. An optimum on the first or last scanned lr is a "
+              "bound and stays out of the fit. LR sensitivity (Wortsman et al. 2023) = mean over the scanned lrs within "
+              "2.8x of lr_opt of min(L, L_init) - L*: how much a wrong lr costs (lower is more forgiving).", "",
+              "| size | N | batch | lrs (range) | seeds / lr | lr_opt (95 % CI) | loss at lr_opt | LR sensitivity |",
+              "|---|---|---|---|---|---|---|---|"]
+    for p in transfer["points"]:
+        sens = (p.get("sensitivity") or {}).get("sensitivity")
+        span = p.get("lr_range") or [None, None]
+        lines.append(f"| {p['size']} | {p['n_params']:,.0f} | {p['batch_size']:g} | {p['n_lrs']} ({_fmt(span[0])}-"
+                     f"{_fmt(span[1])}) | {_fmt(p.get('seeds_per_lr'))} | {_lr_ci(p)} | {_fmt(p.get('loss_at_opt'), 4)} "
+                     f"| {_fmt(sens, 3)} |")
+    lines += ["", "## The law across sizes", ""]
+    if law["status"] != "ok":
+        return lines + [f"Not fitted: {law['reason']}.", ""]
+    names = ["alpha"] + (["beta"] if law["with_batch"] else [])
+    lines += [f"`{law['formula']}` on every measured optimum ({law['n_points']} cells, sizes {', '.join(law['sizes'])}; "
+              f"{law['estimator']}): " + ", ".join(f"{n} = **{law[n]:.3f}** {_interval(law[f'{n}_ci'])}" for n in names)
+              + f" ({law['df']} residual df); lack of fit tau = {law['tau']:.3f} in ln lr.", ""]
+    ransac = transfer.get("ransac") or {}
+    if ransac.get("status") == "ok":
+        lines += [f"Sensitivity check, not the headline: RANSAC on the unweighted vertices gives alpha = "
+                  f"{ransac['alpha']:.3f} {_interval(ransac['alpha_ci'])} on {ransac['n_inliers']} of "
+                  f"{ransac['n_points']} cells" + (f" (dropped: {', '.join(ransac['dropped'])})" if ransac["dropped"]
+                                                   else " (dropped none)") + ".", ""]
+    if transfer["bounds"]:
+        lines += ["Left out of the fit (bounds, not measurements): " + ", ".join(
+            f"{p['size']}/batch {p['batch_size']:g} ({p['status'].replace('_', ' ')})" for p in transfer["bounds"]) + ".",
+                  ""]
+    lines += ["| exponent | this lab | Step Law (Li et al. 2025) | DeepSeek LLM (2024) | muP (Yang et al. 2022) |",
               "|---|---|---|---|---|"]
     published = transfer["published"]
     for name in names:
         others = [published[k].get(name) for k in published]
-        lines.append(f"| {name} (ln {'N' if name == 'alpha' else 'B, with D = steps x B x seq'}) | {fit[name]:.3f} "
-                     f"{_interval(fit[f'{name}_ci'])} | " + " | ".join("-" if v is None else f"{v:+.3f}" for v in others)
+        lines.append(f"| {name} (ln {'N' if name == 'alpha' else 'B, with D = steps x B x seq'}) | {law[name]:.3f} "
+                     f"{_interval(law[f'{name}_ci'])} | " + " | ".join("-" if v is None else f"{v:+.3f}" for v in others)
                      + " |")
     lines += ["", "The same lrs evaluated at each cell's N and D (tokens = steps x batch x sequence length):", "",
               "| size | N | batch | tokens | measured lr_opt | this lab | Step Law | DeepSeek |", "|---|---|---|---|---|---|---|---|"]
     for r in transfer["literature"]:
         lines.append(f"| {r['size']} | {r['n_params']:,.0f} | {r['batch_size']:g} | {_fmt(r['tokens'])} | "
-                     f"{r['measured']:.3g} | {_fmt(r.get('this lab'))} | {_fmt(r.get('Step Law (Li et al. 2025)'))} | "
-                     f"{_fmt(r.get('DeepSeek LLM (2024)'))} |")
-    return lines + ["", "![lr transfer](plots/lr_transfer.png)", ""]
+                     f"{_fmt(r['measured'])}{'' if r['status'] == 'measured' else ' (bound)'} | {_fmt(r.get('this lab'))} "
+                     f"| {_fmt(r.get('Step Law (Li et al. 2025)'))} | {_fmt(r.get('DeepSeek LLM (2024)'))} |")
+    return lines + ["", "![lr transfer](plots/lr_transfer.png)", "", "![loss vs lr per size](plots/loss_vs_lr_sizes.png)",
+                    ""]
 
 
 def report_markdown(analysis: dict, plots: list[str]) -> str:
@@ -199,7 +246,7 @@ def write_plots(plot_dir: Path, analysis: dict) -> list[str]:
 
     matplotlib.use("Agg")
     written = [path for make in (_plot_loss_vs_lr, _plot_lr_fit, _plot_memory_fit, _plot_loss_std_fit,
-                                 _plot_transfer) if (path := make(plot_dir, analysis))]
+                                 _plot_transfer, _plot_loss_vs_lr_sizes) if (path := make(plot_dir, analysis))]
     for name in PLOT_NAMES:  # a re-analysis that can no longer fit something must not leave its old plot
         if str(plot_dir / name) not in written:
             (plot_dir / name).unlink(missing_ok=True)
@@ -264,8 +311,6 @@ def _plot_lr_fit(plot_dir: Path, analysis: dict) -> Optional[str]:
 def _plot_memory_fit(plot_dir: Path, analysis: dict) -> Optional[str]:
     import matplotlib.pyplot as plt
 
-    from llmlab.scaling.fits import memory_batch
-
     fit = analysis["fits"]["peak_memory_mb"]
     if fit["status"] != "ok":
         return None
@@ -317,34 +362,67 @@ def _plot_loss_std_fit(plot_dir: Path, analysis: dict) -> Optional[str]:
 
 
 def _plot_transfer(plot_dir: Path, analysis: dict) -> Optional[str]:
-    """lr_opt against N per batch size: the joint fit's lines and band, the held-out forecast and measurement."""
+    """lr_opt against N: every vertex with its CI, the law fitted without the held-out size with its prediction
+    band, and the held-out forecast next to its measurement."""
     import matplotlib.pyplot as plt
 
-    from llmlab.scaling.transfer import forecast
-
     transfer = analysis.get("transfer")
-    if not transfer or transfer["joint_fit"]["status"] != "ok":
+    if not transfer or transfer["law"]["status"] != "ok":
         return None
-    fit, points, level = transfer["joint_fit"], transfer["points"], analysis["options"]["confidence"]
-    holdout = transfer["holdout"]
-    shown = holdout["fit"] if holdout.get("status") == "ok" else fit
+    holdout, points = transfer["holdout"], transfer["points"]
+    shown = holdout["fit"] if holdout.get("status") == "ok" else transfer["law"]
     batches = sorted({p["batch_size"] for p in points})
     ns = np.geomspace(min(p["n_params"] for p in points) / 1.5, max(p["n_params"] for p in points) * 1.5, 40)
     fig, ax = plt.subplots(figsize=(7, 4.8))
     for colour, batch in zip(plt.cm.viridis(np.linspace(0, 0.85, len(batches))), batches):
-        band = np.array([forecast(shown, n, batch, level) for n in ns])
-        ax.plot(ns, band[:, 0], color=colour, label=f"fit, batch {batch:g}")
-        ax.fill_between(ns, band[:, 1], band[:, 2], color=colour, alpha=0.15)
-        mine = [p for p in points if p["batch_size"] == batch]
-        ax.scatter([p["n_params"] for p in mine], [p["lr_opt"] for p in mine], color=colour, zorder=3,
-                   marker="o", edgecolor="black")
+        lines = [predict(shown, n, batch) for n in ns]
+        ax.plot(ns, [f["lr"] for f in lines], color=colour, label=f"law, batch {batch:g}")
+        ax.fill_between(ns, [f["pi"][0] for f in lines], [f["pi"][1] for f in lines], color=colour, alpha=0.15)
+        for p in (p for p in points if p["batch_size"] == batch):
+            if p["status"] == "measured" and p.get("ci"):
+                err = [[p["lr_opt"] - p["ci"][0]], [p["ci"][1] - p["lr_opt"]]]
+                ax.errorbar(p["n_params"], p["lr_opt"], yerr=err, fmt="o", color=colour, mec="black", capsize=3)
+            elif p.get("lr_opt"):
+                ax.scatter(p["n_params"], p["lr_opt"], marker="v" if p["status"] == "below_grid" else "^",
+                           color=colour, edgecolor="black", zorder=3)
     if holdout.get("status") == "ok":
         ax.scatter([holdout["n_params"]] * len(holdout["rows"]), [r["predicted"] for r in holdout["rows"]],
-                   marker="*", s=140, color="red", zorder=4, label=f"forecast for held-out {holdout['size']}")
+                   marker="*", s=160, color="red", zorder=4, label=f"forecast for held-out {holdout['size']}: "
+                                                                   f"{holdout['verdict']}")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    title = "lr_opt vs non-embedding params N" + (" (fit without the largest size)" if shown is not fit else "")
+    title = "lr_opt vs N" + (" (law fitted without the held-out size; band: 95 % prediction)" if holdout.get("status")
+                             == "ok" else "")
     ax.set(xlabel="non-embedding parameters N", ylabel="best learning rate", title=title)
+    ax.title.set_fontsize(9)
     ax.legend(fontsize=7)
     _save(fig, plot_dir / "lr_transfer.png")
     return str(plot_dir / "lr_transfer.png")
+
+
+def _plot_loss_vs_lr_sizes(plot_dir: Path, analysis: dict) -> Optional[str]:
+    """Seed-mean final loss against lr, one line per size (first batch size), each size's lr_opt marked."""
+    import matplotlib.pyplot as plt
+
+    transfer = analysis.get("transfer")
+    if not transfer:
+        return None
+    batch = min(p["batch_size"] for p in transfer["points"])
+    feasible = _feasible(analysis)
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    for colour, size in zip(plt.cm.plasma(np.linspace(0, 0.85, len(transfer["sizes"]))), transfer["sizes"]):
+        trials = [t for t in feasible if str(t.get("size")) == size and float(t["batch_size"]) == batch]
+        if not trials:
+            continue
+        lrs, losses = lr_table(trials)
+        ax.errorbar(lrs, [np.mean(v) for v in losses], yerr=[np.std(v, ddof=1) if len(v) > 1 else 0 for v in losses],
+                    fmt="o-", color=colour, ms=3, capsize=2, label=size)
+        point = next(p for p in transfer["points"] if p["size"] == size and p["batch_size"] == batch)
+        if point["status"] == "measured":
+            ax.axvline(point["lr_opt"], color=colour, lw=0.8, ls=":")
+    ax.set_xscale("log")
+    ax.set(xlabel="learning rate", ylabel="final validation loss (seed mean, bars: seed SD)",
+           title=f"Loss vs lr per size, batch {batch:g} (dotted: lr_opt)")
+    ax.legend(fontsize=7)
+    _save(fig, plot_dir / "loss_vs_lr_sizes.png")
+    return str(plot_dir / "loss_vs_lr_sizes.png")

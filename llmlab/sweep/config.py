@@ -68,7 +68,14 @@ class SweepConfig:
     batch_sizes: Optional[list[int]] = opt(None, "lr_bs: effective batch sizes to scan (default 8 16 32 64 128; "
                                                  "with --sizes 4 8)")
     sizes: Optional[list[str]] = opt(None, "lr_bs: model sizes WIDTHxDEPTH of --model's family to scan (e.g. 64x2 "
-                                           "128x2 256x2); fits ln lr_opt = k0 + a ln N + b ln B across them")
+                                           "128x2 256x2), or `default` (32x2 64x2 96x2 128x2 160x2 + 320x2 held "
+                                           "out); an adaptive scan that fits ln lr_opt = k0 + alpha ln N across them")
+    lr_points: int = opt(7, "multi-size scans: lrs per size, centred on the running forecast")
+    lr_step: float = opt(2 ** 0.5, "multi-size scans: ratio between neighbouring lrs of a size's grid")
+    lr_center: Optional[float] = opt(None, "multi-size scans: centre of the first size's grid (default 3e-3 for the "
+                                           "minimal model, 1e-3 for GPT-2 presets); later sizes use the running forecast")
+    max_lr_extensions: int = opt(3, "multi-size scans: times a size's grid may be extended past an edge where its "
+                                    "seed-mean minimum lies")
     holdout: Literal["auto", "largest", "none"] = opt("auto", "multi-size scans: fit on the smaller sizes and check "
                                                               "the forecast on the largest (auto: when >= 3 sizes)")
     parametrization: Literal["standard", "mup"] = opt("standard", "minimal model: standard, or muP (maximal update: "
@@ -130,6 +137,11 @@ class SweepConfig:
             raise UserError("--batch_sizes must be one or more whole numbers >= 1")
         if self.sizes is not None:
             self.validate_sizes()
+        if self.lr_points < 5 or not self.lr_step > 1 or not math.isfinite(self.lr_step) or self.max_lr_extensions < 0:
+            raise UserError("--lr_points must be >= 5 (the vertex is fitted on 5 lrs), --lr_step a finite ratio > 1 "
+                            "and --max_lr_extensions >= 0")
+        if self.lr_center is not None and not (math.isfinite(self.lr_center) and self.lr_center > 0):
+            raise UserError(f"--lr_center must be a learning rate > 0, got {self.lr_center}")
         if self.lrs is not None and (not self.lrs or any(lr <= 0 for lr in self.lrs)):
             raise UserError("--lrs must be one or more learning rates > 0")
         if self.lr is not None and self.lr < 0:
@@ -153,6 +165,8 @@ class SweepConfig:
 
         if self.grid != "lr_bs":
             raise UserError("--sizes belongs to --grid lr_bs (a YAML grid can vary `size:` per trial instead)")
+        if self.sizes == ["default"]:
+            return
         if len(set(self.sizes)) < 2:
             raise UserError("--sizes needs at least two different sizes: the joint fit is across model sizes; "
                             "for one size drop --sizes")

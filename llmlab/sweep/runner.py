@@ -149,8 +149,8 @@ def settings_fingerprint(cfg: SweepConfig) -> str:
     defaults = asdict(SweepConfig())
     # Options at their default are left out, so a new option added to llmlab never orphans an existing sweep.
     settings = {k: v for k, v in asdict(cfg).items() if k not in ignore and v != defaults.get(k)}
-    design, _ = base_design(cfg.grid, lrs=cfg.lrs, batch_sizes=cfg.batch_sizes, model=cfg.model, seed=cfg.seed,
-                            sizes=cfg.sizes)
+    design = None if is_size_scan(cfg) else base_design(cfg.grid, lrs=cfg.lrs, batch_sizes=cfg.batch_sizes,
+                                                         model=cfg.model, seed=cfg.seed, sizes=cfg.sizes)[0]
     return hashlib.sha256(json.dumps([settings, design], sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -298,12 +298,26 @@ def read_sweep_state(state_path: Path) -> Optional[dict]:
                         "--output_dir") from None
 
 
+DEFAULT_SCAN_SEEDS = 2  # seeds per (size, lr) of a multi-size scan: the pure error behind every vertex's interval
+
+
+def is_size_scan(cfg: SweepConfig) -> bool:
+    return cfg.grid == "lr_bs" and bool(cfg.sizes)
+
+
+def scan_design(cfg: SweepConfig, out_dir: Path) -> list[dict]:
+    """Every trial a multi-size scan has planned so far (its grids grow as it runs)."""
+    from llmlab.sweep.scan import design_for, load_plan
+
+    return design_for(load_plan(out_dir), cfg.replicates or DEFAULT_SCAN_SEEDS, cfg.seed)
+
+
 def run_sweep(cfg: SweepConfig) -> list[dict]:
     from llmlab.core.runfolder import acquire_lock, check_output_dir, release_lock
     from llmlab.sweep import report
 
     out_dir = check_output_dir(cfg.output_dir)
-    design = build_design(cfg)
+    design = [] if is_size_scan(cfg) else build_design(cfg)
     note = acquire_lock(out_dir, "sweep")  # one driver per folder: a second one would run every trial twice
     try:
         if note:
@@ -315,11 +329,13 @@ def run_sweep(cfg: SweepConfig) -> list[dict]:
             raise UserError(f"{out_dir} holds a sweep with different settings; rerun with its original options to "
                             "resume, or pick a new --output_dir")
         if cfg.report_only:
+            design = scan_design(cfg, out_dir) if is_size_scan(cfg) else design
             rows = load_results(out_dir, design)
             if not rows:
                 raise UserError(f"{out_dir} has no finished trials to report on; run the sweep first")
         else:
             rows = _run_trials(cfg, design, out_dir, fingerprint)
+            design = scan_design(cfg, out_dir) if is_size_scan(cfg) else design
         report.write_report(out_dir, design, rows, cfg)
         if cfg.grid == "lr_bs":
             _scaling_hook(out_dir, rows, cfg.holdout)
@@ -331,9 +347,6 @@ def run_sweep(cfg: SweepConfig) -> list[dict]:
 def _run_trials(cfg: SweepConfig, design: list[dict], out_dir: Path, fingerprint: str) -> list[dict]:
     from llmlab.core.runinfo import write_run_info
 
-    print(f"design ({cfg.grid}, {len(design)} trials):\n{design_table(design)}", flush=True)
-    atomic_write_text(out_dir / "design.md", design_table(design) + "\n")
-    atomic_write_json(out_dir / "design.json", design)
     atomic_write_json(out_dir / "sweep.json", {"fingerprint": fingerprint, "grid": cfg.grid, "budget": cfg.budget})
     write_run_info(out_dir, cfg)
     _print_parameters(cfg)
@@ -342,15 +355,31 @@ def _run_trials(cfg: SweepConfig, design: list[dict], out_dir: Path, fingerprint
         launcher = "spawn" if resolve_device(cfg.device) == "cuda" else "forkserver"
     if launcher == "forkserver":
         _forkserver_context()
-    specs = trial_specs(cfg, design, prepare_data(cfg, out_dir), out_dir)
-    done = {r["trial_id"]: r for r in load_results(out_dir, design)
-            if r.get("status") in FINISHED or (r.get("status") in ("crashed", "timeout") and not cfg.rerun_crashed)}
-    pending = [s for s in specs if s["trial_id"] not in done]
-    if done:
-        print(f"resuming: {len(done)} finished trial(s) skipped ({', '.join(sorted(done))}); "
-              f"{len(pending)} to run", flush=True)
-    _launch_all(TrialLauncher(launcher, cfg.workers, cfg.threads_per_worker), pending, len(specs), len(done))
-    return load_results(out_dir, design)
+    data_info = prepare_data(cfg, out_dir)
+    launch = TrialLauncher(launcher, cfg.workers, cfg.threads_per_worker)
+
+    def run_design(design: list[dict], announce: bool = False) -> list[dict]:
+        """Write the design, run its pending trials, return every finished result."""
+        if announce:
+            print(f"design ({cfg.grid}, {len(design)} trials):\n{design_table(design)}", flush=True)
+        atomic_write_text(out_dir / "design.md", design_table(design) + "\n")
+        atomic_write_json(out_dir / "design.json", design)
+        specs = trial_specs(cfg, design, data_info, out_dir)
+        done = {r["trial_id"]: r for r in load_results(out_dir, design)
+                if r.get("status") in FINISHED or (r.get("status") in ("crashed", "timeout") and not cfg.rerun_crashed)}
+        pending = [s for s in specs if s["trial_id"] not in done]
+        if done:
+            names = f" ({', '.join(sorted(done))})" if announce else ""
+            print(f"resuming: {len(done)} finished trial(s) skipped{names}; {len(pending)} to run", flush=True)
+        if pending:
+            _launch_all(launch, pending, len(specs), len(done))
+        return load_results(out_dir, design)
+
+    if is_size_scan(cfg):
+        from llmlab.sweep.scan import run_scan
+
+        return run_scan(cfg, out_dir, cfg.replicates or DEFAULT_SCAN_SEEDS, run_design)
+    return run_design(design, announce=True)
 
 
 def _launch_all(launch: TrialLauncher, pending: list[dict], total: int, done: int) -> None:

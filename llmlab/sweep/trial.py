@@ -334,6 +334,7 @@ def summarise(spec: dict, s: TrialSetup, curves: dict, ratios: dict, step_times:
     timed = step_times[spec["precheck_steps"]:] or step_times
     grad_mean, grad_std = M.mean_std(curves["grad_norm"])
     return {
+        "initial_loss": curves["loss"][0],  # L_init of the lr-sensitivity measure (Wortsman et al. 2023)
         "final_train_loss": float(np.mean(curves["loss"][-10:])),
         "final_loss": evaluation["val_loss"],
         **evaluation,
@@ -345,6 +346,10 @@ def summarise(spec: dict, s: TrialSetup, curves: dict, ratios: dict, step_times:
         "update_ratio": {g: float(np.mean(v)) for g, v in ratios.items()},
         "update_ratio_mean": float(np.mean([np.mean(v) for v in ratios.values()])) if ratios else None,
         "peak_memory_mb": round(peak, 1),
+        # only a GPU peak calibrates recommend's memory model; a CPU RSS is mostly torch itself
+        "memory_source": "cuda" if device.type == "cuda" else "cpu_rss",
+        "model_width": spec.get("model_width"), "model_depth": spec.get("model_depth"),
+        "seq_len": spec["block_size"], "micro_batch_size": s.micro,
         "time_per_step_s": float(np.mean(timed)),
         "tokens_per_s": s.batch * spec["block_size"] / float(np.median(timed)),
         "train_tokens": spec["steps"] * s.batch * spec["block_size"],
