@@ -342,3 +342,25 @@ def test_near_duplicates_are_found_by_exact_jaccard_with_full_recall_and_precisi
     recall = len(found & expected) / len(expected)
     precision = len(found & expected) / max(len(found), 1)
     assert (recall, precision) == (1.0, 1.0), (sorted(expected - found), sorted(found - expected))
+
+
+def test_one_small_text_file_splits_within_the_text_and_trains(tmp_path, gpt2_tokenizer, capsys):
+    """One 60 KB .txt is one document: whole-document splitting would leave one split empty, so the text itself is
+    split (its last blocks validate), with one line saying so; the defaults then train on it."""
+    rng = random.Random(3)
+    text = tmp_path / "small.txt"
+    text.write_text(" ".join(random_doc(rng, 300) for _ in range(30)))
+    prepared = prepare_dataset(cfg_for(tmp_path, text, block_size=64, val_fraction=0.05), gpt2_tokenizer)
+    assert "blocks of the text are the validation split" in capsys.readouterr().out
+    train, val = np.array(prepared.train["input_ids"]), np.array(prepared.validation["input_ids"])
+    assert len(train) > 0 and len(val) == max(1, round(0.05 * (len(train) + len(val))))
+    stream = np.concatenate([train.ravel(), val.ravel()])  # train then validation is the text in order
+    assert prepared.report["split"] == "within the text"
+    ids = gpt2_tokenizer(text.read_text())["input_ids"]
+    assert stream.tolist() == ids[: len(stream)]
+    proc = subprocess.run([sys.executable, "train_pretrain.py", "--dataset", str(text), "--max_steps", "2",
+                           "--sample_tokens", "0", "--cache_dir", str(tmp_path / "c2"), "--output_dir",
+                           str(tmp_path / "run")], cwd=Path(__file__).resolve().parent.parent, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    assert "the last" in proc.stdout and "blocks of the text are the validation split" in proc.stdout

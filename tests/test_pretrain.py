@@ -241,3 +241,38 @@ def test_half_written_checkpoint_is_never_picked(tmp_path):
     assert latest_checkpoint(tmp_path).name == "step_4"
     remove_partial_saves(tmp_path)
     assert not (root / ".tmp-step_8").exists() and (root / "step_4").is_dir()
+
+
+def test_recommended_yaml_drives_a_real_run_with_its_optimizer_and_schedule(data_cache, tmp_path):
+    """`sweep.py recommend` -> YAML -> train_pretrain.py: the run resolves the YAML's optimizer, schedule and lr
+    (shape and length overridden on the command line to stay tiny) and logs the lr that schedule gives."""
+    import yaml
+
+    from llmlab.scaling.report import write_lr_bs_report
+    from llmlab.scaling import recommend_main
+    from llmlab.train.optim import LION_LR_DIVISOR, lr_multiplier
+    from tests.test_scaling import SYNTHETIC_OPTIONS, planted_scan
+
+    scan = tmp_path / "scan"
+    write_lr_bs_report(scan, planted_scan(seed=0), SYNTHETIC_OPTIONS)
+    rec_path = tmp_path / "rec.yaml"
+    rec = recommend_main(["--from", str(scan), "--memory-gb", "24", "--params", "50000000", "--optimizer", "lion",
+                          "--output", str(rec_path)])
+    written = yaml.safe_load(rec_path.read_text())
+    assert written["optimizer"] == "lion" and written["lr_scheduler"] == "cosine"
+    out = tmp_path / "run"
+    proc = run_script(["train_pretrain.py", "--config", str(rec_path), "--n_layer", "1", "--n_embd", "64",
+                       "--n_head", "1", "--block_size", "32", "--batch_size", "2", "--effective_batch_size", "2",
+                       "--max_steps", "6", "--warmup_steps", "2", "--max_documents", "5", "--eval_every", "0",
+                       "--eval_batches", "1", "--sample_tokens", "0", "--cache_dir", data_cache,
+                       "--output_dir", str(out)], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    resolved = yaml.safe_load((out / "config.yaml").read_text())
+    assert resolved["optimizer"] == "lion" and resolved["lr_scheduler"] == "cosine"
+    assert resolved["learning_rate"] == pytest.approx(rec["learning_rate"], rel=1e-3)
+    assert "optimizer Lion, cosine schedule" in proc.stdout
+    logged = last_by_step(out, "train/lr")
+    ratio = resolved["min_lr"] / resolved["learning_rate"]
+    for step, lr in logged.items():  # the lr of step s is the schedule's at s - 1; Lion's is lr / 3
+        expected = resolved["learning_rate"] / LION_LR_DIVISOR * lr_multiplier(step - 1, "cosine", 2, 6, ratio)
+        assert lr == pytest.approx(expected, rel=1e-6), step

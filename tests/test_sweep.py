@@ -120,7 +120,7 @@ def test_smoke_doe20_end_to_end(smoke_doe20):
     assert "10,830,720 trainable" in proc.stdout  # parameter table printed at start (embedding trains)
     assert proc.stdout.index("| control | cosine | 1.0 | 500 | 0.01 | adamw |") < proc.stdout.index("sweep done")
     rows = read_csv(out / "results.csv")
-    assert len(rows) == 22 and {r["status"] for r in rows} == {"ok"}  # 19 points + the control 3 times
+    assert len(rows) == 25 and {r["status"] for r in rows} == {"ok"}  # 19 points + the control 6 times
     for row in rows:
         for key in ("final_loss", "val_perplexity", "stability_index", "attention_entropy_last_layer",
                     "update_ratio_mean", "grad_norm_mean", "grad_norm_std", "peak_memory_mb", "wall_time_s",
@@ -144,7 +144,7 @@ def test_smoke_doe20_end_to_end(smoke_doe20):
     for plot in ("loss_curves.png", "main_effects.png"):
         assert (out / "plots" / plot).stat().st_size > 10_000
     design = json.loads((out / "design.json").read_text())
-    assert len(design) == 22 and [t["seed"] for t in design[:3]] == [42, 43, 44]
+    assert len(design) == 25 and [t["seed"] for t in design[:6]] == [42, 43, 44, 45, 46, 47]
     # TensorBoard: curves and an HParams record in every trial's run folder
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

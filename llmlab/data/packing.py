@@ -32,6 +32,14 @@ def pack_blocks(values: np.ndarray, offsets: np.ndarray, doc_indices: np.ndarray
     return stream[: n_blocks * block_size].reshape(n_blocks, block_size)
 
 
+def split_within(values: np.ndarray, block_size: int, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """For a corpus of too few documents to split whole: all blocks in text order, the last val_fraction of them
+    (at least one) for validation, so the two splits share no block and meet at one boundary."""
+    blocks = pack_blocks(values, np.array([0, len(values)]), np.array([0]), block_size)
+    n_val = max(1, round(val_fraction * len(blocks))) if val_fraction > 0 else 0
+    return blocks[: len(blocks) - n_val], blocks[len(blocks) - n_val:]
+
+
 def blocks_dataset(blocks: np.ndarray):
     import pyarrow as pa
     from datasets import Dataset

@@ -26,7 +26,7 @@ from typing import Any, Optional
 import numpy as np
 
 from llmlab.data import cleaning, corpus
-from llmlab.data.packing import blocks_dataset, pack_blocks, split_documents
+from llmlab.data.packing import blocks_dataset, pack_blocks, split_documents, split_within
 from llmlab.core.config import opt
 from llmlab.core.errors import UserError
 from llmlab.core.io import atomic_write_json, atomic_write_text, llmlab_cache
@@ -196,17 +196,25 @@ def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, c
     train_docs, val_docs = split_documents(np.diff(offsets), cfg.val_fraction, cfg.data_seed)
     train_blocks = pack_blocks(values, offsets, train_docs, cfg.block_size)
     val_blocks = pack_blocks(values, offsets, val_docs, cfg.block_size)
+    split = "whole documents"
     if len(train_blocks) == 0 or (cfg.val_fraction > 0 and len(val_blocks) == 0):
-        side = "training" if len(train_blocks) == 0 else "validation"
-        raise UserError(
-            f"the {side} split holds fewer than --block_size {cfg.block_size} tokens ({len(values)} tokens in "
-            f"{len(offsets) - 1} documents); lower --block_size, add documents or change --val_fraction"
-        )
+        # too few documents to split whole (e.g. one .txt file): split the text itself, and say so
+        train_blocks, val_blocks = split_within(values, cfg.block_size, cfg.val_fraction)
+        split = "within the text"
+        print(f"note: {len(offsets) - 1} document(s) cannot fill both splits with whole documents; the last "
+              f"{len(val_blocks)} of {len(train_blocks) + len(val_blocks)} blocks of the text are the validation split",
+              flush=True)
+    if len(train_blocks) == 0:
+        raise UserError(f"{len(values)} tokens make {len(train_blocks) + len(val_blocks)} block(s) of --block_size "
+                        f"{cfg.block_size}: not enough to train on after holding out validation; lower --block_size, "
+                        "add text or lower --val_fraction")
     lap("pack")
     report = {
         "dataset": cfg.dataset, "dataset_config": cfg.dataset_config, "tokenizer": tokenizer_label,
         "block_size": cfg.block_size, "num_proc": cfg.num_proc, "steps": steps, "documents": len(docs),
-        "characters_loaded": characters_in, "train_documents": len(train_docs), "validation_documents": len(val_docs),
+        "characters_loaded": characters_in, "split": split,
+        "train_documents": len(train_docs) if split == "whole documents" else None,
+        "validation_documents": len(val_docs) if split == "whole documents" else None,
         "tokens": int(len(values)), "train_tokens": int(train_blocks.size), "validation_tokens": int(val_blocks.size),
         "dropped_tail_tokens": int(len(values) - train_blocks.size - val_blocks.size),
         "train_blocks": len(train_blocks), "validation_blocks": len(val_blocks), "stage_seconds": stage_seconds,
@@ -368,8 +376,11 @@ def format_prepare_summary(report: dict) -> str:
     lines.append(f"{'cleaning step':<42}{'docs in':>10}{'docs out':>10}{'removed':>10}")
     for step in report["steps"]:
         lines.append(f"{step['step']:<42}{step['in']:>10}{step['out']:>10}{step['in'] - step['out']:>10}")
-    lines.append(f"documents kept: {report['documents']} (train {report['train_documents']}, "
-                 f"validation {report['validation_documents']})")
+    if report.get("split", "whole documents") == "whole documents":
+        lines.append(f"documents kept: {report['documents']} (train {report['train_documents']}, "
+                     f"validation {report['validation_documents']})")
+    else:
+        lines.append(f"documents kept: {report['documents']}, split within the text (too few to split whole)")
     lines.append(f"tokens: {report['tokens']:,} (incl. one eos per document); dropped tail remainder: "
                  f"{report['dropped_tail_tokens']:,}")
     lines.append(f"blocks of {report['block_size']}: train {report['train_blocks']:,}, "

@@ -308,6 +308,8 @@ def yaml_values(rec: dict) -> list[tuple[str, object, str]]:
     shape = rec["shape"]
     return [
         ("model", "gpt2", "GPT-2 family, reshaped below"),
+        ("optimizer", rec["optimizer"], rec["basis"]["optimizer"]),
+        ("lr_scheduler", rec["lr_scheduler"], rec["basis"]["lr_scheduler"]),
         ("n_layer", shape.n_layer, f"N = 12 x layers x width^2 = {shape.non_embedding:,}"),
         ("n_embd", shape.n_embd, "width"), ("n_head", shape.n_embd // 64, "heads of 64"),
         ("block_size", shape.seq_len, "the memory plan and max_steps hold for this sequence length"),
@@ -327,9 +329,7 @@ def yaml_values(rec: dict) -> list[tuple[str, object, str]]:
 
 def config_yaml(rec: dict, cfg: RecommendConfig, output: str = "RECOMMENDED.yaml") -> str:
     """The YAML train_pretrain.py --config reads; every value says where it came from."""
-    lines = [f"# Recommended by `sweep.py recommend --from {cfg.from_dir} --memory-gb {cfg.memory_gb:g}`",
-             f"# optimizer: {rec['optimizer']} ({rec['basis']['optimizer']}); schedule: {rec['lr_scheduler']} "
-             f"({rec['basis']['lr_scheduler']})"]
+    lines = [f"# Recommended by `sweep.py recommend --from {cfg.from_dir} --memory-gb {cfg.memory_gb:g}`"]
     lines += [f"# note: {n}" for n in rec["notes"]]
     lines += ["# confirm the lr first: three short runs at the target size, keep the lowest validation loss"]
     lines += [f"#   {c}" for c in confirmation_commands(rec, output)]
@@ -340,8 +340,6 @@ def config_yaml(rec: dict, cfg: RecommendConfig, output: str = "RECOMMENDED.yaml
 
 def summary_table(rec: dict) -> str:
     rows = [(key, str(value), basis) for key, value, basis in yaml_values(rec)]
-    rows.insert(0, ("optimizer", rec["optimizer"], rec["basis"]["optimizer"]))
-    rows.insert(1, ("schedule", rec["lr_scheduler"], rec["basis"]["lr_scheduler"]))
     width = max(len(r[0]) for r in rows)
     value_width = max(len(r[1]) for r in rows)
     lines = [f"{'option':<{width}}  {'value':<{value_width}}  basis", "-" * (width + value_width + 60)]

@@ -93,8 +93,8 @@ class SweepConfig:
     seed: int = opt(42, "seed of every trial (model init, data order) and of the Latin hypercube")
     replicates: Optional[int] = opt(None, "runs of the reference trial (the control) with seeds seed, seed+1, ... "
                                           "(model init and data order; the data split stays fixed): the noise floor "
-                                          "every effect is judged against; default 3 for doe20, else 1 (lr_bs: "
-                                          "every point); a YAML grid may set `replicates:`")
+                                          "every effect is judged against; default 6 for doe20, 2 seeds at every lr of a "
+                                          "multi-size lr_bs scan, else 1; a YAML grid may set `replicates:`")
     replicate_all: bool = opt(False, "replicate every design point, not only the reference")
     launcher: Literal["auto", "forkserver", "spawn"] = opt("auto", "forkserver: fork trials from a server that "
                                                              "imported torch once (fast; CPU default); spawn: a fresh "

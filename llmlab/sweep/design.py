@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from llmlab.core.errors import UserError
+from llmlab.train.optim import OPTIMIZERS, SCHEDULERS  # one vocabulary with the trainers
 
 FACTORS: dict[str, list[Any]] = {
     "scheduler": ["linear", "cosine", "polynomial"],
@@ -25,8 +26,6 @@ FACTORS: dict[str, list[Any]] = {
 CONTROL: dict[str, Any] = {"scheduler": "cosine", "clip": 1.0, "warmup": 500, "weight_decay": 0.01, "optimizer": "adamw"}
 MIN_LEVEL_COUNT = 6
 
-SCHEDULERS = ("linear", "cosine", "polynomial", "constant_with_warmup")
-OPTIMIZERS = ("adamw", "lion", "adafactor")
 POSITION_ENCODINGS = ("sinusoidal", "learned", "rope")
 CLIP_MODES = ("norm", "value")  # global-norm clipping, or clamping every gradient element to [-clip, clip]
 # Factors a YAML grid may vary beyond doe20's five; left out, they take the sweep-wide setting.
@@ -147,6 +146,7 @@ def _check_value(key: str, value: Any, where: str) -> Any:
         return UserError(f"{where}: {key} = {value!r} is invalid ({expected}); fix the grid file")
 
     if key == "scheduler":
+        value = "constant" if value == "constant_with_warmup" else value  # its name before the shared vocabulary
         if value not in SCHEDULERS:
             raise bad(f"one of {', '.join(SCHEDULERS)}")
     elif key == "size":
@@ -296,7 +296,8 @@ def base_design(grid: str, lrs: list[float] | None = None, batch_sizes: list[int
     raise UserError(f"--grid {grid!r} is neither a known grid ({', '.join(GRIDS)}) nor a .yaml file")
 
 
-DEFAULT_REPLICATES = {"doe20": 3}  # the control three times: the smallest sample that gives a noise estimate
+# the control six times: 5 df put the seed SD's 95 % interval within [0.6, 2.5] x the estimate (3 runs: [0.5, 6.3] x)
+DEFAULT_REPLICATES = {"doe20": 6}
 
 
 def build_design(cfg) -> list[dict[str, Any]]:

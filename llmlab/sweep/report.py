@@ -309,7 +309,7 @@ def effects_section(fitted: dict, plots: Path) -> list[str]:
 
 def caveats(fitted: dict) -> list[str]:
     """What a contrast also carries: the optimizer's own step size and each schedule's mean lr (computed)."""
-    from llmlab.sweep.trial import LION_LR_DIVISOR
+    from llmlab.train.optim import LION_LR_DIVISOR, mean_lr_share
 
     notes = []
     if "optimizer" in fitted["factors"] and "lion" in fitted["levels"]["optimizer"]:
@@ -317,31 +317,11 @@ def caveats(fitted: dict) -> list[str]:
                      f"decay x {LION_LR_DIVISOR:g} (its authors' advice), AdamW and Adafactor at the lr itself, so the "
                      "Lion contrast is Lion-at-that-step-size, not Lion at its own best lr.")
     if "scheduler" in fitted["factors"]:
-        shares = schedule_mean_lr(fitted["levels"]["scheduler"])
+        shares = {name: mean_lr_share(name) for name in fitted["levels"]["scheduler"]}
         notes.append("- **scheduler is confounded with the mean lr:** over a run (warmup excluded) the schedules "
                      "average " + ", ".join(f"{name} {share:.2f}" for name, share in shares.items())
                      + " of the peak lr, so part of a scheduler contrast is an lr effect.")
     return (["Caveats:", "", *notes, ""] if notes else [])
-
-
-def schedule_mean_lr(names: list[str], steps: int = 1000) -> dict[str, float]:
-    """Mean lr multiplier of each schedule after warmup, from the very schedules the trials use."""
-    import torch
-    from transformers.optimization import get_scheduler
-
-    shares = {}
-    for name in names:
-        optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-        kwargs = {"power": 2.0} if name == "polynomial" else None
-        schedule = get_scheduler(name, optimizer, num_warmup_steps=0, num_training_steps=steps,
-                                 scheduler_specific_kwargs=kwargs)
-        values = []
-        for _ in range(steps):
-            values.append(schedule.get_last_lr()[0])
-            optimizer.step()
-            schedule.step()
-        shares[name] = float(np.mean(values))
-    return shares
 
 
 def sensitivity_section(rows: list[dict], design: list[dict], plots: Path) -> list[str]:

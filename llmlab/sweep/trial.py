@@ -28,18 +28,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from accelerate.utils import set_seed
-from lion_pytorch import Lion
 from torch.utils.tensorboard.summary import hparams as hparams_summary
-from transformers.optimization import Adafactor, get_scheduler
 
 from llmlab.core.io import atomic_write_json
 from llmlab.core.tracking import MetricsLogger
 from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig, parameter_table
 from llmlab.sweep import metrics as M
 from llmlab.train.common import GradClipper, causal_lm_loss, perplexity
+from llmlab.train.optim import build_optimizer, build_schedule
 
 RESULT_NAME = "result.json"
-LION_LR_DIVISOR = 3.0  # lion-pytorch README: lr 3-10x smaller than AdamW, weight decay 3-10x larger
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -86,26 +84,6 @@ def non_embedding_parameters(model) -> int:
 def forward_logits(model, input_ids):
     out = model(input_ids)
     return out.logits if hasattr(out, "logits") else out
-
-
-def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float, weight_decay: float,
-                   lr_multipliers: Optional[dict[int, float]] = None):
-    """Matrices decay, LayerNorm gains do not; `lr_multipliers` (id(param) -> factor) give muP's per-layer lrs."""
-    if name == "lion":
-        lr, weight_decay = lr / LION_LR_DIVISOR, weight_decay * LION_LR_DIVISOR
-    buckets: dict[tuple[bool, float], list] = {}
-    for p in params:
-        buckets.setdefault((p.ndim >= 2, (lr_multipliers or {}).get(id(p), 1.0)), []).append(p)
-    groups = [{"params": group, "weight_decay": weight_decay if decay else 0.0, "lr": lr * mult}
-              # group 0 (whose lr the curves record) is the decayed, unscaled one: the lr the user set
-              for (decay, mult), group in sorted(buckets.items(), key=lambda kv: (not kv[0][0], kv[0][1] != 1.0))]
-    if name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, fused=True)  # one kernel for all tensors, CPU and GPU
-    if name == "lion":
-        return Lion(groups, lr=lr)
-    if name == "adafactor":  # fixed lr (no relative step) so the scheduler factor applies to it too
-        return Adafactor(groups, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
-    raise ValueError(f"unknown optimizer {name!r}")
 
 
 def warmup_steps(spec: dict, hp: dict) -> int:
@@ -165,11 +143,9 @@ def build_setup(spec: dict, hp: dict, device: torch.device) -> TrialSetup:
     params = [p for p in model.parameters() if p.requires_grad]
     multipliers = ({id(p): model.lr_multipliers()[n] for n, p in model.named_parameters() if p.requires_grad}
                    if hasattr(model, "lr_multipliers") else None)
-    optimizer = make_optimizer(hp["optimizer"], params, hp["lr"], hp["weight_decay"], multipliers)
+    optimizer = build_optimizer(hp["optimizer"], params, hp["lr"], hp["weight_decay"], lr_multipliers=multipliers)
     steps, warmup = spec["steps"], warmup_steps(spec, hp)
-    kwargs = {"power": 2.0} if hp["scheduler"] == "polynomial" else None  # power 1 would equal linear
-    scheduler = get_scheduler(hp["scheduler"], optimizer, num_warmup_steps=warmup, num_training_steps=steps,
-                              scheduler_specific_kwargs=kwargs)
+    scheduler = build_schedule(optimizer, hp["scheduler"], warmup, steps)
     dtype = AUTOCAST_DTYPES.get(spec.get("precision", "fp32"))
     smoothing = trial_setting(spec, hp, "label_smoothing", 0.0)
 

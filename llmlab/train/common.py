@@ -24,16 +24,21 @@ def parse_clip(value: str | float) -> float | str:
     return number
 
 
+CLIP_MODES = ("norm", "value")  # rescale the global gradient norm, or clamp every element to [-clip, clip]
+
+
 class GradClipper:
-    """Max grad norm for this step: fixed, or adaptive = factor × mean of the last `window` norms.
+    """Clip bound for this step: fixed, or adaptive = factor × mean of the last `window` norms; applied to the
+    global norm (`clip_mode` norm) or to every element (value).
 
     Adaptive clipping only starts after `warmup_steps` (early norms are large and unrepresentative);
     before that it clips at `fallback`. Feed each step's pre-clip norm back with `observe()`.
     """
 
     def __init__(self, clip: str | float, warmup_steps: int = 0, window: int = 50, factor: float = 1.5,
-                 fallback: float = 1.0):
+                 fallback: float = 1.0, clip_mode: str = "norm"):
         self.mode = parse_clip(clip)
+        self.clip_mode = clip_mode
         self.warmup_steps = warmup_steps
         self.factor = factor
         self.fallback = fallback
@@ -59,18 +64,32 @@ class GradClipper:
         self.history.extend(state.get("history", []))
 
 
+def distributed_cpu() -> bool:
+    """Several processes (accelerate launch, torchrun, deepspeed) and no GPU."""
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
+
+
 def process_group_handlers() -> list:
     """accelerate kwargs_handlers for this launch: gloo when several processes share no GPU.
 
     Without it accelerate silently runs each CPU rank as "process 0 of 1" on the same data; a single plain
     `python` process must not ask for a process group at all.
     """
-    import os
-
     from accelerate.utils import InitProcessGroupKwargs
 
-    distributed_cpu = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
-    return [InitProcessGroupKwargs(backend="gloo")] if distributed_cpu else []
+    return [InitProcessGroupKwargs(backend="gloo")] if distributed_cpu() else []
+
+
+def accelerator_placement() -> dict:
+    """Accelerator kwargs that make several CPU processes one data-parallel run. Without `cpu=True` accelerate keeps
+    distributed_type NO under `--multi_gpu` or torchrun on a CPU machine: prepare() skips DDP, gradients are never
+    averaged, and each process trains its own model. DeepSpeed brings its own CPU backend and must not get it."""
+    import os
+
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    return {"cpu": True} if distributed_cpu() and not deepspeed else {}
 
 
 def next_token_labels(input_ids: torch.Tensor) -> torch.Tensor:

@@ -82,7 +82,7 @@ class TrainingSession:
         self.cfg, self.kind = cfg, kind
         self.out = check_output_dir(cfg.output_dir)  # a file or read-only folder fails here, before any setup
         self.run_files, self.resumable = tuple(run_files), set(resumable) | set(ALWAYS_RESUMABLE)
-        self.resume_path = None
+        self.resume_path, self.resumed_config = None, None
         if cfg.resume_from_checkpoint:  # fail fast, before the data and model are built
             self.resume_path = ckpt.resolve_checkpoint(self.out, cfg.resume_from_checkpoint)
         self.accelerator = _make_accelerator(cfg, mixed_precision, gradient_accumulation_plugin,
@@ -161,6 +161,7 @@ class TrainingSession:
             raise UserError(f"checkpoint {path} is at step {saved['step']}, past the {self.total_steps} steps this run "
                             "would train; pass a larger --max_steps (or --epochs) to continue it")
         ckpt.load_checkpoint(self.accelerator, path)
+        self.resumed_config = dict(saved.get("config", {}))
         if changed:
             self.accelerator.print(f"resume: honouring changed option(s) {', '.join(changed)}")
         self.accelerator.print(f"resumed from {path} at step {self.state.step}")
@@ -178,8 +179,12 @@ class TrainingSession:
     def optimizer_step(self, params, optimizer, scheduler, clipper) -> StepResult:
         """Clip, then update -- unless the loss or the gradient is not finite: a NaN must never reach the weights
         (it is reported as the step's loss, so the trainer can react). Steps the schedule either way."""
-        max_norm = clipper.max_norm(self.state.step)
-        grad_norm = self.accelerator.clip_grad_norm_(params, max_norm or float("inf"))
+        params, bound = list(params), clipper.max_norm(self.state.step)
+        if clipper.clip_mode == "value" and bound:  # measure the norm first, for the record, then clamp elements
+            grad_norm = self.accelerator.clip_grad_norm_(params, float("inf"))
+            self.accelerator.clip_grad_value_(params, bound)
+        else:
+            grad_norm = self.accelerator.clip_grad_norm_(params, bound or float("inf"))
         grad_norm = float(grad_norm) if grad_norm is not None else None  # DeepSpeed clips inside its own step
         losses = torch.stack(self._micro_losses)
         finite = bool(torch.isfinite(losses).all()) and (grad_norm is None or math.isfinite(grad_norm))
@@ -201,11 +206,14 @@ class TrainingSession:
             window["tokens"] + tokens
         return StepResult(loss_sum / micro, grad_norm, lr, finite)
 
-    def refresh_lr(self, scheduler, base_lr: Optional[float] = None) -> None:
-        """Apply the schedule's current factor now (after a rollback or a resume with a new --learning_rate),
-        through LambdaLR's public attributes: the next step already uses it."""
-        if base_lr is not None:
-            scheduler.base_lrs = [base_lr for _ in scheduler.base_lrs]
+    def refresh_lr(self, scheduler, learning_rate: Optional[float] = None) -> None:
+        """Apply the schedule's current factor now (after a rollback or a resume), through LambdaLR's public
+        attributes: the next step already uses it. A resume with a changed --learning_rate scales every group's
+        base lr by new / saved, so each group keeps its own multiplier (Lion's lr / 3)."""
+        saved = (self.resumed_config or {}).get("learning_rate")
+        if learning_rate is not None and saved and learning_rate != saved:
+            scheduler.base_lrs = [base * learning_rate / saved for base in scheduler.base_lrs]
+            self.resumed_config["learning_rate"] = learning_rate  # once: later checkpoints carry the new bases
         for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
             group["lr"] = base * factor(scheduler.last_epoch)
 
@@ -297,34 +305,48 @@ class Checkpointer:
 
 
 def resolve_mixed_precision(choice: str) -> str:
-    """`auto`: an explicit bf16/fp16 from the `accelerate launch` config wins; otherwise the same hardware choice
-    as the sweep's trials (core.device.resolve_precision), in accelerate's spelling ("no" for fp32)."""
+    """`auto` under `accelerate launch`: the launch's own precision (its config file or flag; accelerate's default is
+    "no", fp32), so a config that says fp32 runs fp32. Under a DeepSpeed launch (whose JSON says "auto") and a plain
+    `python` run: the same hardware choice as the sweep's trials (core.device.resolve_precision), in accelerate's
+    spelling ("no" for fp32)."""
     from llmlab.core.device import resolve_device, resolve_precision
 
     if choice != "auto":
         return choice
-    configured = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
-    if configured in ("bf16", "fp16"):
-        return configured
+    launched = os.environ.get("ACCELERATE_MIXED_PRECISION")
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    if launched in ("no", "bf16", "fp16") and not (deepspeed and launched == "no"):
+        return launched
     chosen = resolve_precision("auto", resolve_device("auto"))
     return "no" if chosen == "fp32" else chosen
+
+
+def check_one_model(accelerator) -> None:
+    """Never several processes training separate models: a launch of N processes that accelerate did not make one
+    distributed run is refused before any work."""
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > accelerator.num_processes:
+        raise UserError(f"{launched} processes were launched but accelerate set up {accelerator.distributed_type.value}"
+                        f" with {accelerator.num_processes}: each would train its own model; launch with `accelerate "
+                        "launch --multi_gpu --num_processes N` or torchrun")
 
 
 def _make_accelerator(cfg, mixed_precision, plugin, accumulation_steps: int, out: Path):
     from accelerate import Accelerator
 
     from llmlab.core.tracking import make_trackers
-    from llmlab.train.common import process_group_handlers
+    from llmlab.train.common import accelerator_placement, process_group_handlers
 
     trackers = make_trackers(cfg.report_to, out)  # an unknown or missing tracker fails before anything starts
     kwargs = {"gradient_accumulation_plugin": plugin} if plugin is not None else {
         "gradient_accumulation_steps": accumulation_steps}
     try:
         accelerator = Accelerator(mixed_precision=mixed_precision, kwargs_handlers=process_group_handlers(),
-                                  log_with=trackers, project_dir=str(out), **kwargs)
+                                  log_with=trackers, project_dir=str(out), **accelerator_placement(), **kwargs)
     except ValueError as err:
         raise UserError(f"accelerate cannot set up this run ({str(err).splitlines()[0][:200]}); "
                         "check --mixed_precision and the `accelerate launch` config") from None
+    check_one_model(accelerator)
     if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
         raise UserError("--mixed_precision fp16 needs a GPU (on CPU there is no fp16 loss scaling); "
                         "use --mixed_precision bf16 or no")

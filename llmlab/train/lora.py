@@ -1,7 +1,7 @@
 """LoRA domain adaptation: the config and the training loop behind train_lora.py.
 
 One readable loop under accelerate (CPU, one GPU or several): prompt-masked loss on the answer tokens,
-AdamW + linear warmup/decay, early stopping on validation loss that keeps the best adapter, and a
+the shared optimizer / schedule factory (AdamW + linear warmup/decay by default), early stopping on validation loss that keeps the best adapter, and a
 before/after evaluation (validation perplexity and ROUGE-L of greedy answers, see llmlab.train.lora_eval).
 """
 from __future__ import annotations
@@ -49,15 +49,21 @@ class LoraTrainConfig:
     target_modules: Optional[list[str]] = opt(None, "modules to adapt, e.g. c_attn (GPT-2) or q_proj v_proj "
                                                     "(Llama); default: peft's choice for the model type")
     # optimisation
-    learning_rate: float = opt(3e-4, "peak AdamW learning rate")
-    weight_decay: float = opt(0.01, "AdamW weight decay")
+    optimizer: Literal["adamw", "lion", "adafactor"] = opt("adamw", "adamw, lion (takes lr / 3 and weight decay x 3 "
+                                                                   "of the values given: llmlab.train.optim) or "
+                                                                   "adafactor (fixed lr)")
+    learning_rate: float = opt(3e-4, "peak learning rate")
+    weight_decay: float = opt(0.01, "weight decay (LoRA's A and B matrices)")
     batch_size: int = opt(16, "examples per device per micro-batch")
     gradient_accumulation_steps: int = opt(2, "micro-batches per optimizer step")
-    lr_scheduler: Literal["linear", "cosine", "constant_with_warmup"] = opt("linear", "schedule after warmup")
+    lr_scheduler: Literal["linear", "cosine", "polynomial", "constant"] = opt("linear", "decay after the linear warmup "
+                                                                                       "(to 0; polynomial: power 2)")
     warmup_steps: int = opt(100, "linear warmup optimizer steps")
     epochs: int = opt(3, "passes over the training split (upper bound)")
     max_steps: Optional[int] = opt(None, "stop after this many optimizer steps (upper bound)")
     clip: str = opt("1.0", "max grad norm, 0 = off, or 'adaptive' (1.5x mean of the last 50 norms)")
+    clip_mode: Literal["norm", "value"] = opt("norm", "clip the global gradient norm, or clamp every gradient "
+                                                      "element to [-clip, clip]")
     label_smoothing: float = opt(0.0, "label smoothing of the training loss (validation loss never smooths)")
     gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
     # evaluation and logging
@@ -201,12 +207,11 @@ class LoraRun:
 
         import torch
         from torch.utils.data import DataLoader
-        from transformers import get_scheduler
-
         from llmlab.data.instruct import collate, pad_id_for
         from llmlab.train import lora_eval
         from llmlab.train.common import GradClipper
         from llmlab.train.loop import scaled_schedule
+        from llmlab.train.optim import build_optimizer, build_schedule, check_deepspeed_choices
 
         cfg, session, acc = self.cfg, self.session, self.session.accelerator
         self.pad_id = pad_id_for(self.tokenizer)
@@ -215,8 +220,8 @@ class LoraRun:
                                   generator=self.loader_seed, collate_fn=partial(collate, pad_id=self.pad_id))
         val_loader = DataLoader(self.val_examples, batch_size=cfg.eval_batch_size,
                                 collate_fn=partial(collate, pad_id=self.pad_id))
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate,
-                                      weight_decay=cfg.weight_decay)
+        check_deepspeed_choices(acc, cfg.optimizer, cfg.clip_mode)
+        optimizer = build_optimizer(cfg.optimizer, model.parameters(), cfg.learning_rate, cfg.weight_decay)
         self.model, self.optimizer, self.train_loader, self.val_loader = session.prepare(
             model, optimizer, train_loader, val_loader)
         # Logits only where the loss needs them (answer positions), if that reproduces the model's own.
@@ -228,9 +233,9 @@ class LoraRun:
         steps_per_epoch = math.ceil(len(self.train_loader) / cfg.gradient_accumulation_steps)
         self.total_steps = min(cfg.max_steps or math.inf, cfg.epochs * steps_per_epoch)
         # Stepped by hand once per optimizer step (not prepared): the step counts above are already per process.
-        self.scheduler = scaled_schedule(get_scheduler(cfg.lr_scheduler, self.optimizer, num_warmup_steps=cfg.warmup_steps,
-                                                       num_training_steps=self.total_steps), session.state)
-        self.clipper = GradClipper(cfg.clip, warmup_steps=cfg.warmup_steps)
+        self.scheduler = scaled_schedule(build_schedule(self.optimizer, cfg.lr_scheduler, cfg.warmup_steps,
+                                                        self.total_steps), session.state)
+        self.clipper = GradClipper(cfg.clip, warmup_steps=cfg.warmup_steps, clip_mode=cfg.clip_mode)
         self.evaluate = partial(lora_eval.evaluate_adapter, accelerator=acc, tokenizer=self.tokenizer,
                                 val_loader=self.val_loader, pad_id=self.pad_id, batch_size=cfg.eval_batch_size,
                                 max_new_tokens=cfg.max_new_tokens, mode=self.logits_mode, head=self.head,

@@ -43,13 +43,18 @@ class PretrainConfig(DataConfig):
     report_to: list[str] = opt(["tensorboard"], "trackers: tensorboard, wandb, mlflow, aim, comet_ml, all or none "
                                                 "(metrics.jsonl is always written)")
     # optimisation
-    learning_rate: Optional[float] = opt(None, f"peak AdamW learning rate; default 6e-4, for gpt2-tiny "
+    optimizer: Literal["adamw", "lion", "adafactor"] = opt("adamw", "adamw, lion (takes lr / 3 and weight decay x 3 "
+                                                                   "of the values given: llmlab.train.optim) or "
+                                                                   "adafactor (fixed lr)")
+    learning_rate: Optional[float] = opt(None, f"peak learning rate; default 6e-4, for gpt2-tiny "
                                                f"{TINY_LEARNING_RATE:g}")
-    min_lr: float = opt(1e-5, "floor of the cosine decay")
-    adam_beta1: float = opt(0.9, "AdamW beta1")
-    adam_beta2: float = opt(0.98, "AdamW beta2")
+    lr_scheduler: Literal["linear", "cosine", "polynomial", "constant"] = opt(
+        "cosine", "decay after the linear warmup, down to --min_lr (polynomial: power 2)")
+    min_lr: float = opt(1e-5, "floor of the decay")
+    adam_beta1: float = opt(0.9, "beta1 of AdamW and Lion")
+    adam_beta2: float = opt(0.98, "beta2 of AdamW and Lion")
     adam_eps: float = opt(1e-6, "AdamW epsilon")
-    weight_decay: float = opt(0.1, "AdamW weight decay (never on biases or LayerNorm weights)")
+    weight_decay: float = opt(0.1, "weight decay (matrices only: never biases or LayerNorm weights)")
     warmup_steps: Optional[int] = opt(None, "linear warmup steps; default 2000, for gpt2-tiny 10%% of max_steps")
     max_steps: Optional[int] = opt(None, "optimizer steps to train; default: one pass over the training split, "
                                          f"for gpt2-tiny {TINY_MAX_STEPS}")
@@ -57,6 +62,8 @@ class PretrainConfig(DataConfig):
     effective_batch_size: Optional[int] = opt(None, "sequences per optimizer step (reached by gradient "
                                                     "accumulation); default 512, for gpt2-tiny = batch_size")
     clip: str = opt("1.0", "max grad norm, 0 = off, or 'adaptive' (1.5 x mean of the last 50 norms)")
+    clip_mode: Literal["norm", "value"] = opt("norm", "clip the global gradient norm, or clamp every gradient "
+                                                      "element to [-clip, clip]")
     label_smoothing: float = opt(0.0, "label smoothing of the cross-entropy loss")
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = opt(
         "auto", "auto = the `accelerate launch` config's bf16/fp16 if it sets one, else bf16 autocast where the "
@@ -227,9 +234,10 @@ class Pretraining:
             model.model.base_model.compile()
         optimizer = setup.build_optimizer(cfg, model)
         train_dl, self.val_dl = setup.make_dataloaders(cfg, data)
-        self.model, self.optimizer, self.train_dl, self.val_dl = session.prepare(model, optimizer, train_dl, self.val_dl)
+        # validation stays unsharded (pretrain_setup.validation_loss): the same tokens at any world size
+        self.model, self.optimizer, self.train_dl = session.prepare(model, optimizer, train_dl)
         self.scheduler = setup.make_scheduler(cfg, self.optimizer, session.state)
-        self.clipper = GradClipper(cfg.clip, warmup_steps=cfg.warmup_steps)
+        self.clipper = GradClipper(cfg.clip, warmup_steps=cfg.warmup_steps, clip_mode=cfg.clip_mode)
         self.detector = SpikeDetector(cfg.spike_factor, cfg.spike_window, cfg.spike_patience, cfg.spike_arm_steps)
         self.rollbacks = RollbackState()
         self.drill = parse_inject_spike(cfg.inject_spike)
@@ -252,7 +260,8 @@ class Pretraining:
                   f"{cfg.max_steps} steps of {cfg.effective_batch_size} x {cfg.block_size} tokens "
                   f"({cfg.batch_size}/device x {acc.gradient_accumulation_steps} accumulation x {acc.num_processes} "
                   f"processes); precision {acc.mixed_precision}; optimizer "
-                  f"{type(innermost_optimizer(self.optimizer)).__name__}; {acc.distributed_type.value}")
+                  f"{type(innermost_optimizer(self.optimizer)).__name__}, {cfg.lr_scheduler} schedule; "
+                  f"{acc.distributed_type.value}")
         session.flops_per_token = flops_per_token(unwrapped, cfg.block_size)
         session.peak_flops = peak_flops(current_device_name(), acc.mixed_precision)
 

@@ -31,6 +31,9 @@ def check_deepspeed(accelerator, cfg) -> None:
         return
     from llmlab.train.common import parse_clip
 
+    from llmlab.train.optim import check_deepspeed_choices
+
+    check_deepspeed_choices(accelerator, cfg.optimizer, cfg.clip_mode)
     clip = parse_clip(cfg.clip)
     if clip == "adaptive":
         raise UserError("--clip adaptive is not available under DeepSpeed (it clips inside its own step); "
@@ -64,24 +67,21 @@ def build_pretrain_model(cfg, tokenizer):
 
 
 def build_optimizer(cfg, model):
-    """AdamW with weight decay on matrices only: biases and LayerNorm weights (1-D) are not decayed."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                             eps=cfg.adam_eps, fused=True)  # one kernel per step, on CPU and GPU alike
+    """--optimizer from the shared factory (weight decay on matrices only; Lion's lr / wd convention there)."""
+    from llmlab.train.optim import build_optimizer as build
+
+    return build(cfg.optimizer, model.parameters(), cfg.learning_rate, cfg.weight_decay,
+                 betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps if cfg.optimizer == "adamw" else None)
 
 
 def make_scheduler(cfg, optimizer, state):
-    """Linear warmup, cosine decay to min_lr (transformers' schedule) times the run's lr scale (lowered by each
-    rollback). Stepped once per optimizer step."""
-    from transformers import get_cosine_with_min_lr_schedule_with_warmup
-
+    """Linear warmup, then --lr_scheduler down to min_lr, times the run's lr scale (lowered by each rollback).
+    Stepped once per optimizer step."""
     from llmlab.train.loop import scaled_schedule
+    from llmlab.train.optim import build_schedule
 
-    return scaled_schedule(get_cosine_with_min_lr_schedule_with_warmup(
-        optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.max_steps,
-        min_lr_rate=cfg.min_lr / cfg.learning_rate), state)
+    return scaled_schedule(build_schedule(optimizer, cfg.lr_scheduler, cfg.warmup_steps, cfg.max_steps,
+                                          cfg.min_lr / cfg.learning_rate), state)
 
 
 def make_dataloaders(cfg, data):
@@ -114,15 +114,17 @@ def batch_stream(accelerator, train_dl, position: int):
 
 @torch.no_grad()
 def validation_loss(accelerator, model, val_dl, max_batches: int) -> float:
+    """Mean loss of the first `max_batches` validation batches. The loader is not sharded: every process scores the
+    same batches, so a validation loss means the same tokens at any world size."""
     model.eval()
     losses = []
     for i, batch in enumerate(val_dl):
         if i >= max_batches:
             break
-        input_ids = batch["input_ids"]
+        input_ids = batch["input_ids"].to(accelerator.device)
         loss = model(input_ids, label_smoothing=0.0)  # the loss wrapper; validation never smooths
-        losses.append(accelerator.gather_for_metrics(loss.detach().reshape(1)))
-    return torch.cat(losses).float().mean().item() if losses else math.nan
+        losses.append(loss.detach().float().reshape(1))
+    return torch.cat(losses).mean().item() if losses else math.nan
 
 
 def innermost_optimizer(optimizer):

@@ -1,0 +1,188 @@
+#!/usr/bin/env python
+"""Every number README.md and docs/findings/README.md state about the lab, generated from the shipped results.
+
+Each generated block sits between `<!-- findings:NAME -->` and `<!-- /findings:NAME -->` markers; this script
+recomputes it from docs/findings/*/results.csv and scaling_fits.json and rewrites it in place, so prose and data
+cannot drift apart. `--check` rewrites nothing and exits 1 when a block is stale (the tests run it).
+
+  python scripts/findings.py            # regenerate the blocks
+  python scripts/findings.py --check    # fail if any block differs from the data
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from llmlab.sweep import stats  # noqa: E402
+from llmlab.sweep.design import CONTROL, FACTORS  # noqa: E402
+from llmlab.train.optim import LION_LR_DIVISOR, mean_lr_share  # noqa: E402
+
+FINDINGS = REPO / "docs" / "findings"
+DOCUMENTS = (REPO / "README.md", FINDINGS / "README.md")
+LABELS = {"adamw": "AdamW", "lion": "Lion", "adafactor": "Adafactor"}
+
+
+def signed(value: float, digits: int = 3) -> str:
+    return f"{value:+.{digits}f}"
+
+
+def interval(low: float, high: float, digits: int = 3) -> str:
+    return f"[{signed(low, digits)}, {signed(high, digits)}]"
+
+
+def read_results(folder: Path) -> list[dict]:
+    with open(folder / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        for key in ("final_loss", "stability_index", "attention_entropy_last_layer", "steps_to_target"):
+            row[key] = float(row[key]) if row.get(key) not in (None, "", "None") else None
+    return rows
+
+
+def doe20(folder: Path = FINDINGS / "doe20-cpu") -> dict:
+    """The doe20 numbers: noise floor, contrasts with Holm, factor tests, detectable effect."""
+    rows = read_results(folder)
+    fitted = stats.fit_effects(rows, list(FACTORS), CONTROL, "final_loss", {k: list(v) for k, v in FACTORS.items()})
+    floor = stats.pure_error(rows, "final_loss")
+    control = [r["final_loss"] for r in rows if r["point"] == "control" and r["status"] == "ok"]
+    return {"rows": rows, "fitted": fitted, "floor": floor, "control": control,
+            "tests": stats.factor_tests(fitted), "mde": stats.minimum_detectable_effect(fitted),
+            "needed": stats.replicates_needed(floor["sd"], floor["df"])}
+
+
+def contrast_text(c: dict) -> str:
+    level = LABELS.get(c["level"], c["level"])
+    reference = LABELS.get(c["reference"], c["reference"])
+    return f"{level} − {reference} {signed(c['effect'])} {interval(c['ci_low'], c['ci_high'])}"
+
+
+def doe20_summary(d: dict) -> str:
+    floor, fitted = d["floor"], d["fitted"]
+    resolved = [c for c in fitted["contrasts"] if c["verdict"] == "resolved"]
+    quiet = [c for c in fitted["contrasts"] if c["factor"] in ("optimizer", "scheduler") and c["verdict"] != "resolved"]
+    low, high = floor["ci"]
+    return (f"What doe20 found at the cpu budget ({len(d['rows'])} runs, {len(d['control'])} of them the control with "
+            f"seeds 42-{41 + len(d['control'])}): seed SD {floor['sd']:.4f} nats [{low:.4f}, {high:.4f}] on "
+            f"{floor['df']} df. Contrasts against the control (AdamW, cosine), 95 % CIs, Holm over all "
+            f"{len(fitted['contrasts'])}: resolved " + "; ".join(contrast_text(c) for c in resolved)
+            + ("; within noise " + "; ".join(contrast_text(c) for c in quiet) if quiet else "")
+            + f". Clip, warmup and weight decay are within noise at this budget. Lion runs at lr / {LION_LR_DIVISOR:g} and "
+              f"polynomial spends {mean_lr_share('polynomial'):.2f} of the peak lr against "
+              f"{mean_lr_share('cosine'):.2f} for cosine, so those contrasts carry an lr effect too.")
+
+
+def doe20_calibration(d: dict) -> str:
+    floor, fitted = d["floor"], d["fitted"]
+    noise, lof = fitted["noise"], fitted["lack_of_fit"]
+    low, high = floor["ci"]
+    lines = ["| calibration | value |", "|---|---|",
+             f"| control final loss ({len(d['control'])} seeds) | {sum(d['control']) / len(d['control']):.3f}, seed SD "
+             f"**{floor['sd']:.4f}** [{low:.4f}, {high:.4f}] ({floor['df']} df; upper / SD = {high / floor['sd']:.2f}, "
+             f"SD / lower = {floor['sd'] / low:.2f}) |",
+             f"| error term of the effects | residual of the main-effects fit, SD {noise['sd']:.4f} on {noise['df']} df "
+             f"(lack of fit F = {lof['F']:.2f}, p = {lof['p_value']:.2f}) |",
+             f"| smallest level contrast detected with 80 % power (5 %, median) | {d['mde']:.3f} nats |",
+             f"| runs per configuration to detect 0.05 nats (80 % power, t on {floor['df']} df) | {d['needed']} |"]
+    return "\n".join(lines)
+
+
+def doe20_effects(d: dict) -> str:
+    lines = ["| contrast (level − reference) | effect | 95 % CI | p | Holm p | verdict |", "|---|---|---|---|---|---|"]
+    for c in d["fitted"]["contrasts"]:
+        lines.append(f"| {c['factor']}: {c['level']} − {c['reference']} | {signed(c['effect'])} | "
+                     f"{interval(c['ci_low'], c['ci_high'])} | {c['p_value']:.2g} | {c['p_holm']:.2g} | "
+                     f"{'**resolved**' if c['verdict'] == 'resolved' else 'within noise'} |")
+    tests = "; ".join(f"{t['factor']} F = {t['F']:.1f}, Holm p = {t['p_holm']:.2g}" for t in d["tests"])
+    return "\n".join(lines) + f"\n\nFactor F tests (type II, residual error, Holm over the five): {tests}."
+
+
+def doe20_claims() -> str:
+    """The claims table of bench/doe20_claims.py, from the same results.csv."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("doe20_claims", REPO / "bench" / "doe20_claims.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    claims = module.doe20_claims(module.read_rows(str(FINDINGS / "doe20-cpu" / "results.csv")))
+    lines = ["| claim | measured (difference, 95 % CI, p; verdict with Holm over the claims) | does the factor matter? |",
+             "|---|---|---|"]
+    return "\n".join(lines + [f"| {claim} | {measured} | {overall} |" for claim, measured, overall in claims])
+
+
+def lr_scan(name: str) -> dict | None:
+    path = FINDINGS / name / "scaling_fits.json"
+    return json.loads(path.read_text())["transfer"] if path.is_file() else None
+
+
+def lr_summary(name: str, label: str) -> str:
+    transfer = lr_scan(name)
+    if transfer is None:
+        return f"_{name}: not run yet_"
+    law, holdout, noise = transfer["law"], transfer["holdout"], transfer["noise"]
+    row = holdout["rows"][0]
+    ratio = (f"forecast / measured = {row['ratio']:.2f} (90 % CI [{row['ci90'][0]:.2f}, {row['ci90'][1]:.2f}], "
+             f"95 % CI [{row['ci95'][0]:.2f}, {row['ci95'][1]:.2f}])" if "ratio" in row else row.get("reason", ""))
+    decided = row.get("decided_by")
+    extra = ""
+    if decided:
+        extra = (f" It would take {decided['seeds_per_cell'] or 'more than 64'} seeds per cell or "
+                 f"{decided['extra_fit_sizes'] or 'more than 12'} more fit sizes to decide.")
+    power = row.get("power")
+    power_text = (f" Power of this design: {power['detect_1.5x_miss']:.0%} to detect a 1.5× miss, "
+                  f"{power['confirm_exact']:.0%} to call an exact forecast within 1.5×." if power else "")
+    return (f"{label}: **held-out: {holdout['verdict']}** — fitted on {', '.join(holdout['fitted_on'])}, the law "
+            f"forecast {holdout['size']} ({holdout['extrapolation']:.1f}× beyond in N): {ratio}.{extra}{power_text} "
+            f"All sizes: α = {law['alpha']:.3f} [{law['alpha_ci'][0]:.3f}, {law['alpha_ci'][1]:.3f}] ({law['df']} df); "
+            f"seed noise σ = {noise['sigma']:.4f} nats ({noise['df']} df); lack of fit τ = {law['tau']:.3f} in ln lr.")
+
+
+BLOCKS = {
+    "doe20-summary": lambda: doe20_summary(doe20()),
+    "doe20-calibration": lambda: doe20_calibration(doe20()),
+    "doe20-effects": lambda: doe20_effects(doe20()),
+    "doe20-claims": doe20_claims,
+    "lr-std": lambda: lr_summary("lr-sizes-std", "Standard parametrisation"),
+    "lr-mup": lambda: lr_summary("lr-sizes-mup", "muP"),
+}
+PATTERN = re.compile(r"(<!-- findings:([\w-]+) -->\n)(.*?)(<!-- /findings:\2 -->)", re.S)
+
+
+def render(text: str, cache: dict) -> str:
+    def replace(match: re.Match) -> str:
+        name = match.group(2)
+        if name not in cache:
+            cache[name] = BLOCKS[name]()
+        return match.group(1) + cache[name] + "\n" + match.group(4)
+
+    return PATTERN.sub(replace, text)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block is stale")
+    args = parser.parse_args()
+    cache: dict[str, str] = {}
+    stale = []
+    for path in DOCUMENTS:
+        text = path.read_text()
+        fresh = render(text, cache)
+        if fresh != text:
+            stale.append(str(path.relative_to(REPO)))
+            if not args.check:
+                path.write_text(fresh)
+    if args.check and stale:
+        print(f"stale generated findings in {', '.join(stale)}: run python scripts/findings.py", file=sys.stderr)
+        return 1
+    print(("rewrote " + ", ".join(stale)) if stale and not args.check else "findings blocks are up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Several processes on one CPU machine train one model: real launches (accelerate --multi_gpu, torchrun) against
+one process with gradient accumulation, step by step, and validation on the same tokens at any world size."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from llmlab.core.io import read_jsonl
+from tests.conftest import REPO
+
+TINY = ["--n_layer", "2", "--n_embd", "64", "--n_head", "2", "--block_size", "64", "--max_steps", "8",
+        "--max_documents", "5", "--eval_every", "4", "--eval_batches", "4",
+        "--sample_tokens", "0", "--save_every", "100", "--batch_size", "2", "--effective_batch_size", "4"]
+
+
+def curves(out) -> dict:
+    found = {}
+    for record in read_jsonl(out / "metrics.jsonl"):
+        for key in ("train/loss", "val/loss"):
+            if key in record:
+                found[(key, record["step"])] = record[key]
+    return found
+
+
+def launch(prefix: list[str], out, cache, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([*prefix, "train_pretrain.py", *TINY, *extra, "--cache_dir", str(cache),
+                           "--output_dir", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    proc = launch([sys.executable], root / "one", root / "cache", "--mixed_precision", "no")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "2/device x 2 accumulation x 1 processes" in proc.stdout
+    return root, curves(root / "one")
+
+
+LAUNCHERS = {
+    "accelerate --multi_gpu": [shutil.which("accelerate") or "accelerate", "launch", "--multi_gpu", "--num_processes", "2"],
+    "torchrun": [shutil.which("torchrun") or "torchrun", "--nproc_per_node", "2"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LAUNCHERS)
+def test_two_cpu_processes_equal_one_process_with_accumulation(single, name):
+    root, expected = single
+    out = root / name.split()[0]
+    proc = launch(LAUNCHERS[name], out, root / "cache", "--mixed_precision", "no")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2/device x 1 accumulation x 2 processes" in proc.stdout and "MULTI_CPU" in proc.stdout
+    got = curves(out)
+    assert set(got) == set(expected) and any(key[0] == "val/loss" for key in got)
+    for key, value in expected.items():  # train loss per step and validation loss on the same tokens
+        assert got[key] == pytest.approx(value, abs=1e-5), key
+
+
+def test_several_processes_without_a_backend_are_refused(monkeypatch):
+    """What accelerate did before `cpu=True`: N processes launched, each set up as 1 process of distributed type NO.
+    That must be one line before any work, never N separate models."""
+    from types import SimpleNamespace
+
+    from llmlab.core.errors import UserError
+    from llmlab.train.loop import check_one_model
+
+    single_model = SimpleNamespace(num_processes=1, distributed_type=SimpleNamespace(value="NO"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UserError, match="each would train its own model"):
+        check_one_model(single_model)
+    check_one_model(SimpleNamespace(num_processes=2, distributed_type=SimpleNamespace(value="MULTI_CPU")))
+    monkeypatch.delenv("WORLD_SIZE")
+    check_one_model(single_model)
+
+
+def test_auto_precision_honours_the_launch_config(monkeypatch):
+    from llmlab.core.device import resolve_device, resolve_precision
+    from llmlab.train.loop import resolve_mixed_precision
+
+    hardware = {"fp32": "no"}.get(resolve_precision("auto", resolve_device("auto")),
+                                  resolve_precision("auto", resolve_device("auto")))
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    assert resolve_mixed_precision("auto") == hardware  # a plain python run: the hardware's choice
+    for launched in ("no", "bf16"):  # accelerate launch: its config's value, an explicit "no" included
+        monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launched)
+        assert resolve_mixed_precision("auto") == launched
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # DeepSpeed's JSON says "auto": the hardware decides
+    assert resolve_mixed_precision("auto") == hardware
+    assert resolve_mixed_precision("bf16") == "bf16"
+
+
+@pytest.mark.slow
+def test_cpu_yaml_runs_fp32_as_it_says(tmp_path):
+    proc = launch([shutil.which("accelerate") or "accelerate", "launch", "--config_file",
+                   str(REPO / "accelerate_configs" / "cpu.yaml")], tmp_path / "out", tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "precision no" in proc.stdout
