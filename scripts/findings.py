@@ -137,10 +137,47 @@ def lr_summary(name: str, label: str) -> str:
     power = row.get("power")
     power_text = (f" Power of this design: {power['detect_1.5x_miss']:.0%} to detect a 1.5× miss, "
                   f"{power['confirm_exact']:.0%} to call an exact forecast within 1.5×." if power else "")
-    return (f"{label}: **held-out: {holdout['verdict']}** — fitted on {', '.join(holdout['fitted_on'])}, the law "
+    fit = holdout["fit"]
+    per_size = sorted((v["sigma"], size) for size, v in noise["per_size"].items() if v["sigma"])
+    return (f"{label}: **held-out: {holdout['verdict']}** — fitted on {', '.join(holdout['fitted_on'])} (α = "
+            f"{fit['alpha']:.3f} [{fit['alpha_ci'][0]:.3f}, {fit['alpha_ci'][1]:.3f}], {fit['df']} df), the law "
             f"forecast {holdout['size']} ({holdout['extrapolation']:.1f}× beyond in N): {ratio}.{extra}{power_text} "
             f"All sizes: α = {law['alpha']:.3f} [{law['alpha_ci'][0]:.3f}, {law['alpha_ci'][1]:.3f}] ({law['df']} df); "
-            f"seed noise σ = {noise['sigma']:.4f} nats ({noise['df']} df); lack of fit τ = {law['tau']:.3f} in ln lr.")
+            f"seed noise σ = {noise['sigma']:.4f} nats pooled ({noise['df']} df), per size from "
+            f"{per_size[0][0]:.4f} ({per_size[0][1]}) to {per_size[-1][0]:.4f} ({per_size[-1][1]}); lack of fit "
+            f"τ = {law['tau']:.3f} in ln lr.")
+
+
+def mup_vs_std() -> str:
+    std, mup = lr_scan("lr-sizes-std"), lr_scan("lr-sizes-mup")
+    if std is None or mup is None:
+        return "_the muP comparison needs both scans_"
+    a_std, a_mup = std["law"], mup["law"]
+    low, high = a_mup["alpha_ci"]
+    excludes = not low <= a_std["alpha"] <= high
+    includes_zero = low <= 0 <= high
+    return (f"α with muP = {a_mup['alpha']:.3f} [{low:.3f}, {high:.3f}] against the standard α = {a_std['alpha']:.3f}: "
+            f"the muP interval **{'excludes' if excludes else 'does not exclude'}** the standard α and "
+            f"**{'includes' if includes_zero else 'excludes'}** 0 (muP's claim: lr_opt does not move with width).")
+
+
+def recommend_validation() -> str:
+    path = FINDINGS / "recommend-validation" / "validation.json"
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    if "recommended_minus_best" not in data:
+        return "_bench/recommend_validation.py has not been rerun with seeds yet_"
+    lines = ["| config | lr | val loss (mean of seeds) | seeds |", "|---|---|---|---|"]
+    for name, losses in data["losses"].items():
+        lines.append(f"| {name} | {data['lrs'][name]:.3g} | {sum(losses) / len(losses):.4f} | "
+                     f"{', '.join(f'{x:.4f}' for x in losses)} |")
+    versus, default = data["recommended_minus_best"], data["default_minus_best"]
+    best = data["best_grid"]
+    return "\n".join(lines) + (
+        f"\n\nRecommended − best grid run ({best}): **{signed(versus['difference'], 4)}** "
+        f"{interval(*versus['ci'], 4)} nats (95 % CI, seed SD {versus['seed_sd']:.4f} pooled over all configurations, "
+        f"{versus['df']} df); default − best grid: {signed(default['difference'], 4)} {interval(*default['ci'], 4)}; "
+        f"recommended lr / best grid lr = {data['lrs']['recommended'] / data['lrs'][best]:.2f}. The best grid run is "
+        "picked by these same runs, so the gap is biased towards the grid.")
 
 
 BLOCKS = {
@@ -150,6 +187,8 @@ BLOCKS = {
     "doe20-claims": doe20_claims,
     "lr-std": lambda: lr_summary("lr-sizes-std", "Standard parametrisation"),
     "lr-mup": lambda: lr_summary("lr-sizes-mup", "muP"),
+    "lr-mup-vs-std": mup_vs_std,
+    "recommend-validation": recommend_validation,
 }
 PATTERN = re.compile(r"(<!-- findings:([\w-]+) -->\n)(.*?)(<!-- /findings:\2 -->)", re.S)
 

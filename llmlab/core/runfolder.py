@@ -1,14 +1,16 @@
-"""A run folder has one owner at a time, and a new run never silently lands on an old one.
+"""A run folder has one owner at a time, holds one kind of run, and a new run never silently lands on an old one.
 
-`claim_run_folder` (main process only) takes an exclusive lock on OUTPUT_DIR/.llmlab.lock with fcntl.flock: the
-kernel drops it when the process dies, so a lock left by a killed run is free again and is taken over with a
-note naming the dead pid. A second live run in the same folder is refused in one line. Then the Hugging Face
-convention: a folder that already holds a run refuses a fresh start unless `--resume_from_checkpoint` or
-`--overwrite_output_dir` is given, and overwriting deletes only what a run of this kind writes.
+`claim_run_folder` (main process only) takes an exclusive lock on OUTPUT_DIR/.llmlab.lock (filelock: fcntl on
+Linux and macOS, msvcrt on Windows); the OS drops it when the process dies, so a lock left by a killed run is free
+again and is taken over with a note naming the dead pid. Who holds it is recorded in .llmlab.owner (the lock file
+itself may be truncated by a contender). A second live run in the same folder is refused in one line naming the
+owner's kind and pid. The folder's kind (pretraining, lora, sweep) is recorded in .llmlab.kind: a run of another kind
+is refused before anything is touched. Then the Hugging Face convention: a folder that already holds a run refuses
+a fresh start unless `--resume_from_checkpoint` or `--overwrite_output_dir` is given, and overwriting deletes only
+what a run of this kind writes. A refused claim leaves the folder exactly as it found it.
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -18,10 +20,14 @@ import time
 from pathlib import Path
 from typing import Iterable, Optional
 
+from filelock import FileLock, Timeout
+
 from llmlab.core.errors import UserError
 
 LOCK_NAME = ".llmlab.lock"
-_held: dict[str, int] = {}  # resolved folder -> open lock fd: kept for the life of the process
+OWNER_NAME = ".llmlab.owner"
+KIND_NAME = ".llmlab.kind"
+_held: dict[str, FileLock] = {}  # resolved folder -> the lock this process holds for its whole life
 
 
 def check_output_dir(path: str | os.PathLike, option: str = "--output_dir") -> Path:
@@ -36,69 +42,124 @@ def check_output_dir(path: str | os.PathLike, option: str = "--output_dir") -> P
 
 
 def acquire_lock(folder: Path, what: str = "run") -> Optional[str]:
-    """Hold the folder's lock for the rest of this process. Returns a note when a dead run's lock was taken over."""
+    """Hold the folder's lock for the rest of this process and record the owner. Returns a note when the lock of a
+    run that died without releasing it was taken over."""
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    key = str(folder.resolve())
-    if key in _held:
+    if str(folder.resolve()) in _held:
         return None
-    path = folder / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    lock = FileLock(str(folder / LOCK_NAME))
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        owner = _read_owner(path)
-        raise UserError(f"{folder} is in use by another {what} (pid {owner.get('pid', '?')} on "
+        lock.acquire(timeout=0)
+    except Timeout:
+        owner = read_owner(folder)
+        raise UserError(f"{folder} is in use by another {owner.get('kind', 'run')} (pid {owner.get('pid', '?')} on "
                         f"{owner.get('host', '?')}, started {owner.get('started', '?')}); wait for it to finish or "
                         "pick another --output_dir") from None
-    previous = _read_owner(path)
-    record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "command": sys.argv}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
-    _held[key] = fd
+    _held[str(folder.resolve())] = lock
+    previous = read_owner(folder)
+    _write_owner(folder, {"pid": os.getpid(), "host": socket.gethostname(), "kind": what,
+                          "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": sys.argv, "created": created})
     if previous.get("pid") and previous.get("released") is not True:
         return (f"note: {folder} was locked by pid {previous['pid']} on {previous.get('host', '?')}, which ended "
                 "without releasing it; taking it over")
     return None
 
 
-def release_lock(folder: Path) -> None:
-    """Mark the lock released (a later run then takes it without a note) and drop it."""
-    fd = _held.pop(str(Path(folder).resolve()), None)
-    if fd is None:
+def release_lock(folder: Path, restore: Optional[dict] = None) -> None:
+    """Mark the lock released (a later run then takes it without a note) and drop it; `restore` puts back the owner
+    record found before a refused claim, so a refusal leaves no trace."""
+    lock = _held.pop(str(Path(folder).resolve()), None)
+    if lock is None:
         return
     try:
-        owner = _read_owner(Path(folder) / LOCK_NAME)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps({**owner, "released": True}) + "\n").encode(), 0)
+        if restore is not None:
+            _restore_owner(Path(folder), restore)
+        else:
+            _write_owner(Path(folder), {**read_owner(Path(folder)), "released": True})
     finally:
-        os.close(fd)
+        lock.release()
 
 
-def _read_owner(path: Path) -> dict:
+def _restore_owner(folder: Path, previous: dict) -> None:
+    if previous:
+        _write_owner(folder, previous)
+        return
+    (folder / OWNER_NAME).unlink(missing_ok=True)
+
+
+def read_owner(folder: Path) -> dict:
     try:
-        return json.loads(path.read_text() or "{}")
+        owner = json.loads((folder / OWNER_NAME).read_text() or "{}")
+        return owner if isinstance(owner, dict) else {}
     except (OSError, ValueError):
         return {}
 
 
+def _write_owner(folder: Path, record: dict) -> None:
+    from llmlab.core.io import atomic_write_json
+
+    atomic_write_json(folder / OWNER_NAME, record)
+
+
+def folder_kind(folder: Path) -> Optional[str]:
+    """The kind of run a folder holds: its .llmlab.kind record, or for folders written before that record, the
+    script its run_info.json names."""
+    try:
+        return (folder / KIND_NAME).read_text().strip() or None
+    except OSError:
+        pass
+    try:
+        command = json.loads((folder / "run_info.json").read_text()).get("command") or []
+    except (OSError, ValueError, AttributeError):
+        return None
+    script = Path(str(command[0] if isinstance(command, list) and command else command)).name
+    return {"train_pretrain.py": "pretraining", "train_lora.py": "lora", "sweep.py": "sweep"}.get(script)
+
+
 def claim_run_folder(path: str | os.PathLike, run_files: Iterable[str], *, resume: bool, overwrite: bool,
                      what: str = "run") -> tuple[Path, Optional[str]]:
-    """Lock OUTPUT_DIR and apply the fresh / resume / overwrite policy. `run_files` are the names a run of
-    this kind writes there: their presence means the folder holds a run, and only they are ever deleted."""
+    """Lock OUTPUT_DIR and apply the kind and fresh / resume / overwrite policy. `run_files` are the names a run of
+    this kind writes there: their presence means the folder holds a run, and only they are ever deleted. A refusal
+    restores the owner record, and removes the lock file and the folder when this claim created them."""
     folder = check_output_dir(path)
+    new_dirs = [p for p in [folder, *folder.parents] if not p.exists()]  # what this claim would create
+    before = read_owner(folder)
     note = acquire_lock(folder, what)
-    found = [name for name in run_files if (folder / name).exists()]
-    if found and not resume:
-        if not overwrite:
+    try:
+        kind = folder_kind(folder)
+        if kind is not None and kind != what:
+            raise UserError(f"{folder} holds a {kind} run; a {what} run cannot use it (nothing was changed): pick "
+                            "another --output_dir")
+        found = [name for name in run_files if (folder / name).exists()]
+        if found and not resume and not overwrite:
             raise UserError(f"{folder} already holds a {what} ({', '.join(found[:3])}); pass "
                             "--resume_from_checkpoint latest to continue it, --overwrite_output_dir to replace it, "
                             "or pick a new --output_dir")
-        for name in found:  # only what a run writes: anything else the user keeps there stays
+    except UserError:
+        release_lock(folder, restore=before)
+        _remove_created(folder, new_dirs)
+        raise
+    from llmlab.core.io import atomic_write_text
+
+    if found and not resume:
+        for name in found:  # only what a run of this kind writes: anything else the user keeps there stays
             target = folder / name
             shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+    atomic_write_text(folder / KIND_NAME, what + "\n")
     return folder, note
+
+
+def _remove_created(folder: Path, new_dirs: list[Path]) -> None:
+    """Undo a refused claim in a folder it created: its lock file, then the folders it made, if still empty."""
+    if not new_dirs:
+        return
+    (folder / LOCK_NAME).unlink(missing_ok=True)
+    for made in new_dirs:  # innermost first
+        try:
+            made.rmdir()
+        except OSError:
+            return
 
 
 def process_start_time(pid: int) -> Optional[str]:

@@ -55,14 +55,32 @@ def _quadratic(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     return coef
 
 
-def _window(means: np.ndarray, best: int) -> slice:
-    start = int(np.clip(best - WINDOW // 2, 0, max(0, len(means) - WINDOW)))
-    return slice(start, min(len(means), start + WINDOW))
+def _windows(n: int, best: int) -> list[slice]:
+    """Every run of WINDOW consecutive lrs (or all of them, when fewer) that contains the minimum."""
+    size = min(WINDOW, n)
+    return [slice(start, start + size) for start in range(max(0, best - size + 1), min(best, n - size) + 1)]
+
+
+def _local_fit(lrs: np.ndarray, means: np.ndarray, seeds: np.ndarray, best: int) -> Optional[dict]:
+    """The quadratic in ln lr over the window centred on the minimum, or, when its vertex falls outside it, the
+    nearest shifted window whose vertex lies inside: next to an instability cliff a centred window straddles the
+    cliff, while the window on the smooth side locates the vertex. (A fixed order of preference, not the best-fitting
+    window, so the choice does not chase the noise.) None when no window brackets a vertex."""
+    centred = best - WINDOW // 2
+    for window in sorted(_windows(len(lrs), best), key=lambda w: (abs(w.start - centred), w.start)):
+        x, y, w = np.log(lrs[window]), means[window], seeds[window]
+        centre = float(x.mean())
+        c2, c1, c0 = _quadratic(x - centre, y, w)
+        if c2 > 0 and x[0] <= centre - c1 / (2 * c2) <= x[-1]:
+            return {"window": window, "x": x, "w": w, "centre": centre, "coef": (c2, c1, c0),
+                    "fitted": c2 * (x - centre) ** 2 + c1 * (x - centre) + c0}
+    return None
 
 
 def cell_optimum(trials: list[dict], sigma: Optional[float], confidence: float = 0.95) -> dict:
     """lr_opt of one cell from its feasible trials. `status`: measured (an interior vertex with a CI), below_grid /
-    above_grid (the minimum is on the grid's edge: a bound), flat (no curvature to locate a vertex), or too_few."""
+    above_grid (the minimum is on the grid's edge: a bound), no_vertex (no window of lrs around the minimum brackets
+    a parabola's vertex: not locally quadratic), or too_few."""
     lrs, losses = lr_table(trials)
     means = np.array([np.mean(v) for v in losses])
     seeds = np.array([len(v) for v in losses], dtype=float)
@@ -76,32 +94,41 @@ def cell_optimum(trials: list[dict], sigma: Optional[float], confidence: float =
         side = "below_grid" if best == 0 else "above_grid"
         return {**base, "status": side, "lr_opt": float(lrs[best]),
                 "reason": f"the lowest seed-mean loss is at the {'smallest' if best == 0 else 'largest'} scanned lr"}
-    window = _window(means, best)
-    x, y, w = np.log(lrs[window]), means[window], seeds[window]
-    centre = float(x.mean())
-    c2, c1, c0 = _quadratic(x - centre, y, w)
-    if c2 <= 0:
-        return {**base, "status": "flat", "lr_opt": float(lrs[best]), "reason": "the losses around the minimum have "
-                "no upward curvature"}
+    local = _local_fit(lrs, means, seeds, best)
+    if local is None:
+        return {**base, "status": "no_vertex", "lr_opt": float(lrs[best]),
+                "reason": "no window of lrs around the minimum puts a parabola's vertex inside it"}
+    (c2, c1, c0), x, centre = local["coef"], local["x"], local["centre"]
     vertex = centre - c1 / (2 * c2)
-    low_edge, high_edge = float(x[0]), float(x[-1])
-    if not low_edge <= vertex <= high_edge:
-        side = "below_grid" if vertex < low_edge else "above_grid"
-        return {**base, "status": side, "lr_opt": float(lrs[window][0 if vertex < low_edge else -1]),
-                "reason": "the fitted parabola's vertex lies outside the lrs it was fitted on"}
-    draws = _bootstrap(x - centre, c2 * (x - centre) ** 2 + c1 * (x - centre) + c0, w, sigma)
+    window = local["window"]
     result = {**base, "status": "measured", "window": [float(lrs[window][0]), float(lrs[window][-1])],
               "window_lrs": int(len(x)), "ln_lr_opt": float(vertex), "lr_opt": math.exp(vertex),
               "loss_at_opt": float(c0 - c1 ** 2 / (4 * c2)), "curvature": float(c2), "sigma": sigma}
+    sigma_eff = _with_lack_of_fit(sigma, means[window], local["fitted"], local["w"])
+    result["birge_ratio"] = sigma_eff / sigma if sigma else None
+    draws = _bootstrap(x - centre, local["fitted"], local["w"], sigma_eff)
     if draws is None:
         return {**result, "var_ln": None, "ci": None, "clipped_share": None,
                 "reason": "no seed SD to put an interval on the vertex"}
+    low_edge, high_edge = float(x[0]), float(x[-1])
     draws = np.clip(draws + centre, low_edge, high_edge)
     clipped = float(np.mean((draws <= low_edge) | (draws >= high_edge)))
     tail = (1 - confidence) / 2
     q16, q84 = np.quantile(draws, [0.1587, 0.8413])
-    return {**result, "var_ln": float(((q84 - q16) / 2) ** 2), "clipped_share": clipped,
+    return {**result, "var_ln": float(np.var(draws)), "clipped_share": clipped,
             "ci": [math.exp(float(np.quantile(draws, tail))), math.exp(float(np.quantile(draws, 1 - tail)))]}
+
+
+def _with_lack_of_fit(sigma: Optional[float], y: np.ndarray, fitted: np.ndarray, w: np.ndarray) -> Optional[float]:
+    """The seed SD, scaled up by the Birge ratio sqrt(chi^2 / df) when the parabola misses its points by more than
+    the seed noise explains (a curve that is not quadratic over the window, e.g. next to an instability cliff)."""
+    if not sigma:
+        return sigma
+    df = len(y) - 3
+    if df < 1:
+        return sigma
+    chi2 = float(np.sum(w * (y - fitted) ** 2)) / sigma ** 2
+    return sigma * math.sqrt(max(1.0, chi2 / df))
 
 
 def _bootstrap(x: np.ndarray, fitted: np.ndarray, w: np.ndarray, sigma: Optional[float]) -> Optional[np.ndarray]:

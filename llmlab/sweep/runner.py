@@ -313,12 +313,13 @@ def scan_design(cfg: SweepConfig, out_dir: Path) -> list[dict]:
 
 
 def run_sweep(cfg: SweepConfig) -> list[dict]:
-    from llmlab.core.runfolder import acquire_lock, check_output_dir, release_lock
+    from llmlab.core.runfolder import check_output_dir, claim_run_folder, release_lock
     from llmlab.sweep import report
 
     out_dir = check_output_dir(cfg.output_dir)
     design = [] if is_size_scan(cfg) else build_design(cfg)
-    note = acquire_lock(out_dir, "sweep")  # one driver per folder: a second one would run every trial twice
+    # one driver per folder (a second would run every trial twice), and never in another kind of run's folder
+    _, note = claim_run_folder(out_dir, (), resume=True, overwrite=False, what="sweep")
     try:
         if note:
             print(note, flush=True)

@@ -21,8 +21,8 @@ from llmlab.core.errors import UserError
 from llmlab.core.io import atomic_write_json
 from llmlab.scaling.fits import ScalingOptions, feasible_region
 from llmlab.scaling.law import fit_law, predict
-from llmlab.scaling.optimum import cell_optimum, finite
-from llmlab.scaling.transfer import seed_noise
+from llmlab.scaling.optimum import finite
+from llmlab.scaling.transfer import seed_noise, size_points
 from llmlab.sweep.design import CONTROL, parse_size, replicate
 
 PLAN_FILE = "scan_plan.json"
@@ -80,27 +80,23 @@ def _flat(results: list[dict]) -> list[dict]:
 
 
 def running_centre(cfg, size: str, batch: int, rows: list[dict], n_of: dict[str, int]) -> dict:
-    """Where this size's grid is centred: the law on the sizes measured so far, one size's optimum, or the
-    configured centre; with the forecast's interval when there is one."""
+    """Where this size's grid is centred: the law on the sizes measured so far (the report's own estimator), one
+    size's optimum, or the configured centre; with the forecast's interval when there is one."""
     feasible = [r for r in _feasible(rows) if float(r["batch_size"]) == batch]
-    noise = seed_noise(feasible)
-    cells: dict[str, list[dict]] = {}
-    for row in feasible:
-        cells.setdefault(str(row["size"]), []).append(row)
-    measured = []
-    for name, trials in cells.items():
-        optimum = cell_optimum(trials, noise["sigma"])
-        if optimum["status"] == "measured":
-            measured.append({**optimum, "size": name, "batch_size": batch, "n_params": float(n_of[name])})
-    if len(measured) >= 2:
+    measured = [p for p in size_points(feasible, seed_noise(feasible)) if p["status"] == "measured"]
+    if len(measured) >= 3:
         law = fit_law(measured, with_batch=False)
         if law["status"] == "ok":
             forecast = predict(law, n_of[size], batch)
             return {"centre": forecast["lr"], "source": f"law fitted on {', '.join(law['sizes'])}",
                     "prediction_interval": forecast["pi"], "alpha": law["alpha"]}
+    if len(measured) == 2:  # a line through two optima: a forecast without an interval
+        (a, b) = sorted(measured, key=lambda m: m["n_params"])
+        slope = (b["ln_lr_opt"] - a["ln_lr_opt"]) / math.log(b["n_params"] / a["n_params"])
+        return {"centre": math.exp(b["ln_lr_opt"] + slope * math.log(n_of[size] / b["n_params"])),
+                "source": f"line through the optima of {a['size']} and {b['size']}"}
     if measured:
-        nearest = max(measured, key=lambda m: m["n_params"])
-        return {"centre": nearest["lr_opt"], "source": f"optimum measured at {nearest['size']}"}
+        return {"centre": measured[0]["lr_opt"], "source": f"optimum measured at {measured[0]['size']}"}
     lr = cfg.lr_center or DEFAULT_CENTER["minimal" if cfg.model == "minimal" else "gpt2"]
     return {"centre": lr, "source": "--lr_center" if cfg.lr_center else "default centre"}
 
