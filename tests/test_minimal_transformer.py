@@ -99,7 +99,7 @@ def test_default_embedding_trains_and_stays_tied_to_the_head():
 
 def test_mup_equals_standard_at_base_width_and_scales_lr_readout_and_init_with_width():
     from llmlab.models.minimal import MinimalTransformerConfig as Config
-    from llmlab.sweep.trial import make_optimizer
+    from llmlab.train.optim import build_optimizer
 
     torch.manual_seed(0)
     standard = MinimalTransformer(Config.of_size(128, 2, max_seq_len=16))
@@ -112,8 +112,8 @@ def test_mup_equals_standard_at_base_width_and_scales_lr_readout_and_init_with_w
     assert multipliers["token_embedding.weight"] == multipliers["blocks.0.ln_attn.weight"] == 1.0
     # hidden init shrinks as 1/sqrt(width_mult): 0.02 / 2 at 4x the base width
     assert abs(float(wide.blocks[0].attn.qkv.weight.std()) - 0.01) < 0.001
-    optimizer = make_optimizer("adamw", list(wide.parameters()), 1e-3, 0.01,
-                               {id(p): multipliers[n] for n, p in wide.named_parameters()})
+    optimizer = build_optimizer("adamw", list(wide.parameters()), 1e-3, 0.01,
+                                lr_multipliers={id(p): multipliers[n] for n, p in wide.named_parameters()})
     lrs = sorted({(g["lr"], g["weight_decay"]) for g in optimizer.param_groups})
     assert lrs == [(2.5e-4, 0.01), (1e-3, 0.0), (1e-3, 0.01)]
     assert optimizer.param_groups[0]["lr"] == 1e-3  # the lr the curves record is the one the user set

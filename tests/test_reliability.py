@@ -83,10 +83,23 @@ def test_ctrl_c_is_one_line_naming_the_last_checkpoint(tmp_path, data_cache):
     wait_for(out / "checkpoints" / "step_4", proc)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
-    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in stderr, stderr[-2000:]
-    assert "interrupted at step" in errors[0] and "checkpoints/step_" in errors[0] and "--resume_from_checkpoint" in errors[0]
-    assert not (out / "final").exists()
+    errors = [line for line in stderr.splitlines() if line.startswith(("error:", "interrupted:"))]
+    assert proc.returncode == 130 and len(errors) == 1 and "Traceback" not in stderr, stderr[-2000:]
+    assert errors[0].startswith("interrupted: at step") and "checkpoints/step_" in errors[0]
+    assert "--resume_from_checkpoint" in errors[0] and not (out / "final").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_before_the_first_checkpoint_says_one_consistent_thing(tmp_path, data_cache):
+    out = tmp_path / "run"
+    proc = start(pretrain(out, data_cache, "--save_every", "1000", steps=400))
+    wait_for(out / "metrics.jsonl", proc)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    said = [line for line in stderr.splitlines() if line.startswith(("error:", "interrupted:", "note:"))]
+    assert proc.returncode == 130 and len(said) == 1, stderr[-2000:]
+    assert "before the first checkpoint" in said[0] and "--overwrite_output_dir" in said[0]
+    assert "resume_from_checkpoint" not in said[0]
 
 
 # ------------------------------------------------------------------ checkpoints are verified

@@ -225,7 +225,7 @@ def test_hung_trial_is_killed_at_the_timeout_and_the_sweep_goes_on(tmp_path, dat
     # process exists: it can neither finish nor reach the pre-check, so only the runner's timeout ends it.
     grid = write_grid(tmp_path / "g.yaml", "trials:\n  - {optimizer: adamw}\n  - {optimizer: lion}\n")
     out = tmp_path / "out"
-    args = [sys.executable, *sweep_args(out, data_cache, "--grid", grid, "--trial_timeout", "5")]
+    args = [sys.executable, *sweep_args(out, data_cache, "--grid", grid, "--trial_timeout", "20")]
     sweep = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pid_file = out / "trials" / "g01" / "pid"
     _wait_for(pid_file)
@@ -233,7 +233,7 @@ def test_hung_trial_is_killed_at_the_timeout_and_the_sweep_goes_on(tmp_path, dat
     output, _ = sweep.communicate(timeout=600)
     assert sweep.returncode == 0, output[-3000:]
     rows = {r["trial_id"]: r for r in read_csv(out / "results.csv")}
-    assert rows["g01"]["status"] == "timeout" and "killed after the 5 s trial timeout" in rows["g01"]["failures"]
+    assert rows["g01"]["status"] == "timeout" and "killed after the 20 s trial timeout" in rows["g01"]["failures"]
     assert rows["g02"]["status"] == "ok"
 
 
@@ -281,17 +281,23 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
     rng = np.random.default_rng(0)
     data = {"train": rng.integers(0, 50257, (64, 16)).astype(np.uint16),
             "validation": rng.integers(0, 50257, (8, 16)).astype(np.uint16)}
-    spec = {"model": "minimal", "block_size": 16, "position_encoding": "sinusoidal", "gradient_checkpointing": False,
-            "steps": 2, "seed": 42, "label_smoothing": 0.0, "warmup_scale": 1.0, "log_every": 1, "flat_window": 100,
-            "flat_tolerance": 1e-5, "fail_loss": None, "fail_grad_norm": 1000.0, "precheck_steps": 2,
-            "timeout_s": 600, "eval_batches": 1, "eval_batch_size": 4}
-    hp = {**CONTROL, "warmup": 0, "lr": 1e-3, "batch_size": 4}
+    from dataclasses import replace
+
+    from llmlab.core.config import parse_config
+    from llmlab.sweep.config import SweepConfig
+    from llmlab.sweep.factors import resolve
+    from llmlab.sweep.spec import Hparams, TrialSpec
+
+    hp = Hparams(**resolve(parse_config(SweepConfig, []), {**CONTROL, "warmup": 0, "lr": 1e-3, "batch_size": 4,
+                                                           "position_encoding": "sinusoidal"}))
+    spec = TrialSpec(trial_id="acc", trial_dir=str(tmp_path), data_dir=str(tmp_path), hparams=hp, seed=42, steps=2,
+                     block_size=16, log_every=1, precheck_steps=2, timeout_s=600, eval_batches=1, eval_batch_size=4)
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matmuls: one thread is faster on a shared 2-core box
     try:
-        runs = [train_attempt({**spec, "micro_batch_size": micro}, hp, data, torch.device("cpu"),
+        runs = [train_attempt(replace(spec, micro_batch_size=micro), hp, data, torch.device("cpu"),
                               tmp_path / str(micro), __import__("time").time()) for micro in (4, 1)]
     finally:
         torch.set_num_threads(threads)

@@ -112,7 +112,10 @@ class SweepConfig:
     precheck_steps: int = opt(10, "steps of the pre-check (finite loss/gradients, projected time within timeout)")
     retry: bool = opt(True, "retry a failed trial once with a fallback (clip - 0.1 or warmup 100)")
     target_loss: Optional[float] = opt(None, "loss for 'steps to target' (default: 90 percent of the control's loss drop)")
-    dataset: str = opt("builtin:wiki", "corpus (see llmlab.data.prepare): builtin:wiki, local files or a hub dataset")
+    dataset: str = opt("builtin:wiki", "corpus (see llmlab.data.prepare): builtin:wiki, local files or a hub dataset "
+                                       "(the full protocol: --dataset wikitext --dataset_config wikitext-103-raw-v1)")
+    dataset_config: Optional[str] = opt(None, "hub dataset configuration name, e.g. wikitext-103-raw-v1")
+    text_field: str = opt("text", "field holding the text in .jsonl files and hub datasets")
     max_documents: Optional[int] = opt(None, "use only the first N documents (default: the budget's)")
     data_cache_dir: Optional[str] = opt(None, "prepared-data cache folder (default: llmlab's cache)")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "where trials run; auto = CUDA when available")

@@ -14,22 +14,10 @@ from typing import Any, Callable
 import numpy as np
 
 from llmlab.core.errors import UserError
-from llmlab.train.optim import OPTIMIZERS, SCHEDULERS  # one vocabulary with the trainers
+from llmlab.sweep.factors import CONTROL, EXTRA_FACTORS, FACTORS, REGISTRY, SIZE_PATTERN, check_level
 
-FACTORS: dict[str, list[Any]] = {
-    "scheduler": ["linear", "cosine", "polynomial"],
-    "clip": [0.5, 1.0, 2.0],
-    "warmup": [100, 500, 1000],
-    "weight_decay": [0.0, 0.001, 0.01],
-    "optimizer": ["adamw", "lion", "adafactor"],
-}
-CONTROL: dict[str, Any] = {"scheduler": "cosine", "clip": 1.0, "warmup": 500, "weight_decay": 0.01, "optimizer": "adamw"}
 MIN_LEVEL_COUNT = 6
 
-POSITION_ENCODINGS = ("sinusoidal", "learned", "rope")
-CLIP_MODES = ("norm", "value")  # global-norm clipping, or clamping every gradient element to [-clip, clip]
-# Factors a YAML grid may vary beyond doe20's five; left out, they take the sweep-wide setting.
-EXTRA_FACTORS = ("lr", "batch_size", "position_encoding", "clip_mode", "label_smoothing", "size")
 DEFAULT_LRS = {"minimal": [1e-4, 3e-4, 1e-3, 3e-3], "gpt2": [5e-6, 1e-5, 2e-5, 3e-5]}
 DEFAULT_BATCH_SIZES = [8, 16, 32, 64, 128]
 # A multi-size scan (--sizes) at the cpu budget: 5 lrs a factor 2 apart around the probe's optimum (~1.5e-3 at
@@ -119,9 +107,6 @@ def lr_bs_design(lrs: list[float], batch_sizes: list[int], sizes: list[str] | No
     return [{**trial, "trial_id": f"{size}_{trial['trial_id']}", "size": size} for size in sizes for trial in grid]
 
 
-SIZE_PATTERN = re.compile(r"^(\d+)x(\d+)$")
-
-
 def parse_size(size: str, model: str) -> tuple[int, int]:
     """`WIDTHxDEPTH` (e.g. 192x4) -> (width, layers), checked against the family's head size."""
     match = SIZE_PATTERN.match(str(size))
@@ -137,56 +122,25 @@ def parse_size(size: str, model: str) -> tuple[int, int]:
     return width, depth
 
 
-GRID_KEYS = set(FACTORS) | set(EXTRA_FACTORS) | {"trial_id", "seed"}
+GRID_KEYS = set(REGISTRY) | {"trial_id", "seed"}
 GRID_FILE_KEYS = {"trials", "factorial", "replicates", "replicate_all"}
 
 
 def _check_value(key: str, value: Any, where: str) -> Any:
-    def bad(expected: str):
-        return UserError(f"{where}: {key} = {value!r} is invalid ({expected}); fix the grid file")
+    """A grid's value for `key`: a factor level (llmlab.sweep.factors), a seed or a trial id."""
+    from llmlab.sweep.factors import BadLevel, number
 
-    if key == "scheduler":
-        value = "constant" if value == "constant_with_warmup" else value  # its name before the shared vocabulary
-        if value not in SCHEDULERS:
-            raise bad(f"one of {', '.join(SCHEDULERS)}")
-    elif key == "size":
-        if not isinstance(value, str) or not SIZE_PATTERN.match(value):
-            raise bad("WIDTHxDEPTH, e.g. 128x2")
-    elif key in ("position_encoding", "clip_mode"):
-        choices = POSITION_ENCODINGS if key == "position_encoding" else CLIP_MODES
-        if value not in choices:
-            raise bad(f"one of {', '.join(choices)}")
-    elif key == "label_smoothing":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-            raise bad("a number in [0, 1)")
-        value = float(value)
-    elif key == "optimizer":
-        if str(value).lower() not in OPTIMIZERS:
-            raise bad(f"one of {', '.join(OPTIMIZERS)}")
-        value = str(value).lower()
-    elif key == "clip":
-        if isinstance(value, str) and value.strip().lower() == "adaptive":
-            return "adaptive"
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise bad("a number >= 0 or 'adaptive'")
-        value = float(value)
-    elif key in ("warmup", "batch_size", "seed"):
-        if isinstance(value, bool) or not isinstance(value, int) or value < (1 if key == "batch_size" else 0):
-            raise bad("a whole number >= 1" if key == "batch_size" else "a whole number >= 0")
-    elif key in ("weight_decay", "lr"):
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise bad("a number >= 0") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise bad("a number >= 0")
-        value = float(value)
-    elif key == "trial_id":
-        if not isinstance(value, (str, int)) or not str(value).replace("-", "").replace("_", "").isalnum():
-            raise bad("letters, digits, - and _ only")
-        value = str(value)
-    return value
+    if key in REGISTRY:
+        return check_level(key, value, where)
+    try:
+        if key == "seed":
+            return number(integer=True)(value)
+        if not isinstance(value, (str, int)) or isinstance(value, bool) or \
+                not str(value).replace("-", "").replace("_", "").isalnum():
+            raise BadLevel("letters, digits, - and _ only")
+        return str(value)
+    except BadLevel as bad:
+        raise UserError(f"{where}: {key} = {value!r} is invalid ({bad}); fix the grid file") from None
 
 
 def _check_keys(keys, where: str) -> None:
@@ -306,7 +260,13 @@ def build_design(cfg) -> list[dict[str, Any]]:
                                    seed=cfg.seed, sizes=cfg.sizes)
     replicates = cfg.replicates or settings.get("replicates") or DEFAULT_REPLICATES.get(cfg.grid, 1)
     replicate_all = cfg.replicate_all or settings.get("replicate_all", False) or cfg.grid == "lr_bs"
-    return replicate(design, replicates, replicate_all, cfg.seed)
+    replicated = replicate(design, replicates, replicate_all, cfg.seed)
+    ids = Counter(t["trial_id"] for t in replicated)
+    clash = next((i for i, n in ids.items() if n > 1), None)
+    if clash is not None:  # a replicate's name `<id>-r<k>` taken by a grid trial would overwrite one of them
+        raise UserError(f"trial_id {clash!r} names two runs once replicates are added (replicates are named "
+                        "<trial_id>-r<k>); rename that grid trial")
+    return replicated
 
 
 def _lr_bs(lrs=None, batch_sizes=None, model="minimal", sizes=None, **_) -> list[dict[str, Any]]:

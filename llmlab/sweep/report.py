@@ -13,11 +13,12 @@ import numpy as np
 from llmlab.core.io import atomic_write_text
 from llmlab.sweep import metrics as M
 from llmlab.sweep import stats
-from llmlab.sweep.design import EXTRA_FACTORS, FACTORS, design_table, reference_id
+from llmlab.sweep.design import FACTORS, design_table, reference_id
+from llmlab.sweep.factors import EXTRA_FACTORS
 
 GAIN_DELTA, GAIN_STABILITY, GAIN_SPEEDUP = -0.05, 0.8, 0.9
 SCALAR_KEYS = ("initial_loss", "final_loss", "final_train_loss", "val_perplexity", "stability_index", "initial_loss_slope",
-               "early_loss_std", "attention_entropy_last_layer", "update_ratio_mean", "grad_norm_mean",
+               "early_loss_std", "attention_entropy_last_layer", "update_ratio_mean", "grad_param_ratio_mean", "grad_norm_mean",
                "grad_norm_std", "clipped_steps", "skipped_steps", "peak_memory_mb", "time_per_step_s",
                "tokens_per_s", "wall_time_s", "startup_s", "warmup_steps", "accumulation_steps", "train_tokens",
                "n_params", "n_params_total", "compute_flops", "precision", "compiled", "memory_source",
@@ -41,6 +42,8 @@ def flat_row(result: dict) -> dict[str, Any]:
         row[f"val_loss_pos_{segment}"] = loss
     for group, ratio in (result.get("update_ratio") or {}).items():
         row[f"update_ratio_{group}"] = ratio
+    for group, ratio in (result.get("grad_param_ratio") or {}).items():
+        row[f"grad_param_ratio_{group}"] = ratio
     row["failures"] = " | ".join(result.get("failures") or [])
     row["log_tail"] = result.get("log_tail", "")
     return row

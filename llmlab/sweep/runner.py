@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -29,7 +29,9 @@ from llmlab.core.io import atomic_write_json, atomic_write_text
 from llmlab.core.runfolder import process_start_time
 from llmlab.core.device import resolve_device, resolve_precision
 from llmlab.sweep.config import FULL_NOMINAL_STEPS, SweepConfig
-from llmlab.sweep.design import EXTRA_FACTORS, base_design, build_design, design_table, parse_size
+from llmlab.sweep.design import base_design, build_design, design_table, parse_size
+from llmlab.sweep.factors import resolve
+from llmlab.sweep.spec import Hparams, TrialSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FINISHED = ("ok", "failed", "oom")
@@ -47,13 +49,16 @@ def prepare_data(cfg: SweepConfig, out_dir: Path) -> dict:
     block = cfg.block_size or budget.block_size
     key = {"dataset": cfg.dataset, "block_size": block, "max_documents": cfg.max_documents or budget.max_documents,
            "max_train_tokens": budget.max_train_tokens}
+    if cfg.dataset_config or cfg.text_field != "text":  # left out at their defaults: earlier sweeps' keys stay valid
+        key.update(dataset_config=cfg.dataset_config, text_field=cfg.text_field)
     data_dir = out_dir / "data"
     info_path = data_dir / "data.json"
     cached = _cached_data(info_path, key)
     if cached is not None:
         return cached
     extra = {"cache_dir": cfg.data_cache_dir} if cfg.data_cache_dir else {}
-    data_cfg = DataConfig(dataset=cfg.dataset, block_size=block, max_documents=key["max_documents"], **extra)
+    data_cfg = DataConfig(dataset=cfg.dataset, dataset_config=cfg.dataset_config, text_field=cfg.text_field,
+                          block_size=block, max_documents=key["max_documents"], **extra)
     prepared = prepare_dataset(data_cfg, load_tokenizer())
     arrays = {}
     for split, dataset in (("train", prepared.train), ("validation", prepared.validation)):
@@ -95,50 +100,65 @@ def _cached_data(info_path: Path, key: dict) -> Optional[dict]:
 
 
 # ---------------------------------------------------------------- specs
-def trial_specs(cfg: SweepConfig, design: list[dict], data_info: dict, out_dir: Path) -> list[dict]:
+def trial_specs(cfg: SweepConfig, design: list[dict], data_info: dict, out_dir: Path) -> list[TrialSpec]:
     budget = cfg.budget_spec
     device = resolve_device(cfg.device)
-    shared = {
-        "data_dir": str(out_dir / "data"), "model": cfg.model, "position_encoding": cfg.position_encoding,
-        "embedding": cfg.embedding, "gradient_checkpointing": cfg.gradient_checkpointing,
-        "block_size": data_info["block_size"], "eval_batch_size": budget.batch_size,
-        "eval_batches": budget.eval_batches, "log_every": budget.log_every, "label_smoothing": cfg.label_smoothing,
-        "fail_loss": cfg.fail_loss, "fail_margin": cfg.fail_margin, "fail_grad_norm": cfg.fail_grad_norm,
-        "flat_tolerance": cfg.flat_tolerance, "flat_window": cfg.flat_window, "precheck_steps": cfg.precheck_steps,
-        "retry": cfg.retry, "timeout_s": cfg.trial_timeout or budget.trial_timeout, "device": device,
-        "precision": resolve_precision(cfg.precision, device),
-        "compile": cfg.budget != "smoke" if cfg.compile is None else cfg.compile,
-        "parametrization": cfg.parametrization, "mup_base_width": cfg.mup_base_width,
-    }
+    shared = dict(data_dir=str(out_dir / "data"), model=cfg.model, embedding=cfg.embedding,
+                  gradient_checkpointing=cfg.gradient_checkpointing, block_size=data_info["block_size"],
+                  eval_batch_size=budget.batch_size, eval_batches=budget.eval_batches, log_every=budget.log_every,
+                  fail_loss=cfg.fail_loss, fail_margin=cfg.fail_margin, fail_grad_norm=cfg.fail_grad_norm,
+                  flat_tolerance=cfg.flat_tolerance, flat_window=cfg.flat_window, precheck_steps=cfg.precheck_steps,
+                  retry=cfg.retry, timeout_s=cfg.trial_timeout or budget.trial_timeout, device=device,
+                  precision=resolve_precision(cfg.precision, device),
+                  compile=cfg.budget != "smoke" if cfg.compile is None else cfg.compile,
+                  parametrization=cfg.parametrization, mup_base_width=cfg.mup_base_width)
+    steps = trial_steps(cfg, data_info)
     specs = []
     for trial in design:
         hp = trial_hparams(cfg, trial)
-        steps = cfg.steps or (200 if cfg.grid == "lr_bs" and cfg.budget != "smoke" else budget.steps)
-        if steps is None:
-            steps = max(1, budget.epochs * data_info["train_rows"] // hp["batch_size"])
-        micro = cfg.micro_batch_size or (hp["batch_size"] if cfg.grid == "lr_bs" else budget.batch_size)
-        width, depth = parse_size(hp["size"], cfg.model) if "size" in hp else (None, None)
-        specs.append({**shared, "trial_id": trial["trial_id"], "trial_dir": str(out_dir / "trials" / trial["trial_id"]),
-                      "model_width": width, "model_depth": depth,
-                      "hparams": hp, "seed": trial["seed"], "replicate": trial["replicate"], "steps": steps,
-                      "micro_batch_size": micro,
-                      "warmup_scale": steps / FULL_NOMINAL_STEPS if cfg.scale_warmup and cfg.budget != "full" else 1.0})
+        run_steps = steps or max(1, budget.epochs * data_info["train_rows"] // hp.batch_size)
+        micro = cfg.micro_batch_size or (hp.batch_size if cfg.grid == "lr_bs" else budget.batch_size)
+        width, depth = parse_size(hp.size, cfg.model) if hp.size else (None, None)
+        spec = TrialSpec(**shared, trial_id=trial["trial_id"], trial_dir=str(out_dir / "trials" / trial["trial_id"]),
+                         model_width=width, model_depth=depth, hparams=hp, seed=trial["seed"],
+                         replicate=trial["replicate"], steps=run_steps, micro_batch_size=micro,
+                         warmup_scale=warmup_scale(cfg, run_steps))
+        check_runnable(spec)
+        specs.append(spec)
     return specs
 
 
-def trial_hparams(cfg: SweepConfig, trial: dict) -> dict:
-    """The hyperparameters one trial trains with: its design values, then the sweep-wide defaults."""
-    clip = trial["clip"]
-    if cfg.grid == "lr_bs" and cfg.clip is not None:
+def check_runnable(spec: TrialSpec) -> None:
+    """Refuse, before any trial starts, a design point that cannot be what it says."""
+    hp = spec.hparams
+    warmup = max(0, round(hp.warmup * spec.warmup_scale))
+    if warmup >= spec.steps:
+        raise UserError(f"trial {spec.trial_id}: warmup {hp.warmup} scales to {warmup} steps, not below its {spec.steps} "
+                        "steps, so its lr would never reach its peak; lower the warmup level or train longer")
+    if hp.batch_size % hp.accumulation:
+        raise UserError(f"trial {spec.trial_id}: batch_size {hp.batch_size} is not a multiple of accumulation "
+                        f"{hp.accumulation}; pick levels whose micro batch is whole")
+
+
+def trial_steps(cfg: SweepConfig, data_info: dict) -> Optional[int]:
+    """Optimizer steps of every trial, or None when they follow from the data (the full budget's epochs)."""
+    return cfg.steps or (200 if cfg.grid == "lr_bs" and cfg.budget != "smoke" else cfg.budget_spec.steps)
+
+
+def warmup_scale(cfg: SweepConfig, steps: int) -> float:
+    """Warmup levels are steps of the full protocol (FULL_NOMINAL_STEPS); a run of other length scales them so
+    warmup keeps its share of training. --no-scale_warmup keeps them as steps."""
+    return steps / FULL_NOMINAL_STEPS if cfg.scale_warmup else 1.0
+
+
+def trial_hparams(cfg: SweepConfig, trial: dict) -> Hparams:
+    """The levels one trial trains with: its design values, then the sweep-wide defaults (llmlab.sweep.factors)."""
+    levels = resolve(cfg, trial)
+    if cfg.grid == "lr_bs" and cfg.clip is not None:  # an lr scan's --clip applies to every point
         from llmlab.train.common import parse_clip
 
-        clip = parse_clip(cfg.clip)
-    hp = {"scheduler": trial["scheduler"], "clip": clip, "warmup": trial["warmup"],
-          "weight_decay": trial["weight_decay"], "optimizer": trial["optimizer"],
-          "lr": trial.get("lr", cfg.default_lr()),
-          "batch_size": trial.get("batch_size") or cfg.batch_size or cfg.budget_spec.batch_size}
-    hp.update({k: trial[k] for k in EXTRA_FACTORS if k in trial and k not in hp})
-    return hp
+        levels["clip"] = parse_clip(cfg.clip)
+    return Hparams(**levels)
 
 
 def settings_fingerprint(cfg: SweepConfig) -> str:
@@ -192,16 +212,16 @@ class TrialLauncher:
         self.lock = threading.Lock()
         self.stopping = False
 
-    def run(self, spec: dict, slot: int) -> dict:
-        trial_dir = Path(spec["trial_dir"])
+    def run(self, spec: TrialSpec, slot: int) -> dict:
+        trial_dir = Path(spec.trial_dir)
         shutil.rmtree(trial_dir, ignore_errors=True)  # a rerun must not mix curves with a killed attempt
         trial_dir.mkdir(parents=True)
         # the trial watches its driver: a trial forked from the fork server outlives a killed driver otherwise
-        spec = {**spec, "threads": self.threads, "driver": [os.getpid(), process_start_time(os.getpid())]}
+        spec = replace(spec, threads=self.threads, driver=[os.getpid(), process_start_time(os.getpid())])
         spec_path = trial_dir / "spec.json"
-        atomic_write_json(spec_path, spec)
+        atomic_write_json(spec_path, spec.to_json())
         log_path = trial_dir / "log.txt"
-        env = worker_env(slot, self.workers, spec["device"])
+        env = worker_env(slot, self.workers, spec.device)
         started = time.time()
         if self.launcher == "spawn":
             full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -211,23 +231,23 @@ class TrialLauncher:
             pid = proc.pid
         else:
             proc = _forkserver_context().Process(target=_child, args=(str(spec_path), str(log_path), env),
-                                                 name=f"trial-{spec['trial_id']}")
+                                                 name=f"trial-{spec.trial_id}")
             proc.start()
             pid = proc.pid
         atomic_write_text(trial_dir / "pid_start", f"{process_start_time(pid)}\n")  # with the pid, an identity
         atomic_write_text(trial_dir / "pid", f"{pid}\n")
         with self.lock:
-            self.active[spec["trial_id"]] = proc
-        code, timed_out = self._wait(proc, spec["timeout_s"])
+            self.active[spec.trial_id] = proc
+        code, timed_out = self._wait(proc, spec.timeout_s)
         with self.lock:
-            self.active.pop(spec["trial_id"], None)
+            self.active.pop(spec.trial_id, None)
         (trial_dir / "pid").unlink(missing_ok=True)
         (trial_dir / "pid_start").unlink(missing_ok=True)
         result_path = trial_dir / "result.json"
         if result_path.is_file():
             return json.loads(result_path.read_text())
         if timed_out:
-            status, reason = "timeout", f"killed after the {spec['timeout_s']} s trial timeout"
+            status, reason = "timeout", f"killed after the {spec.timeout_s} s trial timeout"
         elif self.stopping:
             status, reason = "interrupted", "the sweep was interrupted; rerunning the command reruns this trial"
         else:
@@ -236,8 +256,8 @@ class TrialLauncher:
                       else f"exited with code {code} without a result")
             if code == -signal.SIGKILL:
                 reason += " (SIGKILL: killed by a user or the out-of-memory killer)"
-        result = {"trial_id": spec["trial_id"], "hparams": spec["hparams"], "model": spec["model"],
-                  "steps": spec["steps"], "status": status, "failures": [reason],
+        result = {"trial_id": spec.trial_id, "hparams": asdict(spec.hparams), "model": spec.model,
+                  "steps": spec.steps, "status": status, "failures": [reason],
                   "boundary": False, "attempts": 1, "exit_code": code, "log_tail": log_tail(log_path),
                   "wall_time_s": round(time.time() - started, 3)}
         atomic_write_json(result_path, result)
@@ -368,7 +388,7 @@ def _run_trials(cfg: SweepConfig, design: list[dict], out_dir: Path, fingerprint
         specs = trial_specs(cfg, design, data_info, out_dir)
         done = {r["trial_id"]: r for r in load_results(out_dir, design)
                 if r.get("status") in FINISHED or (r.get("status") in ("crashed", "timeout") and not cfg.rerun_crashed)}
-        pending = [s for s in specs if s["trial_id"] not in done]
+        pending = [s for s in specs if s.trial_id not in done]
         if done:
             names = f" ({', '.join(sorted(done))})" if announce else ""
             print(f"resuming: {len(done)} finished trial(s) skipped{names}; {len(pending)} to run", flush=True)
@@ -390,7 +410,7 @@ def _launch_all(launch: TrialLauncher, pending: list[dict], total: int, done: in
     slot_lock = threading.Lock()
     bar = tqdm(total=total, initial=done, desc="trials", unit="trial")
 
-    def work(spec: dict) -> dict:
+    def work(spec: TrialSpec) -> dict:
         with slot_lock:
             slot = slots.pop(0)
         try:
@@ -399,7 +419,7 @@ def _launch_all(launch: TrialLauncher, pending: list[dict], total: int, done: in
             with slot_lock:
                 slots.append(slot)
         bar.update(1)
-        bar.write(f"{spec['trial_id']}: {result['status']}"
+        bar.write(f"{spec.trial_id}: {result['status']}"
                   + (f" final_loss={result['final_loss']:.4f}" if result.get("final_loss") is not None else "")
                   + (f" ({'; '.join(result['failures'])})" if result.get("failures") else ""))
         return result
@@ -410,7 +430,9 @@ def _launch_all(launch: TrialLauncher, pending: list[dict], total: int, done: in
     except KeyboardInterrupt:
         launch.kill_all()
         pool.shutdown(wait=True, cancel_futures=True)
-        raise UserError("interrupted; rerun the same command to resume (finished trials are kept)") from None
+        from llmlab.core.errors import Interrupted
+
+        raise Interrupted("rerun the same command to resume (finished trials are kept)") from None
     finally:
         pool.shutdown(wait=True)
         bar.close()

@@ -52,13 +52,16 @@ def size_parameters(size: str, model: str) -> int:
     """Non-embedding N of one scanned size, built on the meta device (no memory, no time)."""
     import torch
 
+    from llmlab.sweep.factors import REGISTRY
+    from llmlab.sweep.spec import Hparams, TrialSpec
     from llmlab.sweep.trial import build_trial_model, non_embedding_parameters
 
     width, depth = parse_size(size, model)
-    spec = {"model": model, "model_width": width, "model_depth": depth, "block_size": 128,
-            "gradient_checkpointing": False}
+    hp = Hparams(**{**{name: None for name in REGISTRY}, "position_encoding": "rope"})
+    spec = TrialSpec(trial_id=size, trial_dir="", data_dir="", hparams=hp, seed=0, steps=1, model=model,
+                     model_width=width, model_depth=depth)
     with torch.device("meta"):
-        return non_embedding_parameters(build_trial_model(spec, {}))
+        return non_embedding_parameters(build_trial_model(spec, hp))
 
 
 def scan_sizes(cfg) -> list[str]:

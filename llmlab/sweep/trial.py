@@ -16,7 +16,7 @@ import sys
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -34,10 +34,12 @@ from llmlab.core.io import atomic_write_json
 from llmlab.core.tracking import MetricsLogger
 from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig, parameter_table
 from llmlab.sweep import metrics as M
+from llmlab.sweep.spec import Hparams, TrialSpec
 from llmlab.train.common import GradClipper, causal_lm_loss, perplexity
 from llmlab.train.optim import build_optimizer, build_schedule
 
 RESULT_NAME = "result.json"
+FAIL_SMOOTH = 10  # losses in the fail-safes' moving average: one noisy batch moves it by a tenth
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -49,27 +51,22 @@ class TrialStop(Exception):
         self.kind, self.reason = kind, reason
 
 
-def trial_setting(spec: dict, hp: dict, name: str, default: Any = None) -> Any:
-    """A per-trial factor (YAML grids may vary it) falling back to the sweep-wide setting."""
-    return hp.get(name, spec.get(name, default))
-
-
-def build_trial_model(spec: dict, hp: dict) -> torch.nn.Module:
-    width, depth = spec.get("model_width"), spec.get("model_depth")
-    if spec["model"] == "minimal":
-        options = dict(max_seq_len=spec["block_size"], embedding=spec.get("embedding", "trainable"),
-                       position_encoding=trial_setting(spec, hp, "position_encoding", "rope"),
-                       parametrization=spec.get("parametrization", "standard"),
-                       mup_base_width=spec.get("mup_base_width", 192),
-                       gradient_checkpointing=spec["gradient_checkpointing"])
+def build_trial_model(spec: TrialSpec, hp: Hparams) -> torch.nn.Module:
+    width, depth = spec.model_width, spec.model_depth
+    if spec.model == "minimal":
+        options = dict(max_seq_len=spec.block_size, embedding=spec.embedding,
+                       position_encoding=hp.position_encoding,
+                       parametrization=spec.parametrization,
+                       mup_base_width=spec.mup_base_width,
+                       gradient_checkpointing=spec.gradient_checkpointing)
         cfg = (MinimalTransformerConfig.of_size(width, depth, **options) if width
                else MinimalTransformerConfig(**options))
         return MinimalTransformer(cfg)
     from llmlab.models.gpt2 import build_gpt2_model
 
     shape = {"n_embd": width, "n_layer": depth, "n_head": width // 64} if width else {}
-    model = build_gpt2_model(spec["model"], vocab_size=50257, n_positions=spec["block_size"], **shape)
-    if spec["gradient_checkpointing"]:
+    model = build_gpt2_model(spec.model, vocab_size=50257, n_positions=spec.block_size, **shape)
+    if spec.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model
 
@@ -86,17 +83,48 @@ def forward_logits(model, input_ids):
     return out.logits if hasattr(out, "logits") else out
 
 
-def warmup_steps(spec: dict, hp: dict) -> int:
-    return max(0, round(hp["warmup"] * spec["warmup_scale"]))
+def warmup_steps(spec: TrialSpec, hp: Hparams) -> int:
+    return max(0, round(hp.warmup * spec.warmup_scale))
+
+
+EOS = 50256  # GPT-2's <|endoftext|>: every document of the lab's data ends with it
+
+
+def document_rows(tokens: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """loss_mask padding: one document per row (long ones over several rows), right-padded with eos; returns the
+    rows and which positions are real tokens (padding is never a target)."""
+    stream = np.asarray(tokens).reshape(-1)
+    ends = np.flatnonzero(stream == EOS) + 1
+    rows, real = [], []
+    for start, stop in zip(np.concatenate([[0], ends[:-1]]), ends):
+        for piece in range(start, stop, block):
+            chunk = stream[piece:min(piece + block, stop)]
+            rows.append(np.pad(chunk, (0, block - len(chunk)), constant_values=EOS))
+            real.append(np.arange(block) < len(chunk))
+    return np.stack(rows), np.stack(real)
+
+
+def target_mask(rows: int, block: int, ratio: float) -> np.ndarray:
+    """token_mask_ratio: which label positions stay in the training loss. A fraction `ratio` of the targets is left
+    out in a fixed interleaved pattern shifted by one position per row (0.5: odd positions in one row, even in the
+    next). Label position 0 is never a target (the shift drops it)."""
+    if ratio <= 0:
+        return np.ones((rows, block), dtype=bool)
+    index = np.arange(block)[None, :] + np.arange(rows)[:, None]
+    return (index * ratio) % 1.0 >= ratio
 
 
 class Batches:
-    """Seeded, epoch-wise shuffled training rows from the memory-mapped token array."""
+    """Seeded, epoch-wise shuffled training rows, with each row's labels (-100 where a position is no target)."""
 
-    def __init__(self, tokens: np.ndarray, seed: int):
-        self.tokens, self.rng, self.order, self.cursor = tokens, np.random.default_rng(seed), np.array([], int), 0
+    def __init__(self, tokens: np.ndarray, seed: int, hp: Hparams, block: int):
+        real = None
+        if hp.loss_mask == "padding":
+            tokens, real = document_rows(tokens, block)
+        self.tokens, self.real, self.ratio = tokens, real, hp.token_mask_ratio
+        self.rng, self.order, self.cursor = np.random.default_rng(seed), np.array([], int), 0
 
-    def take(self, count: int) -> torch.Tensor:
+    def take(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows = []
         while len(rows) < count:
             if self.cursor >= len(self.order):
@@ -104,7 +132,23 @@ class Batches:
             take = min(count - len(rows), len(self.order) - self.cursor)
             rows.extend(self.order[self.cursor:self.cursor + take])
             self.cursor += take
-        return torch.from_numpy(np.asarray(self.tokens[np.sort(rows)], dtype=np.int64))
+        picked = np.sort(rows)
+        ids = np.asarray(self.tokens[picked], dtype=np.int64)
+        keep = target_mask(len(ids), ids.shape[1], self.ratio)
+        if self.real is not None:
+            keep &= self.real[picked]
+        return torch.from_numpy(ids), torch.from_numpy(np.where(keep, ids, -100))
+
+
+def grad_param_ratios(model) -> dict[str, float]:
+    """|grad| / |param| per layer group (the original lab's update ratio), from the gradients the step applies."""
+    sums: dict[str, list[float]] = {}
+    for name, param in model.named_parameters():
+        if param.grad is not None:
+            group = sums.setdefault(M.layer_group(name), [0.0, 0.0])
+            group[0] += float(param.grad.detach().float().pow(2).sum())
+            group[1] += float(param.detach().float().pow(2).sum())
+    return {g: math.sqrt(u) / math.sqrt(p) for g, (u, p) in sums.items() if p > 0}
 
 
 def update_ratios(model, before: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -135,41 +179,52 @@ class TrialSetup:
     warmup: int
 
 
-def build_setup(spec: dict, hp: dict, device: torch.device) -> TrialSetup:
-    set_seed(spec["seed"])
+def build_setup(spec: TrialSpec, hp: Hparams, device: torch.device) -> TrialSetup:
+    set_seed(spec.seed)
     model = build_trial_model(spec, hp).to(device)
-    if spec.get("print_parameters"):
-        print(parameter_table(model)[0], flush=True)
     params = [p for p in model.parameters() if p.requires_grad]
     multipliers = ({id(p): model.lr_multipliers()[n] for n, p in model.named_parameters() if p.requires_grad}
                    if hasattr(model, "lr_multipliers") else None)
-    optimizer = build_optimizer(hp["optimizer"], params, hp["lr"], hp["weight_decay"], lr_multipliers=multipliers)
-    steps, warmup = spec["steps"], warmup_steps(spec, hp)
-    scheduler = build_schedule(optimizer, hp["scheduler"], warmup, steps)
-    dtype = AUTOCAST_DTYPES.get(spec.get("precision", "fp32"))
-    smoothing = trial_setting(spec, hp, "label_smoothing", 0.0)
+    optimizer = build_optimizer(hp.optimizer, params, hp.lr, hp.weight_decay, lr_multipliers=multipliers)
+    steps, warmup = spec.steps, warmup_steps(spec, hp)
+    scheduler = build_schedule(optimizer, hp.scheduler, warmup, steps)
+    dtype = AUTOCAST_DTYPES.get(spec.precision)
+    smoothing = hp.label_smoothing
 
     def autocast():
         return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
-    def loss_of(chunk):  # the autocast region is inside, so a compiled graph holds the casts too
+    def loss_of(chunk, labels):  # the autocast region is inside, so a compiled graph holds the casts too
         with autocast():
-            return causal_lm_loss(forward_logits(model, chunk), chunk, smoothing)
+            return causal_lm_loss(forward_logits(model, chunk), labels, smoothing)
 
-    batch = hp["batch_size"]
+    batch = hp.batch_size
+    micro = batch // hp.accumulation if hp.accumulation > 1 else min(spec.micro_batch_size or batch, batch)
     return TrialSetup(model=model, params=params, optimizer=optimizer, scheduler=scheduler,
-                      clipper=GradClipper(hp["clip"], warmup_steps=warmup), clip_mode=hp.get("clip_mode", "norm"),
+                      clipper=GradClipper(hp.clip, warmup_steps=warmup), clip_mode=hp.clip_mode,
                       scaler=torch.amp.GradScaler(device.type, init_scale=1024, enabled=dtype is torch.float16),
-                      loss_fn=torch.compile(loss_of) if spec.get("compile") else loss_of, autocast=autocast,
-                      batch=batch, micro=min(spec["micro_batch_size"] or batch, batch), warmup=warmup)
+                      loss_fn=torch.compile(loss_of) if spec.compile else loss_of, autocast=autocast,
+                      batch=batch, micro=micro, warmup=warmup)
 
 
-def train_step(s: TrialSetup, rows: torch.Tensor, step: int) -> tuple[float, float, bool]:
-    """One optimizer step over `rows` (gradient accumulation over micro batches): loss, pre-clip grad norm,
-    whether the clip bound was active."""
-    loss_sum = 0.0
-    for chunk in rows.split(s.micro):
-        loss = s.loss_fn(chunk)
+@dataclass
+class StepOutcome:
+    loss: float  # mean training loss of the step's micro batches
+    grad_norm: float  # before clipping
+    clipped: bool  # whether the clip bound was active
+    lr: float  # the lr the step used
+    skipped: bool  # fp16: the scaler found an overflow and skipped the update
+    seconds: float  # the step's time, without the ratio measurements (they are not training)
+    update_ratio: Optional[dict] = None  # |update| / |param| per layer group, on measured steps
+    grad_ratio: Optional[dict] = None  # |grad| / |param| per layer group, on measured steps
+
+
+def train_step(s: TrialSetup, ids: torch.Tensor, labels: torch.Tensor, step: int, measure: bool) -> StepOutcome:
+    """One optimizer step: backward over the micro batches (gradient accumulation), clip, update, schedule.
+    `measure` also records both update ratios (a parameter snapshot costs a copy, so only on logged steps)."""
+    started, loss_sum = time.perf_counter(), 0.0
+    for chunk, chunk_labels in zip(ids.split(s.micro), labels.split(s.micro)):
+        loss = s.loss_fn(chunk, chunk_labels)
         s.scaler.scale(loss * len(chunk) / s.batch).backward()
         loss_sum += float(loss.detach()) * len(chunk) / s.batch
     s.scaler.unscale_(s.optimizer)
@@ -182,7 +237,20 @@ def train_step(s: TrialSetup, rows: torch.Tensor, step: int) -> tuple[float, flo
         norm = float(torch.nn.utils.clip_grad_norm_(s.params, bound if bound else float("inf")))
         clipped = bound is not None and norm > bound
     s.clipper.observe(norm)
-    return loss_sum, norm, clipped
+    measuring = time.perf_counter()
+    grad_ratio = grad_param_ratios(s.model) if measure else None
+    snapshot = {n: p.detach().clone() for n, p in s.model.named_parameters() if p.requires_grad} if measure else None
+    resumed = time.perf_counter()
+    lr = s.scheduler.get_last_lr()[0]
+    scale_before = s.scaler.get_scale() if s.scaler.is_enabled() else None
+    s.scaler.step(s.optimizer)
+    s.scaler.update()
+    s.scheduler.step()
+    s.optimizer.zero_grad(set_to_none=True)
+    skipped = scale_before is not None and s.scaler.get_scale() < scale_before
+    seconds = time.perf_counter() - started - (resumed - measuring)
+    update = update_ratios(s.model, snapshot) if measure and not skipped else None
+    return StepOutcome(loss_sum, norm, clipped, lr, skipped, seconds, update, grad_ratio if not skipped else None)
 
 
 class FailSafes:
@@ -192,10 +260,10 @@ class FailSafes:
     `margin` above its best value so far, or above `ceiling` (default: the untrained loss + 1, i.e. worse
     than a model that never trained). One noisy batch moves that average by ~1/smooth of its excursion."""
 
-    def __init__(self, spec: dict, probe_loss: Callable[[], float]):
+    def __init__(self, spec: TrialSpec, probe_loss: Callable[[], float]):
         self.spec, self.probe_loss = spec, probe_loss
-        self.recent: deque[float] = deque(maxlen=spec.get("fail_smooth", 10))
-        self.best, self.ceiling, self.probes = math.inf, spec.get("fail_loss"), []
+        self.recent: deque[float] = deque(maxlen=FAIL_SMOOTH)
+        self.best, self.ceiling, self.probes = math.inf, spec.fail_loss, []
 
     def check(self, step: int, loss: float, norm: float, overflow: bool) -> None:
         if not math.isfinite(loss):
@@ -204,7 +272,7 @@ class FailSafes:
         smoothed = sum(self.recent) / len(self.recent)
         if self.ceiling is None:
             self.ceiling = loss + 1.0
-        margin = self.spec.get("fail_margin", 1.0)
+        margin = self.spec.fail_margin
         if smoothed > self.ceiling:
             raise TrialStop("diverged", f"smoothed loss {smoothed:.3f} > {self.ceiling:.3f} at step {step}")
         if smoothed > self.best + margin:
@@ -214,77 +282,66 @@ class FailSafes:
             self.best = min(self.best, smoothed)
         if not overflow and not math.isfinite(norm):
             raise TrialStop("diverged", f"gradient norm is {norm} at step {step}")
-        if math.isfinite(norm) and norm > self.spec["fail_grad_norm"]:
-            raise TrialStop("diverged", f"gradient norm {norm:.1f} > {self.spec['fail_grad_norm']:g} at step {step}")
-        if step % self.spec["flat_window"] == 0:
+        if math.isfinite(norm) and norm > self.spec.fail_grad_norm:
+            raise TrialStop("diverged", f"gradient norm {norm:.1f} > {self.spec.fail_grad_norm:g} at step {step}")
+        if step % self.spec.flat_window == 0:
             self.probes.append(self.probe_loss())
             moved = abs(self.probes[-1] - self.probes[-2]) if len(self.probes) >= 2 else math.inf
-            if moved < self.spec["flat_tolerance"]:
-                raise TrialStop("flat", f"probe loss moved {moved:.2e} < {self.spec['flat_tolerance']:g} over "
-                                        f"{self.spec['flat_window']} steps (step {step})")
+            if moved < self.spec.flat_tolerance:
+                raise TrialStop("flat", f"probe loss moved {moved:.2e} < {self.spec.flat_tolerance:g} over "
+                                        f"{self.spec.flat_window} steps (step {step})")
 
 
-def _precheck(spec: dict, step: int, step_times: list[float], started: float) -> None:
-    if step + 1 != spec["precheck_steps"]:
+def _precheck(spec: TrialSpec, step: int, step_times: list[float], started: float) -> None:
+    if step + 1 != spec.precheck_steps:
         return
     # the median ignores the first step's one-off costs (torch.compile, allocator warm-up)
-    projected = (time.time() - started) + (spec["steps"] - step - 1) * float(np.median(step_times))
-    if projected > spec["timeout_s"]:
+    projected = (time.time() - started) + (spec.steps - step - 1) * float(np.median(step_times))
+    if projected > spec.timeout_s:
         raise TrialStop("slow", f"pre-check: projected {projected:.0f} s exceeds the trial timeout "
-                                f"{spec['timeout_s']} s; lower --steps or raise --trial_timeout")
+                                f"{spec.timeout_s} s; lower --steps or raise --trial_timeout")
 
 
-def train_attempt(spec: dict, hp: dict, data: dict, device: torch.device, log_dir: Path, started: float) -> dict:
+def train_attempt(spec: TrialSpec, hp: Hparams, data: dict, device: torch.device, log_dir: Path, started: float) -> dict:
     """Train once with hyperparameters `hp`; returns the curves and metrics, or raises TrialStop."""
     s = build_setup(spec, hp, device)
-    batches = Batches(data["train"], spec["seed"])
+    batches = Batches(data["train"], spec.seed, hp, spec.block_size)
     probe = torch.from_numpy(np.asarray(data["validation"][: min(4, len(data["validation"]))], dtype=np.int64)).to(device)
-
-    def probe_loss() -> float:  # not through the compiled loss: eval mode and this shape would recompile it
-        s.model.eval()
-        with torch.no_grad(), s.autocast():
-            value = float(causal_lm_loss(forward_logits(s.model, probe), probe))
-        s.model.train()
-        return value
-
     logger = MetricsLogger(log_dir)
-    safes = FailSafes(spec, probe_loss)
-    curves: dict[str, list] = {"loss": [], "grad_norm": [], "lr": []}
-    ratios: dict[str, list[float]] = {}
+    safes = FailSafes(spec, lambda: probe_loss(s, probe))
+    curves: dict[str, list] = {"loss": [], "grad_norm": [], "lr": [], "attention_entropy": []}
+    ratios: dict[str, dict[str, list[float]]] = {"update": {}, "grad": {}}
     step_times, counts = [], {"clipped": 0, "skipped": 0}
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     try:
         s.model.train()
-        for step in range(spec["steps"]):
+        for step in range(spec.steps):
+            measure = step % spec.log_every == 0 or step == spec.steps - 1
             tick = time.perf_counter()
-            snapshot = ({n: p.detach().clone() for n, p in s.model.named_parameters() if p.requires_grad}
-                        if step % spec["log_every"] == 0 else None)
-            loss, norm, clipped = train_step(s, batches.take(s.batch).to(device), step)
-            lr_now = s.scheduler.get_last_lr()[0]
-            scale_before = s.scaler.get_scale() if s.scaler.is_enabled() else None
-            s.scaler.step(s.optimizer)
-            s.scaler.update()
-            s.scheduler.step()
-            s.optimizer.zero_grad(set_to_none=True)
-            step_times.append(time.perf_counter() - tick)
-            overflow = scale_before is not None and s.scaler.get_scale() < scale_before  # fp16: step skipped
-            counts["clipped"] += int(clipped)
-            counts["skipped"] += int(overflow)
-            for name, value in (("loss", loss), ("grad_norm", norm), ("lr", lr_now)):
+            ids, labels = batches.take(s.batch)
+            ids, labels = ids.to(device), labels.to(device)
+            loading = time.perf_counter() - tick
+            out = train_step(s, ids, labels, step, measure)
+            step_times.append(loading + out.seconds)
+            counts["clipped"] += int(out.clipped)
+            counts["skipped"] += int(out.skipped)
+            for name, value in (("loss", out.loss), ("grad_norm", out.grad_norm), ("lr", out.lr)):
                 curves[name].append(value)
-            if snapshot is not None and not overflow:
-                for group, value in update_ratios(s.model, snapshot).items():
-                    ratios.setdefault(group, []).append(value)
-            _log_step(spec, logger, step, curves, step_times[-1])
-            safes.check(step, loss, norm, overflow)
+            for kind, measured in (("update", out.update_ratio), ("grad", out.grad_ratio)):
+                for group, value in (measured or {}).items():
+                    ratios[kind].setdefault(group, []).append(value)
+            if measure:
+                curves["attention_entropy"].append([step, probe_entropy(s, probe)])
+            _log_step(spec, logger, step, curves, step_times[-1], measure)
+            safes.check(step, out.loss, out.grad_norm, out.skipped)
             _precheck(spec, step, step_times, started)
         evaluation = evaluate_trial(s.model, data["validation"], spec, device, s.autocast)
         logger.log({"eval/loss": evaluation["val_loss"], "eval/perplexity": evaluation["val_perplexity"]},
-                   spec["steps"])
+                   spec.steps)
     except TrialStop as stop:
         stop.curves = curves  # kept in result.json so a failed run's curve can still be inspected
-        if len(curves["loss"]) <= spec["precheck_steps"] and not stop.reason.startswith("pre-check"):
+        if len(curves["loss"]) <= spec.precheck_steps and not stop.reason.startswith("pre-check"):
             stop.reason = f"pre-check: {stop.reason}"
         raise
     finally:
@@ -295,19 +352,45 @@ def train_attempt(spec: dict, hp: dict, data: dict, device: torch.device, log_di
     return {"summary": summary, "curves": curves}
 
 
-def _log_step(spec: dict, logger: MetricsLogger, step: int, curves: dict, seconds: float) -> None:
-    if step % spec["log_every"] == 0 or step == spec["steps"] - 1:
+def probe_loss(s: TrialSetup, probe: torch.Tensor) -> float:
+    """Loss on a fixed validation batch (not through the compiled loss: eval mode and this shape would recompile)."""
+    s.model.eval()
+    with torch.no_grad(), s.autocast():
+        value = float(causal_lm_loss(forward_logits(s.model, probe), probe))
+    s.model.train()
+    return value
+
+
+def probe_entropy(s: TrialSetup, probe: torch.Tensor) -> Optional[float]:
+    """The last attention layer's mean entropy on the probe batch, during training (the original lab's curve)."""
+    s.model.eval()
+    try:
+        with torch.no_grad(), s.autocast():
+            if isinstance(s.model, MinimalTransformer):
+                return float(s.model(probe, return_attention_entropy=True)[1])
+            s.model.set_attn_implementation("eager")  # HF models expose attention probabilities only there
+            probs = s.model(probe, output_attentions=True).attentions[-1].float()
+            s.model.set_attn_implementation("sdpa")
+            return float(-(probs * probs.clamp_min(1e-12).log()).sum(-1).mean())
+    finally:
+        s.model.train()
+
+
+def _log_step(spec: TrialSpec, logger: MetricsLogger, step: int, curves: dict, seconds: float, measured: bool) -> None:
+    if measured:
         loss, norm, lr = curves["loss"][-1], curves["grad_norm"][-1], curves["lr"][-1]
-        logger.log({"train/loss": loss, "train/grad_norm": norm, "train/lr": lr}, step)
-        print(f"step {step:>5}/{spec['steps']}  loss {loss:.4f}  grad_norm {norm:.3g}  lr {lr:.3g}  "
+        entropy = curves["attention_entropy"][-1][1] if curves["attention_entropy"] else None
+        logger.log({"train/loss": loss, "train/grad_norm": norm, "train/lr": lr,
+                    **({"train/attention_entropy": entropy} if entropy is not None else {})}, step)
+        print(f"step {step:>5}/{spec.steps}  loss {loss:.4f}  grad_norm {norm:.3g}  lr {lr:.3g}  "
               f"{seconds:.3f} s/step", flush=True)
 
 
-def summarise(spec: dict, s: TrialSetup, curves: dict, ratios: dict, step_times: list[float], counts: dict,
+def summarise(spec: TrialSpec, s: TrialSetup, curves: dict, ratios: dict, step_times: list[float], counts: dict,
               evaluation: dict, device: torch.device) -> dict:
     peak = (torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda"
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    timed = step_times[spec["precheck_steps"]:] or step_times
+    timed = step_times[spec.precheck_steps:] or step_times
     grad_mean, grad_std = M.mean_std(curves["grad_norm"])
     return {
         "initial_loss": curves["loss"][0],  # L_init of the lr-sensitivity measure (Wortsman et al. 2023)
@@ -319,38 +402,42 @@ def summarise(spec: dict, s: TrialSetup, curves: dict, ratios: dict, step_times:
         "early_loss_std": M.early_loss_std(curves["loss"]),
         "grad_norm_mean": grad_mean, "grad_norm_std": grad_std,
         "clipped_steps": counts["clipped"], "skipped_steps": counts["skipped"],
-        "update_ratio": {g: float(np.mean(v)) for g, v in ratios.items()},
-        "update_ratio_mean": float(np.mean([np.mean(v) for v in ratios.values()])) if ratios else None,
+        # two definitions, both named: |update| / |param| (what the step did) and |grad| / |param| (the original lab's)
+        "update_ratio": {g: float(np.mean(v)) for g, v in ratios["update"].items()},
+        "update_ratio_mean": float(np.mean([np.mean(v) for v in ratios["update"].values()])) if ratios["update"] else None,
+        "grad_param_ratio": {g: float(np.mean(v)) for g, v in ratios["grad"].items()},
+        "grad_param_ratio_mean": (float(np.mean([np.mean(v) for v in ratios["grad"].values()]))
+                                  if ratios["grad"] else None),
         "peak_memory_mb": round(peak, 1),
         # only a GPU peak calibrates recommend's memory model; a CPU RSS is mostly torch itself
         "memory_source": "cuda" if device.type == "cuda" else "cpu_rss",
-        "model_width": spec.get("model_width"), "model_depth": spec.get("model_depth"),
-        "seq_len": spec["block_size"], "micro_batch_size": s.micro,
+        "model_width": spec.model_width, "model_depth": spec.model_depth,
+        "seq_len": spec.block_size, "micro_batch_size": s.micro,
         "time_per_step_s": float(np.mean(timed)),
-        "tokens_per_s": s.batch * spec["block_size"] / float(np.median(timed)),
-        "train_tokens": spec["steps"] * s.batch * spec["block_size"],
+        "tokens_per_s": s.batch * spec.block_size / float(np.median(timed)),
+        "train_tokens": spec.steps * s.batch * spec.block_size,
         "n_params": non_embedding_parameters(s.model),
         "n_params_total": sum(p.numel() for p in s.model.parameters()),
         # C = 6 N D (Kaplan et al.), the compute the scaling-law comparisons are stated in
-        "compute_flops": 6.0 * non_embedding_parameters(s.model) * spec["steps"] * s.batch * spec["block_size"],
+        "compute_flops": 6.0 * non_embedding_parameters(s.model) * spec.steps * s.batch * spec.block_size,
         "warmup_steps": s.warmup, "accumulation_steps": math.ceil(s.batch / s.micro),
-        "precision": spec.get("precision", "fp32"), "compiled": bool(spec.get("compile")),
+        "precision": spec.precision, "compiled": bool(spec.compile),
     }
 
 
-def evaluate_trial(model, validation: np.ndarray, spec: dict, device, autocast: Optional[Callable] = None,
+def evaluate_trial(model, validation: np.ndarray, spec: TrialSpec, device, autocast: Optional[Callable] = None,
                    segments: int = 4) -> dict:
     """Validation loss / perplexity overall and per position segment, and the last layer's attention entropy."""
     model.eval()
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation("eager")
-    micro = spec["micro_batch_size"] or spec["eval_batch_size"]
-    rows = validation[: spec["eval_batches"] * spec["eval_batch_size"]]
+    micro = spec.micro_batch_size or spec.eval_batch_size
+    rows = validation[: spec.eval_batches * spec.eval_batch_size]
     token_losses, entropies = [], []
     with torch.no_grad(), (autocast or contextlib.nullcontext)():
         for start in range(0, len(rows), micro):
             ids = torch.from_numpy(np.asarray(rows[start:start + micro], dtype=np.int64)).to(device)
-            if spec["model"] == "minimal":
+            if spec.model == "minimal":
                 logits, entropy = model(ids, return_attention_entropy=True)
                 entropies.append(float(entropy))
             else:  # HF models: the last layer's attention probabilities need the eager attention path
@@ -376,9 +463,9 @@ def evaluate_trial(model, validation: np.ndarray, spec: dict, device, autocast: 
     }
 
 
-def write_hparams(logger: MetricsLogger, hp: dict, summary: dict) -> None:
+def write_hparams(logger: MetricsLogger, hp: Hparams, summary: dict) -> None:
     """Record this run in TensorBoard's HParams tab (same run folder as its curves)."""
-    hparam_values = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in hp.items()}
+    hparam_values = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in asdict(hp).items()}
     metric_values = {f"hparam/{k}": summary[k] for k in ("final_loss", "stability_index", "grad_norm_mean",
                                                          "time_per_step_s") if summary.get(k) is not None}
     experiment, start, end = hparams_summary(hparam_values, metric_values)
@@ -389,16 +476,16 @@ def write_hparams(logger: MetricsLogger, hp: dict, summary: dict) -> None:
         logger.writer.add_scalar(key, value)
 
 
-def fallback(hp: dict, stop: TrialStop) -> tuple[dict, str] | None:
+def fallback(hp: Hparams, stop: TrialStop) -> tuple[Hparams, str] | None:
     """The one retry: a flat loss first tries warmup 100 (the lr rises sooner), a divergence clip - 0.1."""
     if stop.kind == "slow":
         return None
     options = []
-    if isinstance(hp["clip"], (int, float)) and hp["clip"] > 0.1:
-        tighter = round(hp["clip"] - 0.1, 6)
-        options.append(({**hp, "clip": tighter}, f"clip {hp['clip']} -> {tighter}"))
-    if hp["warmup"] > 100:
-        options.append(({**hp, "warmup": 100}, f"warmup {hp['warmup']} -> 100"))
+    if isinstance(hp.clip, (int, float)) and hp.clip > 0.1:
+        tighter = round(hp.clip - 0.1, 6)
+        options.append((replace(hp, clip=tighter), f"clip {hp.clip} -> {tighter}"))
+    if hp.warmup > 100:
+        options.append((replace(hp, warmup=100), f"warmup {hp.warmup} -> 100"))
     if stop.kind == "flat":
         options.reverse()
     return options[0] if options else None
@@ -428,44 +515,44 @@ def watch_driver(driver) -> None:
 
 def run_trial(spec_path: str | Path) -> dict:
     started = time.time()
-    spec = json.loads(Path(spec_path).read_text())
-    watch_driver(spec.get("driver"))
-    trial_dir = Path(spec["trial_dir"])
-    threads = spec.get("threads")
+    spec = TrialSpec.read(spec_path)
+    watch_driver(spec.driver)
+    trial_dir = Path(spec.trial_dir)
+    threads = spec.threads
     if threads:
         torch.set_num_threads(threads)
-    device = torch.device("cuda" if spec["device"] == "cuda" else "cpu")
-    data = load_data(Path(spec["data_dir"]))
+    device = torch.device("cuda" if spec.device == "cuda" else "cpu")
+    data = load_data(Path(spec.data_dir))
     data_loaded = time.time() - started
-    hp = dict(spec["hparams"])
-    result: dict[str, Any] = {"trial_id": spec["trial_id"], "hparams": spec["hparams"], "model": spec["model"],
-                              "steps": spec["steps"], "seed": spec["seed"], "replicate": spec.get("replicate", 0),
+    hp = spec.hparams
+    result: dict[str, Any] = {"trial_id": spec.trial_id, "hparams": asdict(spec.hparams), "model": spec.model,
+                              "steps": spec.steps, "seed": spec.seed, "replicate": spec.replicate,
                               "attempts": 0, "boundary": False, "failures": [], "fallback": None}
-    print(f"[{spec['trial_id']}] {spec['steps']} steps, model {spec['model']}, seed {spec['seed']}, {hp}", flush=True)
+    print(f"[{spec.trial_id}] {spec.steps} steps, model {spec.model}, seed {spec.seed}, {hp}", flush=True)
     for attempt in (1, 2):
         result["attempts"] = attempt
         log_dir = trial_dir if attempt == 1 else trial_dir / "retry"
         try:
             outcome = train_attempt(spec, hp, data, device, log_dir, started)
-            result.update(status="ok", effective_hparams=hp, **outcome["summary"], curves=outcome["curves"])
+            result.update(status="ok", effective_hparams=asdict(hp), **outcome["summary"], curves=outcome["curves"])
             break
         except TrialStop as stop:
-            print(f"[{spec['trial_id']}] fail-safe: {stop.reason}", flush=True)
+            print(f"[{spec.trial_id}] fail-safe: {stop.reason}", flush=True)
             result["failures"].append(stop.reason)
-            result.update(status="failed", effective_hparams=hp, curves=stop.curves)
-            plan = fallback(hp, stop) if spec["retry"] and attempt == 1 else None
+            result.update(status="failed", effective_hparams=asdict(hp), curves=stop.curves)
+            plan = fallback(hp, stop) if spec.retry and attempt == 1 else None
             if plan is None:
                 break
             hp, result["fallback"] = plan
             result["boundary"] = True
-            print(f"[{spec['trial_id']}] retrying once with {result['fallback']}", flush=True)
+            print(f"[{spec.trial_id}] retrying once with {result['fallback']}", flush=True)
         except torch.cuda.OutOfMemoryError as err:
             result.update(status="oom", failures=result["failures"] + [f"CUDA out of memory: {str(err)[:200]}"])
             break
     result["startup_s"] = round(data_loaded, 3)
     result["wall_time_s"] = round(time.time() - started, 3)
     atomic_write_json(trial_dir / RESULT_NAME, result)
-    print(f"[{spec['trial_id']}] {result['status']} in {result['wall_time_s']:.1f} s", flush=True)
+    print(f"[{spec.trial_id}] {result['status']} in {result['wall_time_s']:.1f} s", flush=True)
     return result
 
 

@@ -152,14 +152,14 @@ class TrainingSession:
         saved = ckpt.read_trainer_state(path)
         ckpt.check_layout(saved.get("layout", {}), self.layout, path, self.layout_hint)
         changed = ckpt.check_resume_config(saved.get("config", {}), to_dict(self.cfg), self.resumable, path)
+        if saved["step"] > self.total_steps:  # every refusal before anything on disk moves
+            raise UserError(f"checkpoint {path} is at step {saved['step']}, past the {self.total_steps} steps this run "
+                            "would train; pass a larger --max_steps (or --epochs) to continue it")
         if self.accelerator.is_main_process:
             moved = ckpt.set_aside_newer_checkpoints(self.out, path)
             if moved:
                 self.accelerator.print(f"note: resuming from {path.name}, an older checkpoint: "
                                        f"{', '.join(p.name for p in moved)} set aside (renamed, not deleted)")
-        if saved["step"] > self.total_steps:
-            raise UserError(f"checkpoint {path} is at step {saved['step']}, past the {self.total_steps} steps this run "
-                            "would train; pass a larger --max_steps (or --epochs) to continue it")
         ckpt.load_checkpoint(self.accelerator, path)
         self.resumed_config = dict(saved.get("config", {}))
         if changed:
@@ -269,10 +269,14 @@ class TrainingSession:
 
             release_lock(self.out)
         if kind is KeyboardInterrupt:
+            from llmlab.core.errors import Interrupted
+
             last = ckpt.latest_checkpoint(self.out)
-            where = f"the last checkpoint is {last}" if last else "no checkpoint was written yet"
-            raise UserError(f"interrupted at step {self.state.step}; {where}: rerun with --resume_from_checkpoint "
-                            "latest to continue") from None
+            if last is not None:
+                raise Interrupted(f"at step {self.state.step}; the last checkpoint is {last}: rerun with "
+                                  "--resume_from_checkpoint latest to continue from it") from None
+            raise Interrupted(f"at step {self.state.step}, before the first checkpoint: nothing to resume; rerun with "
+                              "--overwrite_output_dir to start again") from None
         if isinstance(error, OSError) and not isinstance(error, UserError):
             raise ckpt._write_error(error, f"the run's files in {self.out}") from None
         return False
