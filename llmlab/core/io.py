@@ -58,9 +58,21 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     return records
 
 
+def normal_modes(folder: str | os.PathLike) -> None:
+    """Give every file and folder under `folder` the modes the user's umask would: writers that go through temp files
+    (mkstemp, save_pretrained's safetensors) leave 0600, which other users and tools cannot read."""
+    folder = Path(folder)
+    os.chmod(folder, 0o777 & ~_UMASK)
+    for path in folder.rglob("*"):
+        if not path.is_symlink():
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_UMASK)
+
+
 def publish_dir(tmp_dir: str | os.PathLike, final_dir: str | os.PathLike) -> None:
-    """Move a fully written temp directory into place; an old directory of that name is replaced."""
+    """Move a fully written temp directory into place (with normal file modes); an old directory of that name is
+    replaced."""
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
+    normal_modes(tmp_dir)
     if final_dir.exists():
         trash = final_dir.with_name(f".{final_dir.name}.old")
         shutil.rmtree(trash, ignore_errors=True)

@@ -44,10 +44,16 @@ def check_output_dir(path: str | os.PathLike, option: str = "--output_dir") -> P
 def acquire_lock(folder: Path, what: str = "run") -> Optional[str]:
     """Hold the folder's lock for the rest of this process and record the owner. Returns a note when the lock of a
     run that died without releasing it was taken over."""
-    created = not folder.exists()
+    if not _lock(folder, what):
+        return None
+    return _record_owner(folder, what)
+
+
+def _lock(folder: Path, what: str) -> bool:
+    """Take the folder's lock (False: this process holds it already); a live owner is a one-line refusal."""
     folder.mkdir(parents=True, exist_ok=True)
     if str(folder.resolve()) in _held:
-        return None
+        return False
     lock = FileLock(str(folder / LOCK_NAME))
     try:
         lock.acquire(timeout=0)
@@ -57,35 +63,30 @@ def acquire_lock(folder: Path, what: str = "run") -> Optional[str]:
                         f"{owner.get('host', '?')}, started {owner.get('started', '?')}); wait for it to finish or "
                         "pick another --output_dir") from None
     _held[str(folder.resolve())] = lock
+    return True
+
+
+def _record_owner(folder: Path, what: str) -> Optional[str]:
     previous = read_owner(folder)
     _write_owner(folder, {"pid": os.getpid(), "host": socket.gethostname(), "kind": what,
-                          "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": sys.argv, "created": created})
+                          "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": sys.argv})
     if previous.get("pid") and previous.get("released") is not True:
         return (f"note: {folder} was locked by pid {previous['pid']} on {previous.get('host', '?')}, which ended "
                 "without releasing it; taking it over")
     return None
 
 
-def release_lock(folder: Path, restore: Optional[dict] = None) -> None:
-    """Mark the lock released (a later run then takes it without a note) and drop it; `restore` puts back the owner
-    record found before a refused claim, so a refusal leaves no trace."""
+def release_lock(folder: Path, record: bool = True) -> None:
+    """Mark the lock released (a later run then takes it without a note) and drop it; `record=False` drops it without
+    touching the owner record (a refused claim, which must leave the folder as it found it)."""
     lock = _held.pop(str(Path(folder).resolve()), None)
     if lock is None:
         return
     try:
-        if restore is not None:
-            _restore_owner(Path(folder), restore)
-        else:
+        if record:
             _write_owner(Path(folder), {**read_owner(Path(folder)), "released": True})
     finally:
         lock.release()
-
-
-def _restore_owner(folder: Path, previous: dict) -> None:
-    if previous:
-        _write_owner(folder, previous)
-        return
-    (folder / OWNER_NAME).unlink(missing_ok=True)
 
 
 def read_owner(folder: Path) -> dict:
@@ -118,14 +119,15 @@ def folder_kind(folder: Path) -> Optional[str]:
 
 
 def claim_run_folder(path: str | os.PathLike, run_files: Iterable[str], *, resume: bool, overwrite: bool,
-                     what: str = "run") -> tuple[Path, Optional[str]]:
+                     what: str = "run", record: bool = True) -> tuple[Path, Optional[str]]:
     """Lock OUTPUT_DIR and apply the kind and fresh / resume / overwrite policy. `run_files` are the names a run of
-    this kind writes there: their presence means the folder holds a run, and only they are ever deleted. A refusal
-    restores the owner record, and removes the lock file and the folder when this claim created them."""
+    this kind writes there: their presence means the folder holds a run, and only they are ever deleted. Every check
+    runs before anything is written: a refusal leaves the folder as it was (and removes it if this claim made it).
+    `record=False` leaves the owner and kind records to `record_claim`, for callers with checks still to run."""
     folder = check_output_dir(path)
     new_dirs = [p for p in [folder, *folder.parents] if not p.exists()]  # what this claim would create
-    before = read_owner(folder)
-    note = acquire_lock(folder, what)
+    if not _lock(folder, what):
+        return folder, None
     try:
         kind = folder_kind(folder)
         if kind is not None and kind != what:
@@ -137,17 +139,28 @@ def claim_run_folder(path: str | os.PathLike, run_files: Iterable[str], *, resum
                             "--resume_from_checkpoint latest to continue it, --overwrite_output_dir to replace it, "
                             "or pick a new --output_dir")
     except UserError:
-        release_lock(folder, restore=before)
+        release_lock(folder, record=False)
         _remove_created(folder, new_dirs)
         raise
-    from llmlab.core.io import atomic_write_text
-
     if found and not resume:
         for name in found:  # only what a run of this kind writes: anything else the user keeps there stays
             target = folder / name
             shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+    return folder, record_claim(folder, what) if record else None
+
+
+def record_claim(folder: Path, what: str) -> Optional[str]:
+    """Write who owns the folder and what kind of run it holds, once every check passed."""
+    from llmlab.core.io import atomic_write_text
+
+    note = _record_owner(folder, what)
     atomic_write_text(folder / KIND_NAME, what + "\n")
-    return folder, note
+    return note
+
+
+def abandon_claim(folder: Path) -> None:
+    """A run refused after claiming (e.g. its resume did not match): drop the lock, write nothing."""
+    release_lock(folder, record=False)
 
 
 def _remove_created(folder: Path, new_dirs: list[Path]) -> None:

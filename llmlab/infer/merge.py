@@ -72,12 +72,33 @@ class MergeConfig:
         if out.exists() and not (out / "merge_report.json").is_file():  # never delete what merge did not write
             raise UserError(f"--out {self.out} exists and is not a merged model written by this command (no "
                             "merge_report.json); --overwrite only replaces an earlier merge: choose another folder")
+        check_same_base(adapter, base, self.base_model)
         quant = quantization_config_of(base) if Path(base).is_dir() else None
         if quant:
             raise UserError(f"--base_model {self.base_model} is quantized ({quant.get('quant_method', 'quantized')}); "
                             "merging into quantized weights loses the adapter's precision: merge into the "
                             "full-precision base, then quantize at load time (generate --precision int8/int4)")
         return base, adapter, out
+
+
+def check_same_base(adapter: str, base: str, given: str) -> None:
+    """The adapter records the base it was trained on (train_lora.py); merging it into another base of the same
+    shape would succeed and be wrong. Adapters trained elsewhere carry no record and cannot be checked."""
+    import json
+
+    from llmlab.core.identity import BASE_RECORD, model_digest
+
+    record = Path(adapter) / BASE_RECORD
+    if not record.is_file():
+        return
+    try:
+        trained_on = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return
+    if trained_on.get("digest") and trained_on["digest"] != model_digest(base):
+        raise UserError(f"--adapter {adapter} was trained on {trained_on.get('base_model')} "
+                        f"({trained_on['digest']}), and --base_model {given} has other weights "
+                        f"({model_digest(base)}); pass the base it was trained on")
 
 
 def _sample_batch(tokenizer, max_positions: int):
@@ -168,6 +189,40 @@ def _cast_checked(merged_model, batch, merged, scale: float, cfg: MergeConfig, l
     return merged_model, cast, {"max_abs_diff_cast_vs_fp32": cast_diff, "cast_tolerance": cast_tolerance}
 
 
+# What a merge writes, for merges made before merge_report.json listed its files.
+MERGE_OUTPUTS = ("*.safetensors", "*.safetensors.index.json", "*.bin", "config.json", "generation_config.json",
+                 "tokenizer*", "vocab.json", "merges.txt", "special_tokens_map.json", "added_tokens.json",
+                 "chat_template*", "merge_report.json", PROMPT_FILE)
+
+
+def keep_user_files(out: Path, tmp: Path) -> None:
+    """--overwrite replaces an earlier merge's files only: everything else in --out (the user's prompts, generate's
+    outputs) moves into the new folder before it is published."""
+    if not out.is_dir():
+        return
+    import fnmatch
+    import json
+
+    try:
+        written = set(json.loads((out / "merge_report.json").read_text()).get("files") or [])
+    except (OSError, ValueError, AttributeError):
+        written = set()
+    for entry in out.iterdir():
+        ours = entry.name in written or (not written and any(fnmatch.fnmatch(entry.name, p) for p in MERGE_OUTPUTS))
+        if not ours and not (tmp / entry.name).exists():
+            os.replace(entry, tmp / entry.name)
+
+
+def remove_abandoned_temps(out: Path) -> None:
+    """Temp folders of merges into --out that were killed before publishing (their pid is gone): never reused."""
+    import psutil
+
+    for stale in out.parent.glob(f".{out.name}.tmp*-*"):
+        pid = stale.name[len(f".{out.name}.tmp"):].split("-")[0]
+        if stale.is_dir() and pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
 def _save_verified(merged_model, tokenizer, adapter: str, out: Path, batch, cast, scale: float, cfg: MergeConfig,
                    report: dict) -> float:
     """Save into a temp folder, reload it with plain transformers, and publish only if it reproduces the logits."""
@@ -177,10 +232,8 @@ def _save_verified(merged_model, tokenizer, adapter: str, out: Path, batch, cast
     from llmlab.infer.quantize import FLOAT_DTYPES
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the published model folder should not be
+    remove_abandoned_temps(out)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp{os.getpid()}-"))
     try:
         merged_model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
@@ -193,7 +246,9 @@ def _save_verified(merged_model, tokenizer, adapter: str, out: Path, batch, cast
         if reload_diff > 1e-6 * max(1.0, scale):
             raise RuntimeError(f"the saved model does not reproduce the merged logits (max diff {reload_diff:.3e})")
         report["max_abs_diff_reloaded_vs_cast"] = reload_diff
+        report["files"] = sorted(p.name for p in tmp.iterdir()) + ["merge_report.json"]
         atomic_write_json(tmp / "merge_report.json", report)
+        keep_user_files(out, tmp)
         publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -213,15 +213,20 @@ def check_resume_config(saved: dict, current: dict, resumable: Iterable[str], pa
     if refused:
         name = refused[0]
         raise UserError(f"--{name} changed since checkpoint {path} ({saved[name]!r} -> {current[name]!r}); resume with "
-                        f"the same --{name}, or start a new run (--init_from / --overwrite_output_dir) to change it")
+                        f"the same --{name}, or start a new run (a new --output_dir, or --overwrite_output_dir) to change "
+                        "it")
     return changed
 
 
 def check_layout(saved: dict, current: dict, path: Path, same: str) -> None:
-    """What the config cannot show (process count, accumulation, dataset size) must match too."""
-    if saved != current:
-        diff = ", ".join(f"{k} {saved.get(k)!r} -> {current.get(k)!r}" for k in current if saved.get(k) != current[k])
-        raise UserError(f"checkpoint {path} was written with another setup ({diff}); resume with the same {same}")
+    """What the config cannot show (process count, accumulation, dataset size, the identity of the data and base
+    weights) must match too. A key an older checkpoint did not record cannot be checked and is skipped."""
+    changed = [k for k in current if k in saved and saved[k] != current[k]]
+    if changed:
+        diff = ", ".join(f"{k} {saved[k]!r} -> {current[k]!r}" for k in changed)
+        what = ("the data or the base model changed in place since this run started"
+                if set(changed) & {"data", "base_model"} else "it was written with another setup")
+        raise UserError(f"checkpoint {path}: {what} ({diff}); resume with the same {same}, or start a new run")
 
 
 def set_aside_newer_checkpoints(output_dir: str | os.PathLike, resume_path: Path) -> list[Path]:

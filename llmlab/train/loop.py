@@ -104,12 +104,9 @@ class TrainingSession:
     def _claim(self) -> None:
         from llmlab.core.runfolder import claim_run_folder
 
-        if self.accelerator.is_main_process:
-            _, note = claim_run_folder(self.out, self.run_files, resume=self.resume_path is not None,
-                                       overwrite=getattr(self.cfg, "overwrite_output_dir", False), what=self.kind)
-            if note:
-                self.accelerator.print(note)
-            ckpt.remove_partial_saves(self.out)
+        if self.accelerator.is_main_process:  # the owner and kind records wait until begin() accepted the run
+            claim_run_folder(self.out, self.run_files, resume=self.resume_path is not None,
+                             overwrite=getattr(self.cfg, "overwrite_output_dir", False), what=self.kind, record=False)
             self._claimed = True
         self.accelerator.wait_for_everyone()
 
@@ -131,30 +128,41 @@ class TrainingSession:
         from tqdm.auto import tqdm
 
         from llmlab.core.config import to_dict
+        from llmlab.core.runfolder import record_claim
         from llmlab.core.runinfo import write_run_info
         from llmlab.core.tracking import tracker_config
 
+        self.layout, self.total_steps = layout, total_steps
+        saved = self._check_resume() if self.resume_path is not None else None  # refusals first: nothing written yet
         if self.accelerator.is_main_process:
+            note = record_claim(self.out, self.kind)
+            if note:
+                self.accelerator.print(note)
+            ckpt.remove_partial_saves(self.out)
             write_run_info(self.out, self.cfg)
         self.accelerator.init_trackers(f"llmlab-{self.kind}", config=tracker_config(to_dict(self.cfg)))
-        self.layout, self.total_steps = layout, total_steps
         self.checkpointer = Checkpointer(self, save_every, keep_last, model, extra_manifest, write_extra)
-        manifest = self._resume() if self.resume_path is not None else None
+        manifest = self._resume(saved) if saved is not None else None
         self.bar = tqdm(total=total_steps, initial=self.state.step, desc=desc or self.kind, dynamic_ncols=True,
                         disable=not self.accelerator.is_local_main_process)
         self._tick = time.perf_counter()
         return manifest
 
-    def _resume(self) -> dict:
+    def _check_resume(self) -> dict:
+        """Every reason to refuse this resume, checked before anything on disk is written or moved."""
         from llmlab.core.config import to_dict
 
         path = self.resume_path
         saved = ckpt.read_trainer_state(path)
         ckpt.check_layout(saved.get("layout", {}), self.layout, path, self.layout_hint)
-        changed = ckpt.check_resume_config(saved.get("config", {}), to_dict(self.cfg), self.resumable, path)
-        if saved["step"] > self.total_steps:  # every refusal before anything on disk moves
+        saved["changed"] = ckpt.check_resume_config(saved.get("config", {}), to_dict(self.cfg), self.resumable, path)
+        if saved["step"] > self.total_steps:
             raise UserError(f"checkpoint {path} is at step {saved['step']}, past the {self.total_steps} steps this run "
                             "would train; pass a larger --max_steps (or --epochs) to continue it")
+        return saved
+
+    def _resume(self, saved: dict) -> dict:
+        path, changed = self.resume_path, saved.pop("changed")
         if self.accelerator.is_main_process:
             moved = ckpt.set_aside_newer_checkpoints(self.out, path)
             if moved:
@@ -265,9 +273,10 @@ class TrainingSession:
             self.bar.close()  # first, so an error message starts on its own line
         self.accelerator.end_training()
         if self._claimed:
-            from llmlab.core.runfolder import release_lock
+            from llmlab.core.runfolder import abandon_claim, release_lock
 
-            release_lock(self.out)
+            # a run refused before begin() recorded its claim leaves no trace; any other end marks the lock released
+            abandon_claim(self.out) if self.checkpointer is None else release_lock(self.out)
         if kind is KeyboardInterrupt:
             from llmlab.core.errors import Interrupted
 

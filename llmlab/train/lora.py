@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from llmlab.core.config import opt
+from llmlab.core.identity import model_digest, records_digest
 from llmlab.core.errors import UserError
 from llmlab.data.instruct import DEFAULT_PROMPT, DEFAULT_PROMPT_NO_INPUT, check_templates
 from llmlab.core.io import llmlab_cache
@@ -165,6 +166,7 @@ class LoraRun:
         self.cfg, self.session = cfg, session
         acc = session.accelerator
         model, self.tokenizer, from_base = load_base_model(cfg)
+        self.base_digest = model_digest(cfg.base_model)  # what the adapter belongs to: resume and merge check it
         checkpoint_trainable_weights_only(acc)
         set_seed(cfg.seed)
         self.adapter_tokenizer = None if from_base else self.tokenizer  # saved with the adapter only if not the base's
@@ -178,7 +180,8 @@ class LoraRun:
         self.lora = LoraState()
         session.register(self.scheduler, self.clipper, self.lora)
         session.begin(self.total_steps, {"train_examples": len(self.train_examples),
-                                         "num_processes": acc.num_processes},
+                                         "num_processes": acc.num_processes, "base_model": self.base_digest,
+                                         "data": self.data_digest},
                       cfg.save_every, cfg.keep_last, model=self.model, desc="lora",
                       write_extra=lambda folder: self.save_best(folder / BEST_ADAPTER_FILE))
         session.refresh_lr(self.scheduler, cfg.learning_rate)  # a resume honours a changed --learning_rate
@@ -191,6 +194,7 @@ class LoraRun:
         cfg, acc = self.cfg, self.session.accelerator
         records = load_records(cfg.dataset, cfg.cache_dir, cfg.dataset_config, cfg.dataset_split)
         train_records, val_records = split_records(records, cfg.val_fraction, cfg.data_seed, cfg.max_examples)
+        self.data_digest = records_digest(train_records + val_records)
         max_length = min(cfg.max_length, context)
         tokenize = partial(tokenize_records, self.tokenizer, max_length=max_length,
                            prompt_template=cfg.prompt_template, prompt_template_no_input=cfg.prompt_template_no_input)
@@ -262,7 +266,7 @@ class LoraRun:
         current = self.adapter_now()
         set_peft_model_state_dict(unwrapped, self.best_state)
         assert_finite(unwrapped, "adapter")
-        save_adapter(unwrapped, self.cfg, self.session.out / "adapter", self.adapter_tokenizer)
+        save_adapter(unwrapped, self.cfg, self.session.out / "adapter", self.adapter_tokenizer, self.base_digest)
         set_peft_model_state_dict(unwrapped, current)
 
     # ------------------------------------------------------------------ the run
@@ -368,7 +372,8 @@ class LoraRun:
         session.log({f"eval/{k}": v for k, v in after.items() if k != "generations"}, session.state.step)
         rouge_examples = self.val_examples[: cfg.eval_examples]
         report = {
-            "base_model": cfg.base_model, "dataset": cfg.dataset,
+            "base_model": cfg.base_model, "base_model_digest": self.base_digest, "dataset": cfg.dataset,
+            "data_digest": self.data_digest,
             "train_examples": len(self.train_examples), "val_examples": len(self.val_examples),
             "rouge_examples": len(rouge_examples), "steps": session.state.step, "best_step": lora.best_step,
             "stopped_early": stopped_early, **self.counts,

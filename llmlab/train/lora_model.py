@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
+from typing import Optional
 from llmlab.core.errors import UserError
 from llmlab.data.instruct import PROMPT_FILE
 
@@ -17,6 +18,9 @@ def check_base_model(cfg) -> None:
     if cfg.base_model == DEFAULT_BASE_MODEL and not Path(cfg.base_model).is_dir():
         raise UserError(f"no pretrained model at {DEFAULT_BASE_MODEL}: run `accelerate launch train_pretrain.py` "
                         "first, or pass --base_model (any Hugging Face model name or save_pretrained folder)")
+    if (Path(cfg.base_model).expanduser() / "adapter_config.json").is_file():
+        raise UserError(f"--base_model {cfg.base_model} is a LoRA adapter folder, not a model; pass the model it was "
+                        "trained on as --base_model (or merge it first: merge_and_infer.py merge)")
     # Hub names never start like a path; a missing local folder need not wait for the hub lookup.
     if cfg.base_model.startswith(("/", ".", "~")) and not Path(cfg.base_model).expanduser().exists():
         raise UserError(f"cannot load --base_model {cfg.base_model!r} (no such folder); pass a save_pretrained "
@@ -85,11 +89,13 @@ def adapter_state(model) -> dict:
     return {k: v.detach().to("cpu", copy=True) for k, v in get_peft_model_state_dict(model).items()}
 
 
-def save_adapter(model, cfg, path: Path, tokenizer=None) -> None:
+def save_adapter(model, cfg, path: Path, tokenizer=None, base_digest: Optional[str] = None) -> None:
     """peft save_pretrained into a temp folder, then swapped into place: never a half-written adapter.
 
-    `tokenizer` is saved alongside only when it is not the base model's own (which inference finds there).
+    `tokenizer` is saved alongside only when it is not the base model's own (which inference finds there). The base
+    model's identity is recorded (llmlab.core.identity.BASE_RECORD), so a merge can check it gets the same base.
     """
+    from llmlab.core.identity import BASE_RECORD
     from llmlab.core.io import atomic_write_json, publish_dir
 
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -99,6 +105,8 @@ def save_adapter(model, cfg, path: Path, tokenizer=None) -> None:
     atomic_write_json(tmp / PROMPT_FILE, {"prompt_template": cfg.prompt_template,
                                           "prompt_template_no_input": cfg.prompt_template_no_input,
                                           "eos_after_answer": True})
+    if base_digest:
+        atomic_write_json(tmp / BASE_RECORD, {"base_model": cfg.base_model, "digest": base_digest})
     publish_dir(tmp, path)
 
 

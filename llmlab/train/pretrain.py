@@ -223,6 +223,7 @@ class Pretraining:
         self.tokenizer = load_tokenizer(cfg.tokenizer)
         with acc.main_process_first():
             data = prepare_dataset(cfg.data_config(), self.tokenizer)
+        self.data_id = data.cache_path.name  # names the data's content and preparation: a resume checks it
         acc.gradient_accumulation_steps = setup.accumulation_steps(cfg, acc.num_processes)
         self.cfg = cfg = resolved_for_run(cfg, len(data.train))
         session.cfg = cfg
@@ -244,7 +245,8 @@ class Pretraining:
         session.register(self.scheduler, self.clipper, self.detector, self.rollbacks)
         setup.check_data_size(self.train_dl, acc)
         layout = {"batch_size": cfg.batch_size, "block_size": cfg.block_size, "num_processes": acc.num_processes,
-                  "gradient_accumulation_steps": acc.gradient_accumulation_steps, "train_batches": len(self.train_dl)}
+                  "gradient_accumulation_steps": acc.gradient_accumulation_steps, "train_batches": len(self.train_dl),
+                  "data": self.data_id}
         session.begin(cfg.max_steps, layout, cfg.save_every, cfg.keep_last, model=self.model, desc="pretrain",
                       extra_manifest=lambda: self.rollbacks.state_dict())
         session.refresh_lr(self.scheduler, cfg.learning_rate)  # a resume honours a changed --learning_rate
