@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from llmlab.core.config import add_dataclass_args, config_from_namespace
+from llmlab.core.config import Parser, add_dataclass_args, config_from_namespace
 from llmlab.core.errors import cli_entry
 from llmlab.infer.bench import BenchConfig, run_bench
 from llmlab.infer.generate import GenerateConfig, run_generate
@@ -28,8 +28,8 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{merge,generate,bench}")
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{merge,generate,bench}", parser_class=Parser)
     for name, (cls, _, help_text) in COMMANDS.items():
         add_dataclass_args(sub.add_parser(name, help=help_text, description=help_text), cls)
     return parser

@@ -139,9 +139,16 @@ def config_from_namespace(cls: type[T], ns: argparse.Namespace) -> T:
     return build_config(cls, values, source=str(config_path or "flags"))
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line, like every other bad input (the usage is in --help)."""
+
+    def error(self, message: str):
+        raise UserError(f"{self.prog}: {message}; see {self.prog} --help")
+
+
 def parse_config(cls: type[T], argv: list[str] | None = None, description: str | None = None) -> T:
     """One-call CLI: build the parser for `cls`, parse argv, return the resolved config."""
-    parser = argparse.ArgumentParser(description=description)
+    parser = Parser(description=description)
     add_dataclass_args(parser, cls)
     # The deepspeed launcher appends --local_rank=N; accept and ignore it (accelerate reads LOCAL_RANK).
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)

@@ -59,3 +59,19 @@ def set_cpu_threads(requested: int, local_processes: int, log=print) -> int:
         log(f"note: accelerate launch set OMP_NUM_THREADS=1; using {share} threads per process "
             f"({available_cores()} cores, {local_processes} local process(es)); --cpu_threads N overrides")
     return torch.get_num_threads()
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MiB: Linux's high-water mark (VmHWM), Windows' peak working set, else
+    the current RSS (psutil; macOS has no peak there). Portable, unlike `resource` (absent on Windows, and in bytes
+    rather than KiB on macOS)."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import psutil  # here, not at the top: on Linux the answer above needs no psutil
+
+    info = psutil.Process().memory_info()
+    return getattr(info, "peak_wset", info.rss) / 2**20

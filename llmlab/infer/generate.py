@@ -195,6 +195,11 @@ def generate(model, tokenizer, prompts: list[str], gen_config, seed: int, batch_
     tokenizer.padding_side = "left"
     tokenizer.truncation_side = "left"
     max_prompt = _max_prompt_tokens(model, gen_config.max_new_tokens)
+    long = [i for i, p in enumerate(prompts) if len(tokenizer(p)["input_ids"]) > max_prompt]
+    if long:  # said, not silent: the model sees only the end of these prompts
+        print(f"note: {len(long)} prompt(s) (#{', #'.join(str(i + 1) for i in long[:5])}{', ...' if len(long) > 5 else ''}) "
+              f"exceed the {max_prompt} tokens the context leaves after --max_new_tokens; only their last {max_prompt} "
+              "tokens are used", flush=True)
     device = next(model.parameters()).device
     set_seed(seed)
     results = []

@@ -21,7 +21,7 @@ from typing import Literal, Optional
 import numpy as np
 import yaml
 
-from llmlab.core.config import add_dataclass_args, config_from_namespace, load_yaml, opt
+from llmlab.core.config import Parser, add_dataclass_args, config_from_namespace, load_yaml, opt
 from llmlab.core.errors import UserError
 from llmlab.core.io import atomic_write_text
 import llmlab.scaling.memory as memory
@@ -349,7 +349,7 @@ def summary_table(rec: dict) -> str:
 
 
 def recommend_main(argv: list[str]) -> dict:
-    parser = argparse.ArgumentParser(prog="sweep.py recommend", description=__doc__.split("\n")[0])
+    parser = Parser(prog="sweep.py recommend", description=__doc__.split("\n")[0])
     add_dataclass_args(parser, RecommendConfig)
     parser.add_argument("--from", dest="from_dir", default=argparse.SUPPRESS, help="same as --from_dir")
     parser.add_argument("--memory-gb", dest="memory_gb", default=argparse.SUPPRESS, help="same as --memory_gb")

@@ -294,16 +294,21 @@ def _child(spec_path: str, log_path: str, env: dict) -> None:
 
 
 # ---------------------------------------------------------------- the sweep
-def load_results(out_dir: Path, design: list[dict]) -> list[dict]:
-    """Finished trials' results; a damaged result.json (a disk that filled, a killed copy) means "run it again"."""
+def load_results(out_dir: Path, design: list[dict], rerun: bool = True) -> list[dict]:
+    """Finished trials' results; a damaged result.json (a disk that filled, a killed copy, valid JSON of the wrong
+    shape) is left out, and the trial runs again unless this is a report-only pass."""
     rows = []
     for trial in design:
         path = out_dir / "trials" / trial["trial_id"] / "result.json"
         if path.is_file():
             try:
-                rows.append(json.loads(path.read_text()))
-            except ValueError:
-                print(f"note: {path} is damaged; trial {trial['trial_id']} will run again", flush=True)
+                result = json.loads(path.read_text())
+                if not isinstance(result, dict) or result.get("trial_id") != trial["trial_id"] or "status" not in result:
+                    raise ValueError("not a trial result")
+                rows.append(result)
+            except (ValueError, UnicodeDecodeError):
+                then = "the next run of this command runs it again" if not rerun else "it will run again"
+                print(f"note: {path} is damaged; trial {trial['trial_id']} is left out ({then})", flush=True)
     return rows
 
 
@@ -311,8 +316,11 @@ def read_sweep_state(state_path: Path) -> Optional[dict]:
     if not state_path.is_file():
         return None
     try:
-        return json.loads(state_path.read_text())
-    except ValueError:
+        state = json.loads(state_path.read_text())
+        if not isinstance(state, dict):
+            raise ValueError("not a sweep state")
+        return state
+    except (ValueError, UnicodeDecodeError):
         raise UserError(f"{state_path} is damaged, so this folder's settings are unknown; if it holds the sweep you "
                         f"are rerunning, delete {state_path.name} to adopt its finished trials, else pick a new "
                         "--output_dir") from None
@@ -351,7 +359,7 @@ def run_sweep(cfg: SweepConfig) -> list[dict]:
                             "resume, or pick a new --output_dir")
         if cfg.report_only:
             design = scan_design(cfg, out_dir) if is_size_scan(cfg) else design
-            rows = load_results(out_dir, design)
+            rows = load_results(out_dir, design, rerun=False)
             if not rows:
                 raise UserError(f"{out_dir} has no finished trials to report on; run the sweep first")
         else:

@@ -11,7 +11,6 @@ import contextlib
 import json
 import math
 import os
-import resource
 import sys
 import time
 import traceback
@@ -30,6 +29,7 @@ import torch.nn.functional as F
 from accelerate.utils import set_seed
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
+from llmlab.core.device import peak_rss_mb
 from llmlab.core.io import atomic_write_json
 from llmlab.core.tracking import MetricsLogger
 from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig, parameter_table
@@ -389,7 +389,7 @@ def _log_step(spec: TrialSpec, logger: MetricsLogger, step: int, curves: dict, s
 def summarise(spec: TrialSpec, s: TrialSetup, curves: dict, ratios: dict, step_times: list[float], counts: dict,
               evaluation: dict, device: torch.device) -> dict:
     peak = (torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda"
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+            else peak_rss_mb())
     timed = step_times[spec.precheck_steps:] or step_times
     grad_mean, grad_std = M.mean_std(curves["grad_norm"])
     return {
