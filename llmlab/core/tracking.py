@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from accelerate.tracking import GeneralTracker
+from accelerate.tracking import GeneralTracker, TensorBoardTracker, on_main_process
 
 from llmlab.core.errors import UserError
 from llmlab.core.io import append_jsonl
@@ -45,12 +45,37 @@ def check_report_to(report_to: list[str]) -> list[str]:
 
 def make_trackers(report_to: list[str], output_dir: str | os.PathLike) -> list:
     """`log_with` for Accelerator: TensorBoard in OUTPUT_DIR/tensorboard, the others by name, and metrics.jsonl."""
-    from accelerate.tracking import TensorBoardTracker
-
     trackers: list = [JsonlTracker(Path(output_dir) / "metrics.jsonl")]
     for name in check_report_to(report_to):
-        trackers.append(TensorBoardTracker("tensorboard", output_dir) if name == "tensorboard" else name)
+        trackers.append(TensorBoardRun("tensorboard", output_dir) if name == "tensorboard" else name)
     return trackers
+
+
+def session_records(hparams: dict[str, Any]) -> tuple:
+    """TensorBoard HParams records for one run: its session start (the hparams) and end. No experiment record:
+    with several kinds of runs under one --logdir, TensorBoard then lists every run's hparams and takes the metrics
+    from the runs' own scalars, instead of showing one kind's columns with empty metrics."""
+    from torch.utils.tensorboard.summary import hparams as hparams_summary
+
+    _, start, end = hparams_summary(tracker_config(hparams), {})
+    return start, end
+
+
+class TensorBoardRun(TensorBoardTracker):
+    """accelerate's TensorBoard tracker, with the run's hparams recorded in the run itself, next to its scalars
+    (accelerate writes them into a separate timestamped run that has no metrics)."""
+
+    @on_main_process
+    def store_init_configuration(self, values: dict):
+        start, self._end = session_records(values)
+        self.writer.file_writer.add_summary(start)
+        self.writer.flush()
+
+    @on_main_process
+    def finish(self):
+        if getattr(self, "_end", None) is not None:
+            self.writer.file_writer.add_summary(self._end)
+        super().finish()
 
 
 def tracker_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -27,7 +27,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from accelerate.utils import set_seed
-from torch.utils.tensorboard.summary import hparams as hparams_summary
 
 from llmlab.core.device import peak_rss_mb
 from llmlab.core.io import atomic_write_json
@@ -464,16 +463,16 @@ def evaluate_trial(model, validation: np.ndarray, spec: TrialSpec, device, autoc
 
 
 def write_hparams(logger: MetricsLogger, hp: Hparams, summary: dict) -> None:
-    """Record this run in TensorBoard's HParams tab (same run folder as its curves)."""
-    hparam_values = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in asdict(hp).items()}
+    """Record this run in TensorBoard's HParams tab: its levels, in the same run folder as its curves (whose scalars,
+    hparam/final_loss included, are the metrics TensorBoard shows)."""
+    from llmlab.core.tracking import session_records
+
     metric_values = {f"hparam/{k}": summary[k] for k in ("final_loss", "stability_index", "grad_norm_mean",
                                                          "time_per_step_s") if summary.get(k) is not None}
-    experiment, start, end = hparams_summary(hparam_values, metric_values)
-    writer = logger.writer.file_writer
-    for part in (experiment, start, end):
-        writer.add_summary(part)
     for key, value in metric_values.items():
         logger.writer.add_scalar(key, value)
+    for record in session_records({k: v for k, v in asdict(hp).items() if v is not None}):
+        logger.writer.file_writer.add_summary(record)
 
 
 def fallback(hp: Hparams, stop: TrialStop) -> tuple[Hparams, str] | None:
