@@ -71,8 +71,15 @@ def test_a_plugged_in_tracker_and_tensorboard_get_the_config_and_the_metrics(tmp
     assert sorted(losses) == [1, 2, 3, 4] and any("val/loss" in values for _, values in fake.logged)
     jsonl = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert {r["step"]: r["train/loss"] for r in jsonl if "train/loss" in r} == losses  # the same numbers
-    hparams = next((out / "tensorboard").rglob("hparams.yml"))
-    assert yaml.safe_load(hparams.read_text())["learning_rate"] == 1e-2
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    runs = {p.parent for p in (out / "tensorboard").rglob("events.out.tfevents.*")}
+    assert len(runs) == 1 and not list(out.rglob("hparams.yml"))  # one run: scalars and hparams together
+    events = EventAccumulator(str(runs.pop())).Reload()
+    start = plugin_data_pb2.HParamsPluginData.FromString(
+        events.PluginTagToContent("hparams")["_hparams_/session_start_info"]).session_start_info
+    assert start.hparams["learning_rate"].number_value == 1e-2 and "train/loss" in events.Tags()["scalars"]
     assert summary["step"] == 4
 
 
