@@ -35,7 +35,7 @@ def main() -> None:
     import torch
 
     from llmlab.data.instruct import collate, load_records, split_records, tokenize_records
-    from llmlab.train.lora import LoraTrainConfig, default_cache_dir
+    from llmlab.train.lora import LoraTrainConfig, default_instruct_cache
     from llmlab.core.notices import quiet_known_notices
     from llmlab.train.lora_model import add_lora
     from llmlab.train.lora_eval import answer_logits, answer_loss
@@ -57,7 +57,7 @@ def main() -> None:
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
 
-    train, _ = split_records(load_records("builtin:pydoc", default_cache_dir()), 0.1, cfg.data_seed)
+    train, _ = split_records(load_records("builtin:pydoc", default_instruct_cache()), 0.1, cfg.data_seed)
     examples, _ = tokenize_records(tokenizer, train, min(args.max_length, model.config.max_position_embeddings),
                                    cfg.prompt_template, cfg.prompt_template_no_input)
     batches = [collate(examples[i * args.batch_size: (i + 1) * args.batch_size], tokenizer.eos_token_id)

@@ -67,3 +67,13 @@ def kill_when_ready(args: list[str], ready: Path, timeout: float = 300) -> None:
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+@pytest.fixture(scope="session")
+def pydoc_cache_dir(tmp_path_factory):
+    """builtin:pydoc built once for the session, reused by every LoRA run."""
+    from llmlab.data.pydoc_qa import load_pydoc
+
+    cache = tmp_path_factory.mktemp("lora_pydoc")
+    load_pydoc(cache)
+    return cache

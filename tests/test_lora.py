@@ -14,15 +14,6 @@ TINY_RUN = ["--max_examples", "160", "--max_length", "64", "--batch_size", "4", 
             "--eval_examples", "4", "--max_new_tokens", "6", "--num_samples", "2"]
 
 
-@pytest.fixture(scope="module")
-def pydoc_cache_dir(tmp_path_factory):
-    from llmlab.data.pydoc_qa import load_pydoc
-
-    cache = tmp_path_factory.mktemp("lora_pydoc")
-    load_pydoc(cache)  # built once here, reused by every run below
-    return cache
-
-
 def _lora(args, tiny_gpt2_dir, cache, out):
     result = run_script(["train_lora.py", "--base_model", str(tiny_gpt2_dir), "--cache_dir", str(cache),
                          "--output_dir", str(out), *TINY_RUN, *args], timeout=300)

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 
 import numpy as np
 import pytest
 import yaml
 
 from llmlab.core.errors import UserError
-from llmlab.scaling import (ScalingOptions, analyse, feasible_region, lr_optimum, predict_band, recommend_main,
+from llmlab.scaling import (ScalingOptions, analyse, feasible_region, lr_optimum, recommend_main,
                             write_lr_bs_report)
 
 TRUE_A, TRUE_B = 1e-4, 0.5  # lr_opt = a * batch^b

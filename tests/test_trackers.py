@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
 from llmlab.core.errors import UserError
 from tests.conftest import run_script

@@ -107,28 +107,21 @@ class JsonlTracker(GeneralTracker):
 class MetricsLogger:
     """Sweep trials: `log({"train/loss": 2.3}, step)` writes TensorBoard scalars and one metrics.jsonl line."""
 
-    def __init__(self, output_dir: str | os.PathLike, enabled: bool = True, jsonl_name: str = "metrics.jsonl"):
-        self.enabled = enabled
-        self.output_dir = Path(output_dir)
-        self.jsonl_path = self.output_dir / jsonl_name
-        self.writer = None
-        if enabled:
-            from torch.utils.tensorboard import SummaryWriter
+    def __init__(self, output_dir: str | os.PathLike):
+        from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(self.output_dir / "tensorboard"))
+        self.output_dir = Path(output_dir)
+        self.jsonl_path = self.output_dir / "metrics.jsonl"
+        self.writer = SummaryWriter(log_dir=str(self.output_dir / "tensorboard"))
 
     def log(self, scalars: dict[str, float], step: int) -> None:
-        if not self.enabled:
-            return
         for key, value in scalars.items():
             if value is not None and math.isfinite(float(value)):
                 self.writer.add_scalar(key, float(value), step)
         append_jsonl(self.jsonl_path, {"step": step, "time": time.time(), **scalars})
 
     def flush(self) -> None:
-        if self.enabled:
-            self.writer.flush()
+        self.writer.flush()
 
     def close(self) -> None:
-        if self.enabled:
-            self.writer.close()
+        self.writer.close()

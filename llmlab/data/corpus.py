@@ -89,7 +89,7 @@ def load_corpus(source: str, dataset_config: Optional[str], text_field: str, max
                 break
             texts.extend(_read_local(path, text_field))
         return Dataset.from_dict({"text": texts[:max_documents] if max_documents else texts}), False
-    ds = _load_hub(source, dataset_config, text_field)
+    ds = _load_hub_corpus(source, dataset_config, text_field)
     if max_documents is not None:
         ds = ds.select(range(min(max_documents, len(ds))))
     return ds, False
@@ -115,11 +115,11 @@ def _read_local(path: Path, text_field: str) -> list[str]:
         # A .txt file is one document (cut if huge); put many documents in .jsonl (one per line) instead.
         return split_long_document(path.read_text(encoding="utf-8", errors="replace"))
     if path.suffix == ".jsonl":
-        return _read_jsonl(path, text_field)
+        return _read_text_jsonl(path, text_field)
     return _read_parquet(path, text_field)
 
 
-def _read_jsonl(path: Path, text_field: str) -> list[str]:
+def _read_text_jsonl(path: Path, text_field: str) -> list[str]:
     from llmlab.core.io import utf8_lines
 
     texts = []
@@ -174,7 +174,7 @@ def _read_parquet(path: Path, text_field: str) -> list[str]:
     return [piece for t in column.to_pylist() if t is not None for piece in split_long_document(t)]
 
 
-def _load_hub(name: str, dataset_config: Optional[str], text_field: str):
+def _load_hub_corpus(name: str, dataset_config: Optional[str], text_field: str):
     import datasets
 
     try:

@@ -47,7 +47,7 @@ def _check_record(record: Any, where: str) -> dict[str, str]:
     return clean
 
 
-def _read_jsonl(path: Path) -> list[dict[str, str]]:
+def _read_instruction_jsonl(path: Path) -> list[dict[str, str]]:
     from llmlab.core.io import utf8_lines
 
     records = []
@@ -97,7 +97,7 @@ def _read_json(path: Path) -> list[dict[str, str]]:
     return records
 
 
-def _load_hub(name: str, config: str | None, split: str) -> list[dict[str, str]]:
+def _load_hub_instructions(name: str, config: str | None, split: str) -> list[dict[str, str]]:
     import datasets
 
     try:
@@ -124,11 +124,11 @@ def load_records(dataset: str, cache_dir: str | os.PathLike = "cache", dataset_c
     if path.suffix in (".jsonl", ".json"):
         if not path.is_file():
             raise UserError(f"dataset file {path} not found; pass an existing .jsonl/.json file or builtin:pydoc")
-        records = _read_jsonl(path) if path.suffix == ".jsonl" else _read_json(path)
+        records = _read_instruction_jsonl(path) if path.suffix == ".jsonl" else _read_json(path)
         if not records:
             raise UserError(f"dataset file {path} holds no records")
         return records
-    return _load_hub(dataset, dataset_config, dataset_split)
+    return _load_hub_instructions(dataset, dataset_config, dataset_split)
 
 
 def split_records(records: list, val_fraction: float, seed: int,

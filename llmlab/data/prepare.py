@@ -35,7 +35,7 @@ COMPLETE_MARKER = "COMPLETE"
 PIPELINE_VERSION = 1  # bump when packing/splitting output changes
 
 
-def default_cache_dir() -> str:
+def default_data_cache() -> str:
     return str(llmlab_cache("data"))
 
 
@@ -53,7 +53,7 @@ class DataConfig:
     num_proc: int = opt(1, "worker processes for cleaning, MinHash and tokenisation")
     val_fraction: float = opt(0.05, "share of tokens held out for validation (whole documents, seeded); 0 = none")
     data_seed: int = opt(1234, "seed of the document shuffle behind the train/validation split")
-    cache_dir: str = opt(default_cache_dir(), "folder for prepared (packed, tokenised) datasets")
+    cache_dir: str = opt(default_data_cache(), "folder for prepared (packed, tokenised) datasets")
     max_documents: Optional[int] = opt(None, "use only the first N documents of the source (quick runs)")
 
     def validate(self) -> None:

@@ -15,7 +15,6 @@ from llmlab.core.errors import UserError
 from llmlab.core.io import llmlab_cache
 
 GPT2_VOCAB_SIZE = 50257
-GPT2_EOS = "<|endoftext|>"
 GPT2_MODEL_MAX_LENGTH = 1024
 
 

@@ -31,7 +31,7 @@ def write_lr_bs_report(out_dir: str | os.PathLike, rows: list[dict], options: Op
     return analysis
 
 
-def _fmt(value, digits: int = 3) -> str:
+def short(value, digits: int = 3) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -40,12 +40,12 @@ def _fmt(value, digits: int = 3) -> str:
 
 
 def _interval(ci: list[float]) -> str:
-    return f"[{_fmt(ci[0])}, {_fmt(ci[1])}]"
+    return f"[{short(ci[0])}, {short(ci[1])}]"
 
 
 def _lr_ci(point: dict) -> str:
     if point["status"] != "measured":
-        return f"{_fmt(point.get('lr_opt'))} ({point['status'].replace('_', ' ')}: a bound, not in the fit)"
+        return f"{short(point.get('lr_opt'))} ({point['status'].replace('_', ' ')}: a bound, not in the fit)"
     ci = point.get("ci")
     return f"{point['lr_opt']:.3g}" + (f" {_interval(ci)}" if ci else " (no seed SD: no interval)")
 
@@ -66,7 +66,7 @@ def verdict_markdown(holdout: dict) -> list[str]:
         ratio = (f"{row['ratio']:.2f} | {_interval(row['ci90'])} | {_interval(row['ci95'])}" if "ratio" in row
                  else "- | - | -")
         lines.append(f"| {row['batch_size']:g} | {row['predicted']:.3g} {_interval(row['prediction_interval'])} | "
-                     f"{_fmt(row.get('measured'))} {_interval(row['measured_ci']) if row.get('measured_ci') else ''} | "
+                     f"{short(row.get('measured'))} {_interval(row['measured_ci']) if row.get('measured_ci') else ''} | "
                      f"{ratio} | {row['verdict']}{' (' + row['reason'] + ')' if row.get('reason') else ''} |")
     lines.append("")
     for row in holdout["rows"]:
@@ -97,8 +97,8 @@ def transfer_markdown(analysis: dict) -> list[str]:
     lines = ["## Held-out check: can the small sizes forecast the largest?", "", *verdict_markdown(transfer["holdout"])]
     sigma = noise["sigma"]
     lines += ["## Seed noise and lr_opt per size", "",
-              f"Seed SD of final loss at equal settings (pure error): sigma = **{_fmt(sigma, 3)}** nats on "
-              f"{noise['df']} df" + (f" (per size: " + ", ".join(f"{s} {_fmt(v['sigma'], 3)} ({v['df']} df)" for s, v
+              f"Seed SD of final loss at equal settings (pure error): sigma = **{short(sigma, 3)}** nats on "
+              f"{noise['df']} df" + (" (per size: " + ", ".join(f"{s} {short(v['sigma'], 3)} ({v['df']} df)" for s, v
                                                               in noise["per_size"].items()) + ")." if sigma else "."),
               "", "lr_opt is the vertex of a quadratic in ln lr over the 5 lrs around the lowest seed-mean loss; its "
               "95 % CI is a parametric bootstrap with that sigma. An optimum on the first or last scanned lr is a "
@@ -109,9 +109,9 @@ def transfer_markdown(analysis: dict) -> list[str]:
     for p in transfer["points"]:
         sens = (p.get("sensitivity") or {}).get("sensitivity")
         span = p.get("lr_range") or [None, None]
-        lines.append(f"| {p['size']} | {p['n_params']:,.0f} | {p['batch_size']:g} | {p['n_lrs']} ({_fmt(span[0])}-"
-                     f"{_fmt(span[1])}) | {_fmt(p.get('seeds_per_lr'))} | {_lr_ci(p)} | {_fmt(p.get('loss_at_opt'), 4)} "
-                     f"| {_fmt(sens, 3)} |")
+        lines.append(f"| {p['size']} | {p['n_params']:,.0f} | {p['batch_size']:g} | {p['n_lrs']} ({short(span[0])}-"
+                     f"{short(span[1])}) | {short(p.get('seeds_per_lr'))} | {_lr_ci(p)} | {short(p.get('loss_at_opt'), 4)} "
+                     f"| {short(sens, 3)} |")
     lines += ["", "## The law across sizes", ""]
     if law["status"] != "ok":
         return lines + [f"Not fitted: {law['reason']}.", ""]
@@ -140,9 +140,9 @@ def transfer_markdown(analysis: dict) -> list[str]:
     lines += ["", "The same lrs evaluated at each cell's N and D (tokens = steps x batch x sequence length):", "",
               "| size | N | batch | tokens | measured lr_opt | this lab | Step Law | DeepSeek |", "|---|---|---|---|---|---|---|---|"]
     for r in transfer["literature"]:
-        lines.append(f"| {r['size']} | {r['n_params']:,.0f} | {r['batch_size']:g} | {_fmt(r['tokens'])} | "
-                     f"{_fmt(r['measured'])}{'' if r['status'] == 'measured' else ' (bound)'} | {_fmt(r.get('this lab'))} "
-                     f"| {_fmt(r.get('Step Law (Li et al. 2025)'))} | {_fmt(r.get('DeepSeek LLM (2024)'))} |")
+        lines.append(f"| {r['size']} | {r['n_params']:,.0f} | {r['batch_size']:g} | {short(r['tokens'])} | "
+                     f"{short(r['measured'])}{'' if r['status'] == 'measured' else ' (bound)'} | {short(r.get('this lab'))} "
+                     f"| {short(r.get('Step Law (Li et al. 2025)'))} | {short(r.get('DeepSeek LLM (2024)'))} |")
     return lines + ["", "![lr transfer](plots/lr_transfer.png)", "", "![loss vs lr per size](plots/loss_vs_lr_sizes.png)",
                     ""]
 
@@ -154,13 +154,13 @@ def report_markdown(analysis: dict, plots: list[str]) -> str:
         "# lr x batch-size scaling report", "", *transfer_markdown(analysis),
         f"{analysis['n_trials']} trials, {analysis['n_feasible']} feasible. A trial is dropped when it did not "
         f"finish (status other than ok: OOM, crashed, failed), diverged (final loss > "
-        f"{_fmt(thresholds['diverged_loss'], 4)} or not finite) or was unstable (early loss std > "
-        f"{_fmt(thresholds['unstable_std'], 4)}: {thresholds['unstable_rule']}).", "",
+        f"{short(thresholds['diverged_loss'], 4)} or not finite) or was unstable (early loss std > "
+        f"{short(thresholds['unstable_std'], 4)}: {thresholds['unstable_rule']}).", "",
         "## Dropped trials", "",
     ]
     if analysis["dropped"]:
         lines += ["| trial | lr | batch | reason |", "|---|---|---|---|"]
-        lines += [f"| {d['trial_id']} | {_fmt(d['lr'])} | {_fmt(d['batch_size'])} | {d['reason']} |"
+        lines += [f"| {d['trial_id']} | {short(d['lr'])} | {short(d['batch_size'])} | {d['reason']} |"
                   for d in analysis["dropped"]]
     else:
         lines.append("None.")
@@ -173,8 +173,8 @@ def report_markdown(analysis: dict, plots: list[str]) -> str:
         method = point["method"] + (" (at grid edge)" if point["at_edge"] else "")
         used = {True: "yes", False: "outlier (RANSAC)"}.get(point.get("inlier"),
                                                             "no (grid edge)" if point["at_edge"] else "no")
-        lines.append(f"| {_fmt(point['batch_size'])} | {_fmt(point['lr_opt'])} | {method} | {_fmt(point['grid_lr'])} "
-                     f"| {_fmt(point['best_final_loss'], 4)} | {point['n_lrs']} | {used} |")
+        lines.append(f"| {short(point['batch_size'])} | {short(point['lr_opt'])} | {method} | {short(point['grid_lr'])} "
+                     f"| {short(point['best_final_loss'], 4)} | {point['n_lrs']} | {used} |")
     lines += ["", f"## Fits ({level} bootstrap intervals, RANSAC outlier rejection in log space)", "",
               "| fit | estimate | interval | points (inliers) | R^2 (log) |", "|---|---|---|---|---|"]
     for name, fit in analysis["fits"].items():
@@ -185,11 +185,11 @@ def report_markdown(analysis: dict, plots: list[str]) -> str:
             keys = ["k0", "k1", "k2"]
         else:
             keys = ["a", "b"] if name == "lr_opt" else ["c", "d"]
-        estimate = f"{fit['formula']}: " + ", ".join(f"{k} = {_fmt(fit[k])}" for k in keys)
+        estimate = f"{fit['formula']}: " + ", ".join(f"{k} = {short(fit[k])}" for k in keys)
         interval = ", ".join(f"{k} {_interval(fit[f'{k}_ci'])}" for k in keys)
         note = f" ({fit['note']})" if fit.get("note") else ""
         lines.append(f"| {name} | {estimate}{note} | {interval} | {fit['n_points']} ({fit['n_inliers']}) "
-                     f"| {_fmt(fit['r2_log'])} |")
+                     f"| {short(fit['r2_log'])} |")
     warning = analysis["fits"]["lr_opt"].get("warning")
     if warning:
         lines += ["", f"**Warning:** {warning}."]

@@ -6,7 +6,6 @@ stored as their real values (e.g. clip 0.5), so a row reads the same in the desi
 from __future__ import annotations
 
 import itertools
-import re
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable

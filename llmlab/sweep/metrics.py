@@ -8,14 +8,14 @@ from typing import Optional
 import numpy as np
 
 
-def _finite(values) -> np.ndarray:
+def finite_values(values) -> np.ndarray:
     array = np.asarray(values, dtype=float)
     return array[np.isfinite(array)]
 
 
 def stability_index(losses: list[float], window: int = 100) -> Optional[float]:
     """std / mean of the last `window` training losses: lower is steadier."""
-    tail = _finite(losses[-window:])
+    tail = finite_values(losses[-window:])
     if len(tail) < 2 or tail.mean() == 0:
         return None
     return float(tail.std() / tail.mean())
@@ -32,12 +32,12 @@ def initial_loss_slope(losses: list[float], window: int = 50) -> Optional[float]
 
 
 def early_loss_std(losses: list[float], window: int = 100) -> Optional[float]:
-    head = _finite(losses[:window])
+    head = finite_values(losses[:window])
     return float(head.std()) if len(head) >= 2 else None
 
 
 def mean_std(values: list[float]) -> tuple[Optional[float], Optional[float]]:
-    array = _finite(values)
+    array = finite_values(values)
     if not len(array):
         return None, None
     return float(array.mean()), float(array.std())

@@ -221,7 +221,7 @@ def plot_sensitivity(path: Path, shares: dict[str, dict[str, float]], factors: l
     plt.close(fig)
 
 
-def _fmt(value, digits: int = 4) -> str:
+def cell(value, digits: int = 4) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -233,7 +233,7 @@ def _fmt(value, digits: int = 4) -> str:
 
 def _table(rows: list[dict], columns: list[str]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -256,7 +256,7 @@ def calibration_section(rows: list[dict], facts: dict, fitted: dict) -> list[str
     for metric, label in CALIBRATED.items():
         floor = stats.pure_error(rows, metric)
         ref = _mean(r.get(metric) for r in rows if r.get("point") == facts["reference"] and r.get("status") == "ok")
-        lines.append(f"| {label} | {floor['groups']} | {floor['runs']} | {_fmt(ref)} | {_fmt(floor['sd'])} | "
+        lines.append(f"| {label} | {floor['groups']} | {floor['runs']} | {cell(ref)} | {cell(floor['sd'])} | "
                      f"{_ci(*floor['ci'], digits=4)} | {floor['df']} |")
     k = facts["reference_runs"]
     single = sps_t(noise["df"]) * noise["sd"] * math.sqrt(1 + 1 / max(k, 1))
@@ -267,7 +267,7 @@ def calibration_section(rows: list[dict], facts: dict, fitted: dict) -> list[str
     lines += ["", f"- **Smallest difference one run can show against the reference ({k} runs) at 95 %:** "
               f"{single:.3f} nats of final loss (t with {noise['df']} df x seed SD x sqrt(1 + 1/{k})).",
               f"- **Smallest level contrast this design detects with 80 % power** (5 %, two-sided, before the Holm "
-              f"correction; median over the contrasts, t on the residual's {error.get('df', '-')} df): {_fmt(mde)} nats.",
+              f"correction; median over the contrasts, t on the residual's {error.get('df', '-')} df): {cell(mde)} nats.",
               f"- **Runs per configuration to detect {stats.TARGET_EFFECT} nats** (two configurations, 5 % two-sided, "
               f"80 % power, t with the SD's {noise['df']} df): {needed} at the measured seed SD, {worst} at the upper "
               f"end of its 95 % interval.", ""]
@@ -292,12 +292,12 @@ def effects_section(fitted: dict, plots: Path) -> list[str]:
     lof = fitted.get("lack_of_fit")
     pure = noise["pure_error"]
     lines += [
-        f"Each effect is a level minus the factor's reference level (the reference trial's: "
+        "Each effect is a level minus the factor's reference level (the reference trial's: "
         + ", ".join(f"{f} = {v}" for f, v in fitted["reference"].items())
         + f"), all fitted jointly by least squares (statsmodels OLS, treatment coding) on {fitted['n']} finished runs: "
         f"a Latin hypercube is not orthogonal, so marginal level means would mix the factors. Error term: "
-        f"{noise['source']}, SD {_fmt(noise['sd'])} on {noise['df']} df"
-        + (f"; the replicates' pure error alone is {_fmt(pure['sd'])} on {pure['df']} df" if pure["sd"] else "")
+        f"{noise['source']}, SD {cell(noise['sd'])} on {noise['df']} df"
+        + (f"; the replicates' pure error alone is {cell(pure['sd'])} on {pure['df']} df" if pure["sd"] else "")
         + (f" (lack of fit F = {lof['F']:.2f} on {lof['df'][0]}, {lof['df'][1]} df, p = {lof['p_value']:.3g})"
            if lof else "") + ". 95 % CIs are per contrast; `resolved` = Holm-adjusted p < 0.05 across all "
         f"{len(table)} contrasts (one family).", "",
@@ -379,7 +379,6 @@ def write_report(out_dir: Path, design: list[dict], results: list[dict], cfg) ->
     out_dir = Path(out_dir)
     rows, facts = derived_metrics(design, results, getattr(cfg, "target_loss", None))
     write_csv(out_dir / "results.csv", rows)
-    factors = varying_factors(design)
     plots = out_dir / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     plot_loss_curves(plots / "loss_curves.png", results, reference_id(design))
@@ -390,8 +389,8 @@ def write_report(out_dir: Path, design: list[dict], results: list[dict], cfg) ->
         f"{len(rows)} runs: " + ", ".join(f"{n} {s}" for s, n in statuses.items())
         + f". Reference: `{facts['reference']}` ({facts['reference_runs']} finished run(s))"
         + ("" if facts["reference_ok"] else " (did not finish ok: no deltas)")
-        + f". Target loss for convergence speed: {_fmt(facts['target_loss'])}"
-        + f" (the reference reaches it at step {_fmt(facts['reference_steps_to_target'])} on average).", "",
+        + f". Target loss for convergence speed: {cell(facts['target_loss'])}"
+        + f" (the reference reaches it at step {cell(facts['reference_steps_to_target'])} on average).", "",
         *_reference_lines(out_dir, cfg),
         *calibration_section(rows, facts, fitted),
         "## Design", "", design_table(design), "",

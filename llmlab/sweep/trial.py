@@ -8,7 +8,6 @@ Heavy imports sit at module level so a forkserver can preload them once for ever
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import sys
@@ -31,7 +30,7 @@ from accelerate.utils import set_seed
 from llmlab.core.device import peak_rss_mb
 from llmlab.core.io import atomic_write_json
 from llmlab.core.tracking import MetricsLogger
-from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig, parameter_table
+from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig
 from llmlab.sweep import metrics as M
 from llmlab.sweep.spec import Hparams, TrialSpec
 from llmlab.train.common import GradClipper, causal_lm_loss, perplexity

@@ -18,7 +18,7 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable
 
 from llmlab.core.errors import UserError
 from llmlab.core.io import atomic_write_json, publish_dir
@@ -94,12 +94,10 @@ def read_trainer_state(path: str | os.PathLike) -> dict:
     return state
 
 
-def newest_good_checkpoint(output_dir: str | os.PathLike, below: Optional[int] = None) -> tuple[Path | None, list[str]]:
-    """The newest checkpoint that verifies (optionally with a step below `below`), and why newer ones did not."""
+def newest_good_checkpoint(output_dir: str | os.PathLike) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint that verifies, and why newer ones did not."""
     problems = []
     for path in reversed(list_checkpoints(output_dir)):
-        if below is not None and checkpoint_step(path) >= below:
-            continue
         try:
             read_trainer_state(path)
             return path, problems

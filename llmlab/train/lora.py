@@ -21,7 +21,7 @@ from llmlab.train.lora_model import (BEST_ADAPTER_FILE, DEFAULT_BASE_MODEL, adap
                                save_adapter)
 
 
-def default_cache_dir() -> str:
+def default_instruct_cache() -> str:
     return str(llmlab_cache("instruct"))
 
 
@@ -37,7 +37,7 @@ class LoraTrainConfig:
     dataset_config: Optional[str] = opt(None, "hub dataset configuration name")
     dataset_split: str = opt("train", "hub dataset split to read (it is then split 90/10 here)")
     max_examples: Optional[int] = opt(None, "use a seeded random subset of this many records (quick runs)")
-    cache_dir: str = opt(default_cache_dir(), "folder for the builtin:pydoc cache")
+    cache_dir: str = opt(default_instruct_cache(), "folder for the builtin:pydoc cache")
     val_fraction: float = opt(0.1, "fraction of records held out for validation")
     data_seed: int = opt(1234, "seed of the train/validation split")
     max_length: int = opt(256, "max tokens of prompt + answer + eos (capped at the model's context)")
@@ -347,7 +347,7 @@ class LoraRun:
                 self.model.train()
             if not session.due(cfg.eval_every):
                 return False
-            val_loss = lora_eval.validation_loss(self.model, self.val_loader, acc, self.logits_mode, self.head)
+            val_loss = lora_eval.adapter_validation_loss(self.model, self.val_loader, acc, self.logits_mode, self.head)
             session.log({"val/loss": val_loss, "val/perplexity": perplexity(val_loss)}, step)
             if val_loss < lora.best_loss - cfg.min_delta:
                 lora.best_loss, lora.best_step, lora.bad_evals = val_loss, step, 0

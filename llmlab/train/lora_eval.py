@@ -76,7 +76,7 @@ def pick_logits_mode(model, batch: dict) -> str:
 
 
 @torch.no_grad()
-def validation_loss(model, val_loader, accelerator, mode: str = "full", head=None) -> float:
+def adapter_validation_loss(model, val_loader, accelerator, mode: str = "full", head=None) -> float:
     """Mean next-token cross-entropy over every labelled token of the validation split."""
     model.eval()
     loss_sums, token_counts = [], []
@@ -135,7 +135,7 @@ def evaluate_adapter(model, *, accelerator, tokenizer, val_loader, rouge_example
     """val_loss, val_perplexity (all processes) and rougeL + generations (main process, then shared)."""
     from accelerate.utils import broadcast_object_list
 
-    loss = validation_loss(model, val_loader, accelerator, mode, head)
+    loss = adapter_validation_loss(model, val_loader, accelerator, mode, head)
     shared = [None, None]
     if accelerator.is_main_process:
         with accelerator.autocast():

@@ -319,9 +319,9 @@ class Pretraining:
 
     def evaluate(self) -> float:
         from llmlab.train.common import perplexity
-        from llmlab.train.pretrain_setup import validation_loss
+        from llmlab.train.pretrain_setup import pretrain_validation_loss
 
-        loss = validation_loss(self.session.accelerator, self.model, self.val_dl, self.cfg.eval_batches)
+        loss = pretrain_validation_loss(self.session.accelerator, self.model, self.val_dl, self.cfg.eval_batches)
         self.session.log({"val/loss": loss, "val/perplexity": perplexity(loss)})
         self.model.train()
         return loss

@@ -113,7 +113,7 @@ def batch_stream(accelerator, train_dl, position: int):
 
 
 @torch.no_grad()
-def validation_loss(accelerator, model, val_dl, max_batches: int) -> float:
+def pretrain_validation_loss(accelerator, model, val_dl, max_batches: int) -> float:
     """Mean loss of the first `max_batches` validation batches. The loader is not sharded: every process scores the
     same batches, so a validation loss means the same tokens at any world size."""
     model.eval()
