@@ -27,14 +27,19 @@ def test_tiny_run_lowers_validation_loss_and_writes_a_small_adapter(tiny_gpt2_di
     out = tmp_path / "run"
     result, report = _lora(["--learning_rate", "1e-2", "--max_steps", "12", "--sample_every", "6"],
                            tiny_gpt2_dir, pydoc_cache_dir, out)
-    before, after = report["before"], report["after"]
-    for key in ("val_loss", "val_perplexity", "rougeL"):
-        assert isinstance(before[key], float) and isinstance(after[key], float), key
-    assert after["val_loss"] < before["val_loss"] - 0.02
-    assert after["val_perplexity"] < before["val_perplexity"]
+    before, after = report["before"]["validation"], report["after"]["validation"]
+    for split in ("validation", "test"):
+        for key in ("loss", "perplexity", "rougeL"):
+            assert isinstance(report["before"][split][key], float) and isinstance(report["after"][split][key], float)
+    assert after["loss"] < before["loss"] - 0.02 and after["perplexity"] < before["perplexity"]
+    test_change = report["change"]["test"]["perplexity"]  # a paired bootstrap CI over the test examples
+    assert test_change["ci"][0] <= test_change["change"] <= test_change["ci"][1] < 0
+    assert test_change["change"] == pytest.approx(report["after"]["test"]["perplexity"]
+                                                  - report["before"]["test"]["perplexity"], rel=1e-4)
+    assert 12 <= report["test_examples"] <= 16 and report["val_examples"] + report["train_examples"] <= 144  # 160 records, 10 % test; over-long prompts dropped
     assert report["steps"] == 12 and report["best_step"] > 0 and not report["stopped_early"]
     assert len(report["examples"]) == 4 and all(isinstance(r["after"], str) for r in report["examples"])
-    assert "before" in result.stdout and "rougeL" in result.stdout and "val_perplexity" in result.stdout
+    assert "test perplexity" in result.stdout and "rougeL" in result.stdout and "95 % CI" in result.stdout
     assert "4,096 trainable" in result.stdout  # r=8 on c_attn of 2 layers of width 64: 2 * (64*8 + 8*192)
 
     # The adapter: peft files, LoRA weights only, a tiny fraction of the base model.
@@ -56,13 +61,14 @@ def test_tiny_run_lowers_validation_loss_and_writes_a_small_adapter(tiny_gpt2_di
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from llmlab.data.instruct import collate, load_records, split_records, tokenize_records
+    from llmlab.data.instruct import collate, load_records, split_three, tokenize_records
     from llmlab.train.lora import LoraTrainConfig
     from llmlab.train.lora_eval import answer_logits
 
     defaults = LoraTrainConfig()
     tokenizer = gpt2_tokenizer
-    _, val = split_records(load_records("builtin:pydoc", pydoc_cache_dir), 0.1, defaults.data_seed, 160)
+    _, val, test = split_three(load_records("builtin:pydoc", pydoc_cache_dir), 0.1, 0.1, defaults.data_seed, 160)
+    assert not {r["instruction"] for r in test} & {r["instruction"] for r in val}
     val_examples, _ = tokenize_records(tokenizer, val, 64, defaults.prompt_template, defaults.prompt_template_no_input)
     assert len(val_examples) == report["val_examples"]
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir), adapter).eval()
@@ -70,14 +76,16 @@ def test_tiny_run_lowers_validation_loss_and_writes_a_small_adapter(tiny_gpt2_di
     with torch.no_grad():
         logits, targets, _ = answer_logits(model, batch, "full")
     reloaded = torch.nn.functional.cross_entropy(logits, targets)
-    assert float(reloaded) == pytest.approx(after["val_loss"], abs=1e-4)
+    assert float(reloaded) == pytest.approx(after["loss"], abs=1e-4)
 
     # Run folder: config, run info, metrics as in pretraining, sample generations in TensorBoard text.
     assert (out / "config.yaml").is_file() and (out / "run_info.json").is_file()
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     keys = set().union(*metrics)
     assert {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_sec", "val/loss", "val/perplexity"} <= keys
-    assert [m["eval/rougeL"] for m in metrics if "eval/rougeL" in m] == [before["rougeL"], after["rougeL"]]
+    logged = {k: v for m in metrics for k, v in m.items() if k.startswith("eval/")}
+    assert logged["eval/test_rougeL_before"] == report["before"]["test"]["rougeL"]
+    assert logged["eval/validation_perplexity_after"] == after["perplexity"]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0})
@@ -99,7 +107,7 @@ def test_early_stopping_on_a_stalled_run_keeps_the_best_adapter(tiny_gpt2_dir, p
     assert report["stopped_early"] is True
     assert report["steps"] == 2  # step 0 is the baseline; evaluations at steps 1 and 2 did not improve
     assert report["best_step"] == 0
-    assert report["after"]["val_loss"] == pytest.approx(report["before"]["val_loss"], abs=1e-6)
+    assert report["after"]["validation"]["loss"] == pytest.approx(report["before"]["validation"]["loss"], abs=1e-6)
     assert "early stop at step 2" in result.stdout
     val_losses = [m["val/loss"] for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
                   if "val/loss" in m]
@@ -143,7 +151,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tiny_gpt2_dir, pydoc_c
     want, got = (json.loads((run / "eval.json").read_text()) for run in (reference, out))
     assert got["best_step"] == want["best_step"] and got["steps"] == want["steps"] == 24
     assert got["before"] == want["before"]
-    assert got["after"]["val_loss"] == pytest.approx(want["after"]["val_loss"], rel=1e-5)
+    assert got["after"]["validation"]["loss"] == pytest.approx(want["after"]["validation"]["loss"], rel=1e-5)
     assert len(list((out / "checkpoints").glob("step_*"))) == 2  # --keep_last default
 
     # A checkpoint from another setup is refused before anything is loaded.
@@ -163,7 +171,7 @@ def test_tiny_run_on_gpu_with_bf16(tiny_gpt2_dir, pydoc_cache_dir, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "on cuda" in result.stdout
     report = json.loads((out / "eval.json").read_text())
-    assert report["after"]["val_loss"] < report["before"]["val_loss"]
+    assert report["after"]["validation"]["loss"] < report["before"]["validation"]["loss"]
 
 
 def test_missing_default_base_model_is_a_one_line_error(repo_root, tmp_path):
@@ -283,7 +291,7 @@ def test_answer_only_logits_give_the_same_loss(tiny_gpt2_dir, gpt2_tokenizer):
 def test_batched_left_padded_generation_matches_one_by_one(tiny_gpt2_dir, gpt2_tokenizer):
     from transformers import AutoModelForCausalLM
 
-    from llmlab.train.lora_eval import generate_ids, rouge_l
+    from llmlab.train.lora_eval import generate_ids, rouge_scores
 
     model = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir)
     examples, _ = _batch(gpt2_tokenizer)
@@ -292,5 +300,5 @@ def test_batched_left_padded_generation_matches_one_by_one(tiny_gpt2_dir, gpt2_t
     batched = generate_ids(model, eos, examples, eos, batch_size=2, max_new_tokens=12)
     single = [generate_ids(model, eos, [e], eos, batch_size=1, max_new_tokens=12)[0] for e in examples]
     assert batched == single and all(len(ids) == 12 for ids in single)
-    assert rouge_l(["Return the number of items"], ["Return the number of items."]) == pytest.approx(1.0)
-    assert rouge_l(["completely different"], ["Return the number of items."]) == 0.0
+    assert rouge_scores(["Return the number of items"], ["Return the number of items."]) == [pytest.approx(1.0)]
+    assert rouge_scores(["completely different"], ["Return the number of items."]) == [0.0]

@@ -143,6 +143,24 @@ def split_records(records: list, val_fraction: float, seed: int,
     return [records[i] for i in order[:-n_val]], [records[i] for i in order[-n_val:]]
 
 
+def split_three(records: list, val_fraction: float, test_fraction: float, seed: int,
+                max_records: int | None = None) -> tuple[list, list, list]:
+    """Seeded shuffle (optionally keeping only `max_records`), then the last `test_fraction` is a test split that no
+    training choice ever sees, and the last `val_fraction` of the rest is validation (early stopping, selection)."""
+    order = list(range(len(records)))
+    random.Random(seed).shuffle(order)
+    order = order[:max_records] if max_records else order
+    n_test = round(len(order) * test_fraction) if test_fraction > 0 else 0
+    if n_test and len(order) - n_test < 2:
+        raise UserError(f"{len(order)} records leave fewer than 2 for training and validation after the "
+                        f"--test_fraction {test_fraction:g} test split; use more records or a smaller --test_fraction")
+    kept, test = order[: len(order) - n_test], order[len(order) - n_test:]
+    if len(kept) < 2:
+        raise UserError(f"need at least 2 records to make a train/validation split, got {len(kept)}")
+    n_val = min(len(kept) - 1, max(1, round(len(kept) * val_fraction)))
+    return ([records[i] for i in kept[:-n_val]], [records[i] for i in kept[-n_val:]], [records[i] for i in test])
+
+
 # --------------------------------------------------------------------------------------------------
 # Prompts, tokenisation with prompt masking, padding
 # --------------------------------------------------------------------------------------------------

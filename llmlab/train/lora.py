@@ -38,7 +38,10 @@ class LoraTrainConfig:
     dataset_split: str = opt("train", "hub dataset split to read (it is then split 90/10 here)")
     max_examples: Optional[int] = opt(None, "use a seeded random subset of this many records (quick runs)")
     cache_dir: str = opt(default_instruct_cache(), "folder for the builtin:pydoc cache")
-    val_fraction: float = opt(0.1, "fraction of records held out for validation")
+    val_fraction: float = opt(0.1, "fraction of the non-test records held out for validation (early stopping and "
+                                   "choosing the best adapter use it)")
+    test_fraction: float = opt(0.1, "fraction of records held out as a test split that no training choice ever sees: "
+                                    "its before/after numbers are the ones to quote")
     data_seed: int = opt(1234, "seed of the train/validation split")
     max_length: int = opt(256, "max tokens of prompt + answer + eos (capped at the model's context)")
     prompt_template: str = opt(DEFAULT_PROMPT, "prompt for records with an input; uses {instruction} and {input}")
@@ -106,6 +109,9 @@ class LoraTrainConfig:
                 raise UserError(f"--{name} must be >= 0, got {getattr(self, name)}")
         if not 0 < self.val_fraction < 1:
             raise UserError(f"--val_fraction must be between 0 and 1, got {self.val_fraction}")
+        if not 0 <= self.test_fraction < 1 or not self.val_fraction + self.test_fraction < 1:
+            raise UserError(f"--test_fraction must be in [0, 1) and leave records to train on (with --val_fraction), got "
+                            f"{self.test_fraction}")
         if not 0 <= self.lora_dropout < 1:
             raise UserError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if not 0 <= self.label_smoothing < 1:
@@ -157,6 +163,18 @@ def train(cfg: LoraTrainConfig) -> dict:
         return LoraRun(cfg, session).run()
 
 
+def summary(result: dict) -> dict:
+    """One split's evaluation without its per-example lists (they feed the CIs, not eval.json)."""
+    return {k: v for k, v in result.items() if k not in ("generations", "example_loss", "example_tokens",
+                                                         "example_rougeL")}
+
+
+def eval_scalars(results: dict, when: str) -> dict:
+    """eval/<split>_<metric>_<before|after> scalars for the trackers."""
+    return {f"eval/{split}_{key}_{when}": value for split, result in results.items()
+            for key, value in summary(result).items() if value is not None}
+
+
 class LoraRun:
     """LoRA on top of the shared session: prompt-masked loss, early stopping, before/after evaluation."""
 
@@ -189,21 +207,23 @@ class LoraRun:
     def load_data(self, context: int) -> None:
         from functools import partial
 
-        from llmlab.data.instruct import load_records, split_records, tokenize_records
+        from llmlab.data.instruct import load_records, split_three, tokenize_records
 
         cfg, acc = self.cfg, self.session.accelerator
         records = load_records(cfg.dataset, cfg.cache_dir, cfg.dataset_config, cfg.dataset_split)
-        train_records, val_records = split_records(records, cfg.val_fraction, cfg.data_seed, cfg.max_examples)
-        self.data_digest = records_digest(train_records + val_records)
+        train_records, val_records, test_records = split_three(records, cfg.val_fraction, cfg.test_fraction,
+                                                               cfg.data_seed, cfg.max_examples)
+        self.data_digest = records_digest(train_records + val_records + test_records)
         max_length = min(cfg.max_length, context)
         tokenize = partial(tokenize_records, self.tokenizer, max_length=max_length,
                            prompt_template=cfg.prompt_template, prompt_template_no_input=cfg.prompt_template_no_input)
         (self.train_examples, train_dropped), (self.val_examples, val_dropped) = tokenize(train_records), tokenize(val_records)
+        self.test_examples, test_dropped = tokenize(test_records)
         if not self.train_examples or not self.val_examples:
             raise UserError(f"no example fits in --max_length {max_length}; raise it or shorten the prompts")
-        dropped = train_dropped + val_dropped
-        acc.print(f"data: {cfg.dataset}: {len(self.train_examples)} train / {len(self.val_examples)} validation "
-                  f"examples, {acc.num_processes} process(es) on {acc.device.type}"
+        dropped = train_dropped + val_dropped + test_dropped
+        acc.print(f"data: {cfg.dataset}: {len(self.train_examples)} train / {len(self.val_examples)} validation / "
+                  f"{len(self.test_examples)} test examples, {acc.num_processes} process(es) on {acc.device.type}"
                   + (f" ({dropped} dropped: prompt longer than {max_length} tokens)" if dropped else ""))
 
     def build_training(self, model) -> None:
@@ -224,10 +244,12 @@ class LoraRun:
                                   generator=self.loader_seed, collate_fn=partial(collate, pad_id=self.pad_id))
         val_loader = DataLoader(self.val_examples, batch_size=cfg.eval_batch_size,
                                 collate_fn=partial(collate, pad_id=self.pad_id))
+        test_loader = DataLoader(self.test_examples, batch_size=cfg.eval_batch_size,
+                                 collate_fn=partial(collate, pad_id=self.pad_id))
         check_deepspeed_choices(acc, cfg.optimizer, cfg.clip_mode)
         optimizer = build_optimizer(cfg.optimizer, model.parameters(), cfg.learning_rate, cfg.weight_decay)
-        self.model, self.optimizer, self.train_loader, self.val_loader = session.prepare(
-            model, optimizer, train_loader, val_loader)
+        self.model, self.optimizer, self.train_loader, self.val_loader, self.test_loader = session.prepare(
+            model, optimizer, train_loader, val_loader, test_loader)
         # Logits only where the loss needs them (answer positions), if that reproduces the model's own.
         probe = {k: v.to(acc.device) for k, v in collate(self.val_examples[:4], self.pad_id).items()}
         self.logits_mode = lora_eval.pick_logits_mode(acc.unwrap_model(self.model).get_base_model(), probe)
@@ -240,10 +262,13 @@ class LoraRun:
         self.scheduler = scaled_schedule(build_schedule(self.optimizer, cfg.lr_scheduler, cfg.warmup_steps,
                                                         self.total_steps), session.state)
         self.clipper = GradClipper(cfg.clip, warmup_steps=cfg.warmup_steps, clip_mode=cfg.clip_mode)
-        self.evaluate = partial(lora_eval.evaluate_adapter, accelerator=acc, tokenizer=self.tokenizer,
-                                val_loader=self.val_loader, pad_id=self.pad_id, batch_size=cfg.eval_batch_size,
-                                max_new_tokens=cfg.max_new_tokens, mode=self.logits_mode, head=self.head,
-                                rouge_examples=self.val_examples[: cfg.eval_examples])
+        split = partial(lora_eval.evaluate_split, accelerator=acc, tokenizer=self.tokenizer, pad_id=self.pad_id,
+                        batch_size=cfg.eval_batch_size, max_new_tokens=cfg.max_new_tokens, mode=self.logits_mode,
+                        head=self.head)
+        splits = {"validation": (self.val_loader, self.val_examples), "test": (self.test_loader, self.test_examples)}
+        self.evaluate = lambda model: {  # noqa: E731  (every split, the same way, before and after)
+            name: split(model, loader=loader, rouge_examples=examples[: cfg.eval_examples])
+            for name, (loader, examples) in splits.items() if examples}
 
     # ------------------------------------------------------------------ adapter bookkeeping
     def adapter_now(self) -> dict:
@@ -273,15 +298,17 @@ class LoraRun:
     def run(self) -> dict:
         cfg, session, lora = self.cfg, self.session, self.lora
         if session.resume_path is None:
-            session.accelerator.print(f"evaluating the base model on {len(self.val_examples)} validation examples "
-                                      f"(ROUGE-L on {min(cfg.eval_examples, len(self.val_examples))})...")
+            session.accelerator.print(f"evaluating the base model on {len(self.val_examples)} validation and "
+                                      f"{len(self.test_examples)} test examples (ROUGE-L on up to {cfg.eval_examples} "
+                                      "of each)...")
             with session.paused():
                 lora.before = self.evaluate(self.model)
             # val/* is the validation curve (step 0 = base model); eval/* are the before/after measurements.
-            session.log({"val/loss": lora.before["val_loss"], "val/perplexity": lora.before["val_perplexity"],
-                         **{f"eval/{k}": v for k, v in lora.before.items() if k != "generations"}}, 0)
+            before = lora.before["validation"]
+            session.log({"val/loss": before["loss"], "val/perplexity": before["perplexity"],
+                         **eval_scalars(lora.before, "before")}, 0)
             # The untrained adapter (B = 0) is the base model: it is the first candidate for "best".
-            lora.best_loss, lora.best_step, self.best_state = lora.before["val_loss"], 0, self.adapter_now()
+            lora.best_loss, lora.best_step, self.best_state = before["loss"], 0, self.adapter_now()
         else:
             from safetensors.torch import load_file
 
@@ -369,17 +396,21 @@ class LoraRun:
         set_peft_model_state_dict(acc.unwrap_model(self.model), self.best_state)  # evaluate the adapter we keep
         acc.print(f"evaluating the best adapter (step {lora.best_step})...")
         after = self.evaluate(self.model)
-        session.log({f"eval/{k}": v for k, v in after.items() if k != "generations"}, session.state.step)
-        rouge_examples = self.val_examples[: cfg.eval_examples]
+        session.log(eval_scalars(after, "after"), session.state.step)
+        shown_split = "test" if "test" in after else "validation"
+        shown = self.test_examples if shown_split == "test" else self.val_examples
         report = {
             "base_model": cfg.base_model, "base_model_digest": self.base_digest, "dataset": cfg.dataset,
-            "data_digest": self.data_digest,
-            "train_examples": len(self.train_examples), "val_examples": len(self.val_examples),
-            "rouge_examples": len(rouge_examples), "steps": session.state.step, "best_step": lora.best_step,
-            "stopped_early": stopped_early, **self.counts,
-            "before": {k: v for k, v in lora.before.items() if k != "generations"},
-            "after": {k: v for k, v in after.items() if k != "generations"},
-            "examples": lora_eval.example_rows(rouge_examples, lora.before["generations"], after["generations"]),
+            "data_digest": self.data_digest, "train_examples": len(self.train_examples),
+            "val_examples": len(self.val_examples), "test_examples": len(self.test_examples),
+            "rouge_examples": min(cfg.eval_examples, len(shown)), "steps": session.state.step,
+            "best_step": lora.best_step, "stopped_early": stopped_early, **self.counts,
+            "before": {split: summary(result) for split, result in lora.before.items()},
+            "after": {split: summary(result) for split, result in after.items()},
+            "change": {split: lora_eval.paired_change(lora.before[split], after[split], cfg.seed)
+                       for split in after},
+            "examples": lora_eval.example_rows(shown[: cfg.eval_examples], lora.before[shown_split]["generations"],
+                                               after[shown_split]["generations"]),
         }
         if acc.is_main_process:
             report["adapter_bytes"] = sum(f.stat().st_size for f in (session.out / "adapter").iterdir())

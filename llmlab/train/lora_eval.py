@@ -1,11 +1,14 @@
-"""Evaluation for LoRA runs: validation loss/perplexity, greedy answers scored with ROUGE-L, and reports.
+"""Evaluation for LoRA runs: loss/perplexity, greedy answers scored with ROUGE-L, and the before/after report.
 
-Perplexity is exp(mean token loss on the answer tokens + eos) over the whole validation split, summed
-exactly across processes. ROUGE-L is rouge_score's F-measure with stemming (works offline), averaged
-over a bounded number of validation examples whose answers are generated greedily on the main process.
+Two splits are measured before and after training: validation (which early stopping and model selection use, so its
+"after" is optimistic) and a fixed test split that neither ever sees. Perplexity is exp(mean token loss on the answer
+tokens + eos) over the whole split, summed exactly across processes. ROUGE-L is rouge_score's F-measure with stemming
+(works offline), over a bounded number of the split's examples answered greedily on the main process. Every
+after - before difference carries a paired bootstrap 95 % CI over examples (scipy.stats.bootstrap).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -77,7 +80,14 @@ def pick_logits_mode(model, batch: dict) -> str:
 
 @torch.no_grad()
 def adapter_validation_loss(model, val_loader, accelerator, mode: str = "full", head=None) -> float:
-    """Mean next-token cross-entropy over every labelled token of the validation split."""
+    """Mean next-token cross-entropy over every labelled token of a split."""
+    sums, counts = example_losses(model, val_loader, accelerator, mode, head)
+    return float(sums.sum() / counts.sum().clamp(min=1))
+
+
+@torch.no_grad()
+def example_losses(model, val_loader, accelerator, mode: str = "full", head=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per example of a split, in order: the summed token loss of its answer and its number of answer tokens."""
     model.eval()
     loss_sums, token_counts = [], []
     for batch in val_loader:
@@ -90,7 +100,7 @@ def adapter_validation_loss(model, val_loader, accelerator, mode: str = "full", 
         gathered = accelerator.gather_for_metrics(per_example)
         loss_sums.append(gathered[:, 0])
         token_counts.append(gathered[:, 1])
-    return float(torch.cat(loss_sums).sum() / torch.cat(token_counts).sum().clamp(min=1))
+    return torch.cat(loss_sums).cpu(), torch.cat(token_counts).cpu()
 
 
 @torch.no_grad()
@@ -120,31 +130,60 @@ def generate_answers(model, tokenizer, examples: list[dict], pad_id: int, batch_
     return [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
 
 
-def rouge_l(predictions: list[str], references: list[str]) -> float | None:
+def rouge_scores(predictions: list[str], references: list[str]) -> list[float]:
     from rouge_score.rouge_scorer import RougeScorer
 
-    if not predictions:
-        return None  # --eval_examples 0
     scorer = RougeScorer(["rougeL"], use_stemmer=True)
-    scores = [scorer.score(ref, pred)["rougeL"].fmeasure for pred, ref in zip(predictions, references)]
-    return sum(scores) / len(scores)
+    return [scorer.score(ref, pred)["rougeL"].fmeasure for pred, ref in zip(predictions, references)]
 
 
-def evaluate_adapter(model, *, accelerator, tokenizer, val_loader, rouge_examples: list[dict], pad_id: int,
-             batch_size: int, max_new_tokens: int, mode: str = "full", head=None) -> dict:
-    """val_loss, val_perplexity (all processes) and rougeL + generations (main process, then shared)."""
+def evaluate_split(model, *, accelerator, tokenizer, loader, rouge_examples: list[dict], pad_id: int,
+                   batch_size: int, max_new_tokens: int, mode: str = "full", head=None) -> dict:
+    """loss and perplexity (all processes) and ROUGE-L + generations (main process, then shared) of one split,
+    with the per-example numbers the paired bootstrap needs."""
     from accelerate.utils import broadcast_object_list
 
-    loss = adapter_validation_loss(model, val_loader, accelerator, mode, head)
+    sums, counts = example_losses(model, loader, accelerator, mode, head)
+    loss = float(sums.sum() / counts.sum().clamp(min=1))
     shared = [None, None]
-    if accelerator.is_main_process:
+    if accelerator.is_main_process and rouge_examples:
         with accelerator.autocast():
             generations = generate_answers(accelerator.unwrap_model(model), tokenizer, rouge_examples, pad_id,
                                            batch_size, max_new_tokens)
-        shared = [rouge_l(generations, [e["record"]["output"].strip() for e in rouge_examples]), generations]
+        shared = [rouge_scores(generations, [e["record"]["output"].strip() for e in rouge_examples]), generations]
     if accelerator.num_processes > 1:
         broadcast_object_list(shared)
-    return {"val_loss": loss, "val_perplexity": perplexity(loss), "rougeL": shared[0], "generations": shared[1]}
+    scores = shared[0]
+    return {"loss": loss, "perplexity": perplexity(loss), "rougeL": sum(scores) / len(scores) if scores else None,
+            "generations": shared[1], "example_loss": sums.tolist(), "example_tokens": counts.tolist(),
+            "example_rougeL": scores}
+
+
+def paired_change(before: dict, after: dict, seed: int = 0) -> dict:
+    """after - before of perplexity and ROUGE-L with paired bootstrap 95 % CIs over the split's examples."""
+    loss_b, tokens, loss_a = (np.array(before["example_loss"]), np.array(before["example_tokens"]),
+                              np.array(after["example_loss"]))
+
+    def ppl_change(lb, tok, la, axis=-1):
+        return np.exp(la.sum(axis) / tok.sum(axis)) - np.exp(lb.sum(axis) / tok.sum(axis))
+
+    out = {"perplexity": _bootstrap((loss_b, tokens, loss_a), ppl_change, seed)}
+    if before.get("example_rougeL") and after.get("example_rougeL"):
+        rouge = (np.array(before["example_rougeL"]), np.array(after["example_rougeL"]))
+        out["rougeL"] = _bootstrap(rouge, lambda b, a, axis=-1: a.mean(axis) - b.mean(axis), seed)
+    return out
+
+
+def _bootstrap(data: tuple, statistic, seed: int) -> dict:
+    from scipy import stats
+
+    value = float(statistic(*data))
+    if len(data[0]) < 2 or all(float(np.std(d)) == 0 for d in data):  # nothing varies: the interval is the value
+        return {"change": value, "ci": [value, value], "examples": len(data[0])}
+    result = stats.bootstrap(data, statistic, paired=True, vectorized=True, n_resamples=2000, method="percentile",
+                             rng=np.random.default_rng(seed))
+    low, high = result.confidence_interval
+    return {"change": value, "ci": [float(low), float(high)], "examples": len(data[0])}
 
 
 def samples_markdown(accelerator, model, tokenizer, examples: list[dict], pad_id: int, max_new_tokens: int) -> str:
@@ -172,14 +211,18 @@ def example_rows(examples: list[dict], before: list[str] | None, after: list[str
 
 
 def before_after_table(report: dict) -> str:
-    lines = [f"{'metric':<16}{'before':>12}{'after':>12}{'change':>12}"]
-    for key in ("val_loss", "val_perplexity", "rougeL"):
-        b, a = report["before"][key], report["after"][key]
-        if b is None or a is None:
-            lines.append(f"{key:<16}{'-':>12}{'-':>12}{'-':>12}")
-        else:
-            lines.append(f"{key:<16}{b:>12.4f}{a:>12.4f}{a - b:>+12.4f}")
-    lines.append(f"(validation: {report['val_examples']} examples, ROUGE-L on {report['rouge_examples']}; "
-                 f"best adapter at step {report['best_step']} of {report['steps']}"
-                 + ("; stopped early)" if report["stopped_early"] else ")"))
+    lines = [f"{'metric':<22}{'before':>11}{'after':>11}{'change (95 % CI)':>32}"]
+    for split in [s for s in ("test", "validation") if s in report["after"]]:
+        for key in ("perplexity", "rougeL"):
+            b, a = report["before"][split][key], report["after"][split][key]
+            change = report["change"][split].get(key)
+            if b is None or a is None:
+                lines.append(f"{split + ' ' + key:<22}{'-':>11}{'-':>11}{'-':>32}")
+                continue
+            interval = f"{change['change']:+.4g} [{change['ci'][0]:+.4g}, {change['ci'][1]:+.4g}]" if change else "-"
+            lines.append(f"{split + ' ' + key:<22}{b:>11.4g}{a:>11.4g}{interval:>32}")
+    lines.append(f"(test: {report['test_examples']} examples no choice ever saw; validation: {report['val_examples']} "
+                 f"examples, used by early stopping; ROUGE-L on {report['rouge_examples']} of each; best adapter at "
+                 f"step {report['best_step']} of {report['steps']}" + ("; stopped early)" if report["stopped_early"]
+                                                                     else ")"))
     return "\n".join(lines)
