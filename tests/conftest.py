@@ -54,18 +54,19 @@ def run_script(args: list[str], cwd: Path | None = None, timeout: float = 600, e
 
 
 def kill_when_ready(args: list[str], ready: Path, timeout: float = 300) -> None:
-    """Start a repo script and SIGKILL it as soon as `ready` exists: a real crash, in the middle of the run."""
+    """Start a repo script and SIGKILL it, with every process it started (a launcher's workers), as soon as `ready`
+    exists: a real crash, in the middle of the run."""
     import signal
     import subprocess
     import time
 
     proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + timeout
     while not ready.exists():
         assert proc.poll() is None and time.time() < deadline, f"the run ended before {ready.name} appeared"
         time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
 
 

@@ -69,32 +69,64 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def launch_args(out: Path, cache: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+            str(REPO / "accelerate_configs" / "one_gpu_zero2_offload.yaml"), "--main_process_port", str(free_port()),
+            "train_pretrain.py", "--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--block_size", "32",
+            "--batch_size", "2", "--effective_batch_size", "4", "--max_documents", "2", "--learning_rate", "1e-2",
+            "--eval_batches", "2", "--eval_every", "2", "--save_every", "2", "--mixed_precision", "bf16",
+            "--sample_tokens", "0", "--cache_dir", str(cache), "--output_dir", str(out), *extra]
+
+
 def launch(out: Path, cache: Path, *extra: str):
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-           str(REPO / "accelerate_configs" / "one_gpu_zero2_offload.yaml"), "--main_process_port", str(free_port()),
-           "train_pretrain.py", "--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--block_size", "32",
-           "--batch_size", "2", "--effective_batch_size", "4", "--max_documents", "5", "--learning_rate", "1e-2",
-           "--eval_batches", "2", "--eval_every", "2", "--save_every", "2", "--mixed_precision", "bf16",
-           "--cache_dir", str(cache), "--output_dir", str(out), *extra]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    return subprocess.run(launch_args(out, cache, *extra), cwd=REPO, capture_output=True, text=True, timeout=900)
+
+
+# DeepSpeed's CPU kernels do not promise bit-identical reductions: a resumed run's state is exact (the losses after a
+# one-off difference return to identical), and its per-step losses agree to this (measured: at most 1.9e-6).
+DEEPSPEED_RESUME_TOLERANCE = 1e-4
 
 
 @pytest.mark.slow
-def test_zero2_cpu_offload_trains_saves_and_resumes(tmp_path):
-    """Real DeepSpeed ZeRO-2 with the optimizer on CPU (DeepSpeedCPUAdam; first use JIT-compiles it)."""
-    out = tmp_path / "ds"
-    first = launch(out, tmp_path / "cache", "--max_steps", "4")
+def test_zero2_cpu_offload_resumes_after_sigkill_within_the_stated_tolerance(tmp_path):
+    """Real DeepSpeed ZeRO-2 with the optimizer on CPU (DeepSpeedCPUAdam; first use JIT-compiles it): an
+    uninterrupted run against one SIGKILLed after its step-6 checkpoint and resumed, step by step."""
+    from tests.conftest import kill_when_ready
+
+    whole = tmp_path / "whole"
+    first = launch(whole, tmp_path / "cache", "--max_steps", "12")
     assert first.returncode == 0, first.stderr[-3000:]
     assert "optimizer DeepSpeedCPUAdam" in first.stdout and "DEEPSPEED" in first.stdout
-    assert (out / "checkpoints" / "step_4" / "pytorch_model").is_dir()  # ZeRO's own checkpoint layout
-
-    resumed = launch(out, tmp_path / "cache", "--max_steps", "6", "--resume_from_checkpoint", "latest")
+    assert (whole / "checkpoints" / "step_12" / "pytorch_model").is_dir()  # ZeRO's own checkpoint layout
+    out = tmp_path / "killed"
+    kill_when_ready(launch_args(out, tmp_path / "cache", "--max_steps", "12")[1:], out / "checkpoints" / "step_6")
+    resumed = launch(out, tmp_path / "cache", "--max_steps", "12", "--resume_from_checkpoint", "latest")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
-    losses = {r["step"]: r["train/loss"] for r in read_jsonl(out / "metrics.jsonl") if "train/loss" in r}
-    assert sorted(losses) == [1, 2, 3, 4, 5, 6] and all(l == l for l in losses.values())
+    want, got = ({r["step"]: r["train/loss"] for r in read_jsonl(run / "metrics.jsonl") if "train/loss" in r}
+                 for run in (whole, out))
+    assert sorted(got) == list(range(1, 13))
+    for step in range(1, 13):
+        assert abs(got[step] - want[step]) <= DEEPSPEED_RESUME_TOLERANCE, step
+
+
+@pytest.mark.slow
+def test_zero2_final_model_is_the_fp32_master_copy(tmp_path):
+    """final/ under DeepSpeed bf16 holds what the plain path holds: fp32, the tied matrix once, loadable as is."""
+    import torch
+    from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
+    out = tmp_path / "ds"
+    proc = launch(out, tmp_path / "cache", "--max_steps", "4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with safe_open(str(out / "final" / "model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+        assert {f.get_slice(k).get_dtype() for k in keys} == {"F32"} and "lm_head.weight" not in keys
+        wte = f.get_tensor("transformer.wte.weight")
+    assert len(keys) == 16  # 1 layer: wte, wpe, ln_f and 12 block tensors, as the plain path saves
+    # fp32 masters, not a bf16 copy cast up: most values carry bits bf16 cannot hold
+    assert float((wte.to(torch.bfloat16).float() != wte).float().mean()) > 0.9
     assert AutoModelForCausalLM.from_pretrained(out / "final").config.n_embd == 32
 
 

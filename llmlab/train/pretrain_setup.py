@@ -146,22 +146,44 @@ def loss_scale(accelerator, optimizer) -> float | None:
 
 
 def save_final(accelerator, model, tokenizer, output_dir: Path) -> Path:
-    """output_dir/final: save_pretrained model + tokenizer, published only when complete."""
+    """output_dir/final: save_pretrained model + tokenizer, in fp32 whatever trained it (under DeepSpeed the fp32 master
+    weights, not the 16-bit working copy), published only when complete."""
     from llmlab.core.io import publish_dir
 
     final = output_dir / "final"
     tmp = output_dir / ".final.tmp"
     accelerator.wait_for_everyone()
-    state_dict = accelerator.get_state_dict(model)  # gathers ZeRO shards; every process must call it
+    state_dict = master_state_dict(accelerator, model)  # every process must take part (ZeRO gathers its shards)
     if accelerator.is_main_process:
         from llmlab.train.checkpointing import assert_finite
 
         hf_model = accelerator.unwrap_model(model).model  # inside the loss wrapper
-        assert_finite(hf_model, "final model")
+        state_dict = {k.removeprefix("model."): v.float() for k, v in state_dict.items()}
+        if hf_model.config.tie_word_embeddings:  # one matrix: the input embedding's (fp32 master) value is the head's
+            state_dict.pop("lm_head.weight", None)
+        standalone = type(hf_model)(hf_model.config).float()  # a plain fp32 copy: ties, dtype and keys as without ZeRO
+        standalone.load_state_dict(state_dict, strict=False)
+        standalone.tie_weights()
+        assert_finite(standalone, "final model")
         shutil.rmtree(tmp, ignore_errors=True)
-        state_dict = {k.removeprefix("model."): v for k, v in state_dict.items()}
-        hf_model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+        standalone.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         publish_dir(tmp, final)
     accelerator.wait_for_everyone()
     return final
+
+
+def master_state_dict(accelerator, model) -> dict:
+    """The model's weights in full precision: under DeepSpeed ZeRO the optimizer's fp32 master copy (the module holds
+    16-bit weights), else the module's own."""
+    state = accelerator.get_state_dict(model)
+    if accelerator.state.deepspeed_plugin is None:
+        return state
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    unwrapped = accelerator.unwrap_model(model)
+    for name, param in unwrapped.named_parameters():
+        master = safe_get_full_fp32_param(param)
+        if master is not None:
+            state[name] = master.detach().cpu()
+    return state
