@@ -1,8 +1,12 @@
 """User errors: one line on stderr, non-zero exit, no traceback."""
 from __future__ import annotations
 
+import errno
 import functools
+import os
 import sys
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 
 class UserError(Exception):
@@ -15,6 +19,35 @@ class Interrupted(UserError):
     """Ctrl-C, with where the run stands: exit status 130 as for any interrupted program (128 + SIGINT)."""
 
     exit_code = 130
+
+
+# A full or read-only disk, however a library reports it: the OS's errno, numpy's short write ("N requested and M
+# written"), torch's zip writer ("unexpected pos"), safetensors' Rust error ("os error 28").
+_FULL = ("No space left", "unexpected pos", "os error 28", "requested and", "file write failed")
+
+
+def write_failure(err: BaseException) -> Optional[str]:
+    """What stopped a write, in words, if `err` is a failed write (else None: a bug, not the disk)."""
+    code = getattr(err, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or any(marker in str(err) for marker in _FULL):
+        return "the disk is full"
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return os.strerror(code).lower()
+    return None
+
+
+@contextmanager
+def writing(what: str, fix: str) -> Iterator[None]:
+    """Turn a failed write inside the block into one line naming what could not be written and the fix."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as err:  # OSError, RuntimeError (torch), SafetensorError (a plain Exception) alike
+        reason = write_failure(err)
+        if reason is None:
+            raise
+        raise UserError(f"could not write {what}: {reason}; {fix}") from None
 
 
 def cli_entry(main):
@@ -33,5 +66,13 @@ def cli_entry(main):
         except KeyboardInterrupt:  # Ctrl-C before a trainer could say where it stood
             print("interrupted: nothing was published by this run", file=sys.stderr)
             sys.exit(130)
+        except Exception as err:  # a write that failed where no caller named it: still one line, never a traceback
+            reason = write_failure(err)
+            if reason is None:
+                raise
+            where = getattr(err, "filename", None)
+            print(f"error: a write failed{f' ({where})' if where else ''}: {reason}; free space or pick another output "
+                  "folder, then rerun (nothing half-written is kept)", file=sys.stderr)
+            sys.exit(2)
 
     return wrapper

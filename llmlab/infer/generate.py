@@ -105,6 +105,10 @@ class GenerateConfig(ModelSourceConfig):
             raise UserError(f"--no_repeat_ngram_size must be >= 0 (0 = off), got {self.no_repeat_ngram_size}")
         if self.output is not None and Path(self.output).is_dir():  # found before any model loads or text is generated
             raise UserError(f"--output {self.output} is a folder; pass a file path for the JSONL results")
+        if self.output is not None:
+            from llmlab.core.runfolder import check_output_dir
+
+            check_output_dir(Path(self.output).parent, "--output's folder")
         if self.prompts_file is not None and not Path(self.prompts_file).is_file():
             raise UserError(f"--prompts_file {self.prompts_file} not found; pass a JSONL file with one "
                             f"{{\"{self.prompt_field}\": ...}} per line")
@@ -252,9 +256,25 @@ def run_generate(cfg: GenerateConfig, log=print) -> list[dict]:
     records = [{**source, **({"model_input": r["prompt"]} if template else {}),
                 **{k: v for k, v in r.items() if k != "prompt"}, **settings} for source, r in zip(inputs, done)]
     if output:
-        atomic_write_text(output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-        log(f"wrote {len(records)} generation(s) to {output}")
+        save_generations(output, records, log)
     return records
+
+
+def save_generations(output: str, records: list[dict], log=print) -> None:
+    """The results as JSONL; when the disk refuses them, they go to stdout instead (generated text is never lost)
+    and the one-line error says so."""
+    from llmlab.core.errors import UserError, write_failure
+
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    try:
+        atomic_write_text(output, text)
+    except OSError as err:
+        if write_failure(err) is None:
+            raise
+        print(text, end="", flush=True)
+        raise UserError(f"could not write {output}: {write_failure(err)}; the {len(records)} generation(s) were "
+                        "printed above as JSONL instead") from None
+    log(f"wrote {len(records)} generation(s) to {output}")
 
 
 # ---- perplexity on held-out text ---------------------------------------------------------------------------------

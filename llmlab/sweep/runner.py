@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from llmlab.core.errors import UserError
+from llmlab.core.errors import UserError, writing
 from llmlab.core.io import atomic_write_json, atomic_write_text
 from llmlab.core.runfolder import process_start_time
 from llmlab.core.device import resolve_device, resolve_precision
@@ -72,8 +72,12 @@ def prepare_data(cfg: SweepConfig, out_dir: Path) -> dict:
     data_dir.mkdir(parents=True, exist_ok=True)
     for split, tokens in arrays.items():
         tmp = data_dir / f".{split}.{os.getpid()}.npy"
-        np.save(tmp, tokens)
-        os.replace(tmp, data_dir / f"{split}.npy")
+        try:
+            with writing(f"the sweep's {split} tokens into {data_dir}", "free space or pick another --output_dir"):
+                np.save(tmp, tokens)
+            os.replace(tmp, data_dir / f"{split}.npy")
+        finally:
+            tmp.unlink(missing_ok=True)  # a failed write leaves no temp file behind
     info = {"key": key, "cache_path": str(prepared.cache_path), "block_size": block,
             "train_rows": len(arrays["train"]), "validation_rows": len(arrays["validation"]),
             "train_tokens": int(arrays["train"].size)}

@@ -162,9 +162,9 @@ def save_checkpoint(accelerator, output_dir: str | os.PathLike, step: int, manif
     accelerator.wait_for_everyone()
     try:
         accelerator.save_state(str(tmp))  # model, optimizer, scaler, RNG states, every registered object
-    except (RuntimeError, OSError) as err:
+    except Exception as err:  # torch's RuntimeError, safetensors' own error, OSError: whatever the disk did
         shutil.rmtree(tmp, ignore_errors=True)
-        raise _write_error(err, f"checkpoint {final}") from None
+        raise write_error(err, f"checkpoint {final}") from None
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         try:
@@ -173,7 +173,7 @@ def save_checkpoint(accelerator, output_dir: str | os.PathLike, step: int, manif
             atomic_write_json(tmp / STATE_FILE, {"format": FORMAT, **manifest, "files": _manifest(tmp)})
         except OSError as err:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise _write_error(err, f"checkpoint {final}") from None
+            raise write_error(err, f"checkpoint {final}") from None
         publish_dir(tmp, final)
         for old in list_checkpoints(output_dir)[:-keep_last] if keep_last > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
@@ -181,11 +181,11 @@ def save_checkpoint(accelerator, output_dir: str | os.PathLike, step: int, manif
     return final
 
 
-def _write_error(err: Exception, what: str) -> UserError:
-    """torch reports a full disk as `[enforce fail at inline_container.cc] ... unexpected pos`: say what it is."""
-    text = str(err)
-    full = getattr(err, "errno", None) == 28 or "No space left" in text or "unexpected pos" in text
-    reason = "the disk is full" if full else text.splitlines()[0][:160]
+def write_error(err: Exception, what: str) -> UserError:
+    """A failed checkpoint or run-file write as one line (llmlab.core.errors.write_failure names the cause)."""
+    from llmlab.core.errors import write_failure
+
+    reason = write_failure(err) or str(err).splitlines()[0][:160]
     return UserError(f"could not write {what}: {reason}; free space (or pick another --output_dir) and resume "
                      "from the last checkpoint")
 

@@ -286,8 +286,10 @@ class TrainingSession:
                                   "--resume_from_checkpoint latest to continue from it") from None
             raise Interrupted(f"at step {self.state.step}, before the first checkpoint: nothing to resume; rerun with "
                               "--overwrite_output_dir to start again") from None
-        if isinstance(error, OSError) and not isinstance(error, UserError):
-            raise ckpt._write_error(error, f"the run's files in {self.out}") from None
+        from llmlab.core.errors import write_failure
+
+        if error is not None and not isinstance(error, UserError) and write_failure(error):
+            raise ckpt.write_error(error, f"the run's files in {self.out}") from None
         return False
 
 

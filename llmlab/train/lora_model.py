@@ -5,6 +5,7 @@ resumable checkpoint of a LoRA run weighs megabytes, not the whole base model.
 from __future__ import annotations
 
 import os
+import shutil
 import warnings
 from pathlib import Path
 from typing import Optional
@@ -99,14 +100,18 @@ def save_adapter(model, cfg, path: Path, tokenizer=None, base_digest: Optional[s
     from llmlab.core.io import atomic_write_json, publish_dir
 
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    model.save_pretrained(tmp)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    atomic_write_json(tmp / PROMPT_FILE, {"prompt_template": cfg.prompt_template,
-                                          "prompt_template_no_input": cfg.prompt_template_no_input,
-                                          "eos_after_answer": True})
-    if base_digest:
-        atomic_write_json(tmp / BASE_RECORD, {"base_model": cfg.base_model, "digest": base_digest})
+    try:
+        model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        atomic_write_json(tmp / PROMPT_FILE, {"prompt_template": cfg.prompt_template,
+                                              "prompt_template_no_input": cfg.prompt_template_no_input,
+                                              "eos_after_answer": True})
+        if base_digest:
+            atomic_write_json(tmp / BASE_RECORD, {"base_model": cfg.base_model, "digest": base_digest})
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     publish_dir(tmp, path)
 
 

@@ -166,8 +166,12 @@ def save_final(accelerator, model, tokenizer, output_dir: Path) -> Path:
         standalone.tie_weights()
         assert_finite(standalone, "final model")
         shutil.rmtree(tmp, ignore_errors=True)
-        standalone.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        try:
+            standalone.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # never a half-written final/ (nor its temp folder) left behind
+            raise
         publish_dir(tmp, final)
     accelerator.wait_for_everyone()
     return final
