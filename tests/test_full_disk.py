@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_script
+from tests.conftest import run_script
 from tests.test_lora import TINY_RUN
 
 SMALL = ["--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--block_size", "32", "--batch_size", "2",
