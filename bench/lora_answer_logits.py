@@ -35,7 +35,7 @@ def main() -> None:
     import torch
 
     from llmlab.data.instruct import collate, load_records, split_records, tokenize_records
-    from llmlab.train.lora import LoraTrainConfig, default_instruct_cache
+    from llmlab.train.lora_config import LoraTrainConfig, default_instruct_cache
     from llmlab.core.notices import quiet_known_notices
     from llmlab.train.lora_model import add_lora
     from llmlab.train.lora_eval import answer_logits, answer_loss

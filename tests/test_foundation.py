@@ -12,7 +12,8 @@ from llmlab.core.config import opt, parse_config
 from llmlab.core.errors import UserError
 from llmlab.core.io import atomic_write_text, read_jsonl
 from llmlab.core.runinfo import write_run_info
-from llmlab.train.common import GradClipper, parse_clip
+from llmlab.train.common import GradClipper
+from llmlab.train.config import parse_clip
 from tests.conftest import run_script
 
 

@@ -62,7 +62,7 @@ def test_tiny_run_lowers_validation_loss_and_writes_a_small_adapter(tiny_gpt2_di
     from transformers import AutoModelForCausalLM
 
     from llmlab.data.instruct import collate, load_records, split_three, tokenize_records
-    from llmlab.train.lora import LoraTrainConfig
+    from llmlab.train.lora_config import LoraTrainConfig
     from llmlab.train.lora_eval import answer_logits
 
     defaults = LoraTrainConfig()
@@ -204,7 +204,7 @@ def test_bad_options_are_one_line_errors(tmp_path):
 # ---------------------------------------------------------------------------------------------------------
 
 def _tiny_cfg(tiny_gpt2_dir, **overrides):
-    from llmlab.train.lora import LoraTrainConfig
+    from llmlab.train.lora_config import LoraTrainConfig
 
     return LoraTrainConfig(base_model=str(tiny_gpt2_dir), **overrides)
 
@@ -244,7 +244,7 @@ def test_only_adapter_weights_train_and_checkpointing_reaches_them(tiny_gpt2_dir
 def test_target_modules_follow_the_model_type():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from llmlab.train.lora import LoraTrainConfig
+    from llmlab.train.lora_config import LoraTrainConfig
     from llmlab.train.lora_model import add_lora
 
     llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

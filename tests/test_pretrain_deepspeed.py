@@ -136,7 +136,7 @@ def test_fp16_on_cpu_is_refused_clearly(tmp_path):
     from llmlab.core.config import parse_config
     from llmlab.core.errors import UserError
     from llmlab.train.loop import TrainingSession
-    from llmlab.train.pretrain import PretrainConfig
+    from llmlab.train.pretrain_config import PretrainConfig
 
     import torch
 

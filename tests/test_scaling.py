@@ -156,7 +156,7 @@ def sweep_dir(tmp_path_factory):
 
 def test_recommend_writes_a_complete_config_that_train_pretrain_resolves(sweep_dir, tmp_path, capsys):
     from llmlab.core.config import parse_config
-    from llmlab.train.pretrain import PretrainConfig
+    from llmlab.train.pretrain_config import PretrainConfig
 
     output = tmp_path / "rec.yaml"
     rec = recommend_main(["--from", str(sweep_dir), "--memory-gb", "24", "--params", "50000000", "--output", str(output)])

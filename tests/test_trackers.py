@@ -57,7 +57,9 @@ def test_a_plugged_in_tracker_and_tensorboard_get_the_config_and_the_metrics(tmp
 
     fake = type("Fake", (FakeTracker, GeneralTracker), {})()
     original = tracking.make_trackers
-    monkeypatch.setattr(tracking, "make_trackers", lambda report_to, out: original(report_to, out) + [fake])
+    from llmlab.train import loop
+
+    monkeypatch.setattr(loop, "make_trackers", lambda report_to, out: original(report_to, out) + [fake])
     out = tmp_path / "run"
     cfg = parse_config(PretrainConfig, [*SMALL, "--max_documents", "3", "--cache_dir", str(tmp_path / "cache"),
                                         "--output_dir", str(out), "--max_steps", "4", "--eval_every", "4",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import math
 import types
 import typing
@@ -18,6 +19,29 @@ import yaml
 from llmlab.core.errors import UserError
 
 T = TypeVar("T")
+
+
+TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "aim": "aim", "comet_ml": "comet_ml"}
+REPORT_TO_CHOICES = (*TRACKERS, "all", "none")
+
+
+def check_report_to(report_to: list[str]) -> list[str]:
+    """The tracker names to use; unknown or missing ones are one-line errors naming the fix."""
+    names = list(dict.fromkeys(report_to or ["none"]))
+    unknown = [n for n in names if n not in REPORT_TO_CHOICES]
+    if unknown:
+        raise UserError(f"--report_to {unknown[0]!r} is unknown; choose from {', '.join(REPORT_TO_CHOICES)}")
+    if "none" in names:
+        if len(names) > 1:
+            raise UserError("--report_to none cannot be combined with other trackers")
+        return []
+    if "all" in names:
+        return [n for n, package in TRACKERS.items() if importlib.util.find_spec(package)]
+    missing = [n for n in names if not importlib.util.find_spec(TRACKERS[n])]
+    if missing:
+        raise UserError(f"--report_to {missing[0]}: the {TRACKERS[missing[0]]} package is not installed; "
+                        f"pip install {TRACKERS[missing[0]]}, or drop it from --report_to")
+    return names
 
 
 def opt(default: Any, help: str, **kwargs: Any) -> Any:
@@ -122,6 +146,8 @@ def build_config(cls: type[T], values: dict[str, Any], source: str = "config") -
         raise UserError(f"unknown option(s) {', '.join(unknown)} in {source}; see --help for valid names")
     converted = {k: _converter(hints[k], k)(v) for k, v in values.items()}
     cfg = cls(**converted)
+    if callable(getattr(cfg, "resolved", None)):  # checked, with derived defaults: a new config, nothing mutated
+        return cfg.resolved()
     validate = getattr(cfg, "validate", None)
     if callable(validate):
         validate()

@@ -8,7 +8,6 @@ record tests and tools read without a tracker. Sweep trials run outside accelera
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import time
@@ -17,31 +16,8 @@ from typing import Any, Optional
 
 from accelerate.tracking import GeneralTracker, TensorBoardTracker, on_main_process
 
-from llmlab.core.errors import UserError
+from llmlab.core.config import check_report_to
 from llmlab.core.io import append_jsonl
-
-TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "aim": "aim", "comet_ml": "comet_ml"}
-REPORT_TO_CHOICES = (*TRACKERS, "all", "none")
-
-
-def check_report_to(report_to: list[str]) -> list[str]:
-    """The tracker names to use; unknown or missing ones are one-line errors naming the fix."""
-    names = list(dict.fromkeys(report_to or ["none"]))
-    unknown = [n for n in names if n not in REPORT_TO_CHOICES]
-    if unknown:
-        raise UserError(f"--report_to {unknown[0]!r} is unknown; choose from {', '.join(REPORT_TO_CHOICES)}")
-    if "none" in names:
-        if len(names) > 1:
-            raise UserError("--report_to none cannot be combined with other trackers")
-        return []
-    if "all" in names:
-        return [n for n, package in TRACKERS.items() if importlib.util.find_spec(package)]
-    missing = [n for n in names if not importlib.util.find_spec(TRACKERS[n])]
-    if missing:
-        raise UserError(f"--report_to {missing[0]}: the {TRACKERS[missing[0]]} package is not installed; "
-                        f"pip install {TRACKERS[missing[0]]}, or drop it from --report_to")
-    return names
-
 
 def make_trackers(report_to: list[str], output_dir: str | os.PathLike) -> list:
     """`log_with` for Accelerator: TensorBoard in OUTPUT_DIR/tensorboard, the others by name, and metrics.jsonl."""

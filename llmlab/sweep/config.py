@@ -150,7 +150,7 @@ class SweepConfig:
         if self.lr is not None and self.lr < 0:
             raise UserError(f"--lr must be >= 0, got {self.lr}")
         if self.clip is not None:
-            from llmlab.train.common import parse_clip
+            from llmlab.train.config import parse_clip
 
             parse_clip(self.clip)
         if not 0 <= self.label_smoothing < 1:

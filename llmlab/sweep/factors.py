@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from llmlab.train.common import CLIP_MODES
+from llmlab.train.config import CLIP_MODES
 from llmlab.train.optim import OPTIMIZERS, SCHEDULERS
 
 POSITION_ENCODINGS = ("sinusoidal", "learned", "rope")
@@ -89,7 +89,7 @@ def _control(name: str) -> Callable[[Any], Any]:
 
 
 def _clip_default(cfg) -> Any:
-    from llmlab.train.common import parse_clip
+    from llmlab.train.config import parse_clip
 
     return parse_clip(cfg.clip) if cfg.clip is not None else CONTROL["clip"]
 

@@ -159,7 +159,7 @@ def trial_hparams(cfg: SweepConfig, trial: dict) -> Hparams:
     """The levels one trial trains with: its design values, then the sweep-wide defaults (llmlab.sweep.factors)."""
     levels = resolve(cfg, trial)
     if cfg.grid == "lr_bs" and cfg.clip is not None:  # an lr scan's --clip applies to every point
-        from llmlab.train.common import parse_clip
+        from llmlab.train.config import parse_clip
 
         levels["clip"] = parse_clip(cfg.clip)
     return Hparams(**levels)

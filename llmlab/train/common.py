@@ -8,23 +8,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-
-def parse_clip(value: str | float) -> float | str:
-    """`--clip` takes a max grad norm (a number; 0 disables clipping) or "adaptive"."""
-    from llmlab.core.errors import UserError
-
-    if isinstance(value, str) and value.strip().lower() == "adaptive":
-        return "adaptive"
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise UserError(f"--clip: expected a number or 'adaptive', got {value!r}") from None
-    if not math.isfinite(number) or number < 0:
-        raise UserError(f"--clip: must be a finite number >= 0 (0 disables clipping), got {value!r}")
-    return number
-
-
-CLIP_MODES = ("norm", "value")  # rescale the global gradient norm, or clamp every element to [-clip, clip]
+from llmlab.train.config import parse_clip
 
 
 class GradClipper:

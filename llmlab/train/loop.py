@@ -1,25 +1,24 @@
 """The skeleton both trainers build on: one `TrainingSession` owns what every run needs, so the trainers keep
 only what is their own (pretraining: spike rollback; LoRA: prompt masking, early stopping, before/after eval).
 
-    session = TrainingSession(cfg, "pretraining", run_files=RUN_FILES, resumable=RESUMABLE)  # lock, trackers
-    model, optimizer, loader = session.prepare(model, optimizer, loader)
-    session.register(scheduler, clipper)                      # saved and restored with every checkpoint
-    session.begin(config, total_steps, layout)               # run record, trackers, resume
+    session = TrainingSession(cfg, "pretraining", run_files=RUN_FILES, resumable=RESUMABLE)  # folder, lock, trackers
     with session:                                            # Ctrl-C and errors end as one line
+        model, optimizer, loader = session.prepare(model, optimizer, loader)
+        session.register(scheduler, clipper)                 # saved and restored with every checkpoint
+        session.begin(run_cfg, total_steps, layout, save_every, keep_last, model=model)  # run record, resume
         ... with accelerator.accumulate(model):
                 session.backward(loss, tokens)
-                if accelerator.sync_gradients:
-                    result = session.optimizer_step(params, optimizer, scheduler, clipper)
-        session.log_step(result)
-        if session.due(cfg.eval_every): with session.paused(): ...
-        session.checkpointer.maybe_save(step)
+                (last micro-batch) result = session.optimizer_step(params, optimizer, scheduler, clipper)
+            session.log_step(result, every)
+            if session.due(cfg.eval_every): with session.paused(): ...
+            session.checkpointer.maybe_save(step)
 
-What it owns: the Accelerator (mixed precision, gradient accumulation, gloo on multi-process CPU, trackers
-from --report_to), the run folder (lock, fresh/resume/overwrite policy, config.yaml + run_info.json),
-resume (a verified checkpoint, a config that may only change where the trainer allows it), the optimizer
-step (clipping, and no step on a non-finite loss or gradient), logging (TensorBoard/wandb/... plus
-metrics.jsonl, a progress bar with loss, lr and tokens/s that leaves evaluation and saving out), and the
-checkpoint cadence.
+What it owns: the Accelerator (mixed precision, gradient accumulation, gloo / MULTI_CPU on multi-process CPU,
+trackers from --report_to), the run folder (lock, kind, fresh/resume/overwrite policy, config.yaml + run_info.json),
+resume (a verified checkpoint, a config and setup that may only change where the trainer allows it), the optimizer
+step (clipping, and no step on a non-finite loss or gradient), rewinding to a checkpoint (rollback), logging
+(TensorBoard/wandb/... plus metrics.jsonl, a progress bar with loss, lr and tokens/s that leaves evaluation and saving
+out), and the checkpoint cadence (`Checkpointer`).
 """
 from __future__ import annotations
 
@@ -32,9 +31,19 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import torch
+from accelerate import Accelerator
+from torch.optim.lr_scheduler import LambdaLR
+from tqdm.auto import tqdm
 
-from llmlab.core.errors import UserError
+from llmlab.core.config import to_dict
+from llmlab.core.device import resolve_device, resolve_precision, set_cpu_threads
+from llmlab.core.errors import Interrupted, UserError, write_failure
+from llmlab.core.runfolder import abandon_claim, check_output_dir, claim_run_folder, record_claim, release_lock
+from llmlab.core.runinfo import write_run_info
+from llmlab.core.tracking import make_trackers, tracker_config
 from llmlab.train import checkpointing as ckpt
+from llmlab.train.common import accelerator_placement, process_group_handlers
+from llmlab.train.config import RunGroup
 
 ALWAYS_RESUMABLE = ("output_dir", "resume_from_checkpoint", "overwrite_output_dir", "report_to", "cache_dir",
                     "num_proc", "prepare_only", "cpu_threads")
@@ -67,17 +76,15 @@ class StepResult:
 def scaled_schedule(scheduler, state: LoopState):
     """The same schedule (any transformers LambdaLR) times the run's current lr scale, read at every step:
     the public way to lower the lr mid-run (a rollback) without touching a scheduler's private state."""
-    from torch.optim.lr_scheduler import LambdaLR
 
     schedules = scheduler.lr_lambdas
     return LambdaLR(scheduler.optimizer, [lambda step, f=f: f(step) * state.lr_scale for f in schedules])
 
 
 class TrainingSession:
-    def __init__(self, cfg, kind: str, *, run_files: Iterable[str], resumable: Iterable[str],
+    def __init__(self, cfg: RunGroup, kind: str, *, run_files: Iterable[str], resumable: Iterable[str],
                  mixed_precision: Optional[str] = None, gradient_accumulation_plugin=None,
                  gradient_accumulation_steps: int = 1):
-        from llmlab.core.runfolder import check_output_dir
 
         self.cfg, self.kind = cfg, kind
         self.out = check_output_dir(cfg.output_dir)  # a file or read-only folder fails here, before any setup
@@ -88,10 +95,9 @@ class TrainingSession:
         self.accelerator = _make_accelerator(cfg, mixed_precision, gradient_accumulation_plugin,
                                              gradient_accumulation_steps, self.out)
         if self.accelerator.device.type == "cpu":
-            from llmlab.core.device import set_cpu_threads
 
             local = int(os.environ.get("LOCAL_WORLD_SIZE", self.accelerator.num_processes))
-            set_cpu_threads(getattr(cfg, "cpu_threads", 0), local, self.accelerator.print)
+            set_cpu_threads(cfg.cpu_threads, local, self.accelerator.print)
         self.state, self.bar, self.checkpointer, self._claimed = LoopState(), None, None, False
         self._window = {"loss": 0.0, "micro": 0, "tokens": 0, "seconds": 0.0}
         self._micro_losses: list[torch.Tensor] = []
@@ -102,11 +108,10 @@ class TrainingSession:
 
     # ------------------------------------------------------------------ setup
     def _claim(self) -> None:
-        from llmlab.core.runfolder import claim_run_folder
 
         if self.accelerator.is_main_process:  # the owner and kind records wait until begin() accepted the run
             claim_run_folder(self.out, self.run_files, resume=self.resume_path is not None,
-                             overwrite=getattr(self.cfg, "overwrite_output_dir", False), what=self.kind, record=False)
+                             overwrite=self.cfg.overwrite_output_dir, what=self.kind, record=False)
             self._claimed = True
         self.accelerator.wait_for_everyone()
 
@@ -122,17 +127,11 @@ class TrainingSession:
         for obj in (self.state, *objects):
             self.accelerator.register_for_checkpointing(obj)
 
-    def begin(self, total_steps: int, layout: dict, save_every: int, keep_last: int, model=None,
+    def begin(self, run_cfg, total_steps: int, layout: dict, save_every: int, keep_last: int, model=None,
               desc: Optional[str] = None, extra_manifest=None, write_extra=None) -> Optional[dict]:
-        """Write the run record, start the trackers, resume if asked; returns the checkpoint manifest if resumed."""
-        from tqdm.auto import tqdm
-
-        from llmlab.core.config import to_dict
-        from llmlab.core.runfolder import record_claim
-        from llmlab.core.runinfo import write_run_info
-        from llmlab.core.tracking import tracker_config
-
-        self.layout, self.total_steps = layout, total_steps
+        """Take the run's resolved config (its defaults that needed the data filled in), write the run record, start
+        the trackers, resume if asked; returns the checkpoint manifest if resumed."""
+        self.cfg, self.layout, self.total_steps = run_cfg, layout, total_steps
         saved = self._check_resume() if self.resume_path is not None else None  # refusals first: nothing written yet
         if self.accelerator.is_main_process:
             note = record_claim(self.out, self.kind)
@@ -150,8 +149,6 @@ class TrainingSession:
 
     def _check_resume(self) -> dict:
         """Every reason to refuse this resume, checked before anything on disk is written or moved."""
-        from llmlab.core.config import to_dict
-
         path = self.resume_path
         saved = ckpt.read_trainer_state(path)
         ckpt.check_layout(saved.get("layout", {}), self.layout, path, self.layout_hint)
@@ -170,6 +167,7 @@ class TrainingSession:
                                        f"{', '.join(p.name for p in moved)} set aside (renamed, not deleted)")
         ckpt.load_checkpoint(self.accelerator, path)
         self.resumed_config = dict(saved.get("config", {}))
+        changed = sorted(set(changed) - set(ALWAYS_RESUMABLE))  # a new folder or tracker is not a training change
         if changed:
             self.accelerator.print(f"resume: honouring changed option(s) {', '.join(changed)}")
         self.accelerator.print(f"resumed from {path} at step {self.state.step}")
@@ -225,6 +223,21 @@ class TrainingSession:
         for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
             group["lr"] = base * factor(scheduler.last_epoch)
 
+    def rewind(self, path: Path, scheduler, learning_rate: float, lr_factor: float, keep_position: bool) -> int:
+        """Back to checkpoint `path` (a rollback): its state, the lr scale x `lr_factor`, and the data position kept
+        where it was when `keep_position` (the batches since the checkpoint are skipped). Returns how many
+        micro-batches that skips."""
+        state = self.state
+        position, scale = state.micro_batches, state.lr_scale * lr_factor
+        ckpt.load_checkpoint(self.accelerator, path)
+        skipped = position - state.micro_batches if keep_position else 0
+        state.lr_scale = scale
+        if keep_position:
+            state.micro_batches = position
+        self.refresh_lr(scheduler, learning_rate)
+        self.discard_window()  # the spike's steps and the reload are not training throughput
+        return skipped
+
     # ------------------------------------------------------------------ logging and cadence
     def log(self, values: dict[str, Any], step: Optional[int] = None) -> None:
         self.accelerator.log({k: v for k, v in values.items() if v is not None}, step=self.state.step if step is None else step)
@@ -273,12 +286,10 @@ class TrainingSession:
             self.bar.close()  # first, so an error message starts on its own line
         self.accelerator.end_training()
         if self._claimed:
-            from llmlab.core.runfolder import abandon_claim, release_lock
 
             # a run refused before begin() recorded its claim leaves no trace; any other end marks the lock released
             abandon_claim(self.out) if self.checkpointer is None else release_lock(self.out)
         if kind is KeyboardInterrupt:
-            from llmlab.core.errors import Interrupted
 
             last = ckpt.latest_checkpoint(self.out)
             if last is not None:
@@ -286,7 +297,6 @@ class TrainingSession:
                                   "--resume_from_checkpoint latest to continue from it") from None
             raise Interrupted(f"at step {self.state.step}, before the first checkpoint: nothing to resume; rerun with "
                               "--overwrite_output_dir to start again") from None
-        from llmlab.core.errors import write_failure
 
         if error is not None and not isinstance(error, UserError) and write_failure(error):
             raise ckpt.write_error(error, f"the run's files in {self.out}") from None
@@ -309,8 +319,6 @@ class Checkpointer:
         return self.save(step)
 
     def save(self, step: int) -> Path:
-        from llmlab.core.config import to_dict
-
         session = self.session
         manifest = {"step": step, "config": to_dict(session.cfg), "layout": session.layout,
                     "trainer": {**session.state.state_dict(), **(self.extra_manifest() if self.extra_manifest else {})}}
@@ -324,7 +332,6 @@ def resolve_mixed_precision(choice: str) -> str:
     "no", fp32), so a config that says fp32 runs fp32. Under a DeepSpeed launch (whose JSON says "auto") and a plain
     `python` run: the same hardware choice as the sweep's trials (core.device.resolve_precision), in accelerate's
     spelling ("no" for fp32)."""
-    from llmlab.core.device import resolve_device, resolve_precision
 
     if choice != "auto":
         return choice
@@ -347,10 +354,7 @@ def check_one_model(accelerator) -> None:
 
 
 def _make_accelerator(cfg, mixed_precision, plugin, accumulation_steps: int, out: Path):
-    from accelerate import Accelerator
 
-    from llmlab.core.tracking import make_trackers
-    from llmlab.train.common import accelerator_placement, process_group_handlers
 
     trackers = make_trackers(cfg.report_to, out)  # an unknown or missing tracker fails before anything starts
     kwargs = {"gradient_accumulation_plugin": plugin} if plugin is not None else {

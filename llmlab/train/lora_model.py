@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Optional
 from llmlab.core.errors import UserError
 from llmlab.data.instruct import PROMPT_FILE
+from llmlab.train.lora_config import DEFAULT_BASE_MODEL
 
-DEFAULT_BASE_MODEL = "runs/pretrain/final"
 
 
 def check_base_model(cfg) -> None:

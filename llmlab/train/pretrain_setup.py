@@ -6,15 +6,22 @@ import shutil
 from pathlib import Path
 
 import torch
+from accelerate.utils import GradientAccumulationPlugin
+from torch.utils.data import DataLoader, DistributedSampler
 
 from llmlab.core.errors import UserError
+from llmlab.core.io import publish_dir
+from llmlab.models.gpt2 import build_gpt2_model, load_pretrained_model
+from llmlab.train.checkpointing import assert_finite
+from llmlab.train.config import parse_clip
+from llmlab.train.loop import scaled_schedule
+from llmlab.train.optim import build_optimizer as build
+from llmlab.train.optim import build_schedule, check_deepspeed_choices
 
 
-def accumulation_plugin():
-    """Accumulation is counted in optimizer steps by the loop itself, across epoch boundaries."""
-    from accelerate.utils import GradientAccumulationPlugin
-
-    return GradientAccumulationPlugin(num_steps=1, sync_with_dataloader=False)
+def accumulation_plugin(steps: int):
+    """Micro-batches per optimizer step; the loop counts them itself, across epoch boundaries."""
+    return GradientAccumulationPlugin(num_steps=steps, sync_with_dataloader=False)
 
 
 def accumulation_steps(cfg, world: int) -> int:
@@ -29,9 +36,7 @@ def check_deepspeed(accelerator, cfg) -> None:
     ds_plugin = accelerator.state.deepspeed_plugin
     if ds_plugin is None:
         return
-    from llmlab.train.common import parse_clip
 
-    from llmlab.train.optim import check_deepspeed_choices
 
     check_deepspeed_choices(accelerator, cfg.optimizer, cfg.clip_mode)
     clip = parse_clip(cfg.clip)
@@ -49,7 +54,6 @@ def check_data_size(train_dl, accelerator) -> None:
 
 
 def build_pretrain_model(cfg, tokenizer):
-    from llmlab.models.gpt2 import build_gpt2_model, load_pretrained_model
 
     if cfg.init_from:
         model = load_pretrained_model(cfg.init_from)
@@ -68,7 +72,6 @@ def build_pretrain_model(cfg, tokenizer):
 
 def build_optimizer(cfg, model):
     """--optimizer from the shared factory (weight decay on matrices only; Lion's lr / wd convention there)."""
-    from llmlab.train.optim import build_optimizer as build
 
     return build(cfg.optimizer, model.parameters(), cfg.learning_rate, cfg.weight_decay,
                  betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps if cfg.optimizer == "adamw" else None)
@@ -77,8 +80,6 @@ def build_optimizer(cfg, model):
 def make_scheduler(cfg, optimizer, state):
     """Linear warmup, then --lr_scheduler down to min_lr, times the run's lr scale (lowered by each rollback).
     Stepped once per optimizer step."""
-    from llmlab.train.loop import scaled_schedule
-    from llmlab.train.optim import build_schedule
 
     return scaled_schedule(build_schedule(optimizer, cfg.lr_scheduler, cfg.warmup_steps, cfg.max_steps,
                                           cfg.min_lr / cfg.learning_rate), state)
@@ -90,7 +91,6 @@ def make_dataloaders(cfg, data):
     Loaders get their own generators so that creating an iterator never draws from the global RNG: a
     resumed run then sees the same dropout masks as an uninterrupted one.
     """
-    from torch.utils.data import DataLoader, DistributedSampler
 
     train = data.train.with_format("torch")
     val = data.validation.with_format("torch")
@@ -148,14 +148,12 @@ def loss_scale(accelerator, optimizer) -> float | None:
 def save_final(accelerator, model, tokenizer, output_dir: Path) -> Path:
     """output_dir/final: save_pretrained model + tokenizer, in fp32 whatever trained it (under DeepSpeed the fp32 master
     weights, not the 16-bit working copy), published only when complete."""
-    from llmlab.core.io import publish_dir
 
     final = output_dir / "final"
     tmp = output_dir / ".final.tmp"
     accelerator.wait_for_everyone()
     state_dict = master_state_dict(accelerator, model)  # every process must take part (ZeRO gathers its shards)
     if accelerator.is_main_process:
-        from llmlab.train.checkpointing import assert_finite
 
         hf_model = accelerator.unwrap_model(model).model  # inside the loss wrapper
         state_dict = {k.removeprefix("model."): v.float() for k, v in state_dict.items()}
@@ -183,7 +181,7 @@ def master_state_dict(accelerator, model) -> dict:
     state = accelerator.get_state_dict(model)
     if accelerator.state.deepspeed_plugin is None:
         return state
-    from deepspeed.utils import safe_get_full_fp32_param
+    from deepspeed.utils import safe_get_full_fp32_param  # deepspeed is imported only when a launch uses it
 
     unwrapped = accelerator.unwrap_model(model)
     for name, param in unwrapped.named_parameters():
