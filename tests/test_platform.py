@@ -8,11 +8,23 @@ import pytest
 from tests.conftest import REPO, run_script
 
 BLOCK = r'''
-import importlib, sys
+import importlib, os, sys
+REPO = os.getcwd()
 class Blocker:
+    """fcntl and resource are missing for llmlab's own imports, as on Windows (third-party packages choose their
+    platform modules themselves: psutil's Linux backend needs resource, its Windows one does not)."""
     def find_spec(self, name, path=None, target=None):
-        if name in ("fcntl", "resource"):
-            raise ImportError(f"No module named {name!r}")
+        if name not in ("fcntl", "resource"):
+            return None
+        frame = sys._getframe(1)
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if filename.startswith(REPO) and "site-packages" not in filename:
+                raise ImportError(f"No module named {name!r}")
+            if "site-packages" in filename:
+                return None
+            frame = frame.f_back
+        return None
 sys.meta_path.insert(0, Blocker())
 for name in ("train_pretrain", "train_lora", "sweep", "merge_and_infer", "llmlab.sweep.trial", "llmlab.sweep.runner",
              "llmlab.train.pretrain", "llmlab.train.lora", "llmlab.infer.merge", "llmlab.core.runfolder"):
