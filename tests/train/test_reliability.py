@@ -17,7 +17,7 @@ import pytest
 from llmlab.core.errors import UserError
 from llmlab.core.io import read_jsonl
 from tests.conftest import REPO, run_script
-from tests.test_pretrain import SMALL, assert_one_line_error
+from tests.train.test_pretrain import SMALL, assert_one_line_error
 
 
 @pytest.fixture(scope="module")

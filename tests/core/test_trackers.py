@@ -7,7 +7,7 @@ import pytest
 
 from llmlab.core.errors import UserError
 from tests.conftest import run_script
-from tests.test_pretrain import SMALL, assert_one_line_error
+from tests.train.test_pretrain import SMALL, assert_one_line_error
 
 
 class FakeTracker:

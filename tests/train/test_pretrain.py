@@ -251,7 +251,7 @@ def test_recommended_yaml_drives_a_real_run_with_its_optimizer_and_schedule(data
     from llmlab.scaling.report import write_lr_bs_report
     from llmlab.scaling import recommend_main
     from llmlab.train.optim import LION_LR_DIVISOR, lr_multiplier
-    from tests.test_scaling import SYNTHETIC_OPTIONS, planted_scan
+    from tests.scaling.test_scaling import SYNTHETIC_OPTIONS, planted_scan
 
     scan = tmp_path / "scan"
     write_lr_bs_report(scan, planted_scan(seed=0), SYNTHETIC_OPTIONS)

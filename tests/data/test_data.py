@@ -360,7 +360,7 @@ def test_one_small_text_file_splits_within_the_text_and_trains(tmp_path, gpt2_to
     assert stream.tolist() == ids[: len(stream)]
     proc = subprocess.run([sys.executable, "train_pretrain.py", "--dataset", str(text), "--max_steps", "2",
                            "--sample_tokens", "0", "--cache_dir", str(tmp_path / "c2"), "--output_dir",
-                           str(tmp_path / "run")], cwd=Path(__file__).resolve().parent.parent, capture_output=True,
+                           str(tmp_path / "run")], cwd=Path(__file__).resolve().parents[2], capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert "the last" in proc.stdout and "blocks of the text are the validation split" in proc.stdout

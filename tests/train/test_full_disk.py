@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_script
-from tests.test_lora import TINY_RUN
+from tests.train.test_lora import TINY_RUN
 
 SMALL = ["--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--block_size", "32", "--batch_size", "2",
          "--effective_batch_size", "2", "--max_documents", "3", "--eval_batches", "2", "--sample_tokens", "0"]

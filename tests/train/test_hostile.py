@@ -10,7 +10,7 @@ import stat
 import pytest
 
 from tests.conftest import run_script
-from tests.test_lora import TINY_RUN
+from tests.train.test_lora import TINY_RUN
 
 SMALL = ["--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--block_size", "32", "--batch_size", "2",
          "--effective_batch_size", "2", "--max_documents", "5", "--eval_batches", "2", "--sample_tokens", "0"]
@@ -110,7 +110,6 @@ def test_lora_resume_and_merge_check_the_base_weights(tiny_gpt2_dir, pydoc_cache
 
 @pytest.mark.slow
 def test_merge_overwrite_keeps_the_users_files_and_cleans_its_own_leftovers(tiny_gpt2_dir, tmp_path):
-    from tests.test_merge_infer import adapter_dir as _  # noqa: F401
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 

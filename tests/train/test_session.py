@@ -1,0 +1,135 @@
+"""TrainingSession and Checkpointer on their own (in-process, a real accelerate, a two-parameter model): the
+optimizer step's guards, clipping modes, the checkpoint cadence, resume refusals, rewind, and the run record."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from llmlab.core.errors import UserError
+from llmlab.train.common import GradClipper
+from llmlab.train.config import RunGroup
+from llmlab.train.loop import LoopState, TrainingSession, scaled_schedule
+
+
+@dataclass
+class Cfg(RunGroup):
+    learning_rate: float = 0.1
+    report_to: list = field(default_factory=lambda: ["none"])
+
+
+@pytest.fixture()
+def fresh_state():
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(True)
+    yield
+    AcceleratorState._reset_state(True)
+
+
+def make(tmp_path, **kwargs):
+    cfg = Cfg(output_dir=str(tmp_path / "run"), **kwargs)
+    session = TrainingSession(cfg, "unit", run_files=("checkpoints", "config.yaml"), resumable=("learning_rate",),
+                              mixed_precision="no")
+    model = torch.nn.Linear(2, 1, bias=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.learning_rate)
+    model, optimizer = session.prepare(model, optimizer)
+    scheduler = scaled_schedule(torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0), session.state)
+    clipper = GradClipper("0.5")
+    session.register(scheduler, clipper)
+    return cfg, session, model, optimizer, scheduler, clipper
+
+
+def step(session, model, optimizer, scheduler, clipper, x):
+    loss = model(torch.tensor(x)).sum()
+    session.backward(loss, tokens=1)
+    return session.optimizer_step(model.parameters(), optimizer, scheduler, clipper)
+
+
+def test_optimizer_step_clips_and_never_applies_a_non_finite_update(tmp_path, fresh_state):
+    cfg, session, model, optimizer, scheduler, clipper = make(tmp_path)
+    with session:
+        session.begin(cfg, 10, {"layout": 1}, save_every=100, keep_last=1)
+        before = model.weight.detach().clone()
+        result = step(session, model, optimizer, scheduler, clipper, [[3.0, 4.0]])  # gradient (3, 4): norm 5
+        assert result.stepped and result.grad_norm == pytest.approx(5.0)
+        assert torch.allclose(before - model.weight.detach(), 0.1 * torch.tensor([[0.3, 0.4]]))  # clipped to 0.5
+        frozen = model.weight.detach().clone()
+        result = step(session, model, optimizer, scheduler, clipper, [[math.nan, 1.0]])
+        assert not result.stepped and torch.equal(model.weight.detach(), frozen)  # the NaN never reached it
+        assert session.state.step == 2  # counted, and the schedule moved on
+
+
+def test_value_clipping_clamps_each_element(tmp_path, fresh_state):
+    cfg, session, model, optimizer, scheduler, _ = make(tmp_path)
+    with session:
+        session.begin(cfg, 10, {}, save_every=100, keep_last=1)
+        before = model.weight.detach().clone()
+        step(session, model, optimizer, scheduler, GradClipper("0.5", clip_mode="value"), [[3.0, 0.2]])
+        assert torch.allclose(before - model.weight.detach(), 0.1 * torch.tensor([[0.5, 0.2]]))
+
+
+def test_checkpointer_owns_the_cadence_and_waits_when_not_allowed(tmp_path, fresh_state):
+    cfg, session, model, optimizer, scheduler, clipper = make(tmp_path)
+    with session:
+        session.begin(cfg, 10, {"layout": 1}, save_every=2, keep_last=2, model=model)
+        saved = []
+        for _ in range(6):
+            step(session, model, optimizer, scheduler, clipper, [[1.0, 1.0]])
+            allowed = session.state.step != 2  # e.g. mid-spike at step 2: the save waits for the next step
+            saved.append(session.checkpointer.maybe_save(session.state.step, allowed=allowed))
+    names = [p.name if p else None for p in saved]
+    assert names == [None, None, "step_3", "step_4", None, "step_6"]
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_4", "step_6"]  # keep_last 2
+    manifest = json.loads((tmp_path / "run" / "checkpoints" / "step_6" / "trainer_state.json").read_text())
+    assert manifest["step"] == 6 and manifest["layout"] == {"layout": 1} and manifest["config"]["learning_rate"] == 0.1
+
+
+def test_resume_restores_state_and_refuses_other_setups_before_writing(tmp_path, fresh_state):
+    cfg, session, model, optimizer, scheduler, clipper = make(tmp_path)
+    with session:
+        session.begin(cfg, 10, {"layout": 1}, save_every=2, keep_last=3, model=model)
+        for _ in range(2):
+            step(session, model, optimizer, scheduler, clipper, [[1.0, 2.0]])
+        session.checkpointer.maybe_save(2)
+        weights = model.weight.detach().clone()
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(True)
+    cfg2, session2, model2, *rest = make(tmp_path, resume_from_checkpoint="latest", learning_rate=0.05)
+    with session2:
+        session2.begin(cfg2, 10, {"layout": 1}, save_every=2, keep_last=3, model=model2)
+        assert session2.state.step == 2 and torch.equal(model2.weight.detach(), weights)
+    AcceleratorState._reset_state(True)
+    cfg3, session3, model3, *rest = make(tmp_path, resume_from_checkpoint="latest")
+    record = (tmp_path / "run" / "run_info.json").stat().st_mtime_ns
+    with pytest.raises(UserError, match="written with another setup"):
+        with session3:
+            session3.begin(cfg3, 10, {"layout": 2}, save_every=2, keep_last=3, model=model3)
+    assert (tmp_path / "run" / "run_info.json").stat().st_mtime_ns == record  # refused before writing
+
+
+def test_rewind_restores_a_checkpoint_with_a_lower_lr_and_skips_the_data(tmp_path, fresh_state):
+    cfg, session, model, optimizer, scheduler, clipper = make(tmp_path)
+    with session:
+        session.begin(cfg, 10, {}, save_every=2, keep_last=3, model=model)
+        for _ in range(2):
+            step(session, model, optimizer, scheduler, clipper, [[1.0, 1.0]])
+        path = session.checkpointer.maybe_save(2)
+        at_checkpoint = model.weight.detach().clone()
+        for _ in range(3):
+            step(session, model, optimizer, scheduler, clipper, [[1.0, 1.0]])
+        skipped = session.rewind(path, scheduler, cfg.learning_rate, lr_factor=0.5, keep_position=True)
+        assert skipped == 3 and session.state.step == 2 and session.state.micro_batches == 5
+        assert torch.equal(model.weight.detach(), at_checkpoint)
+        assert session.state.lr_scale == 0.5 and optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+
+
+def test_state_round_trips():
+    state = LoopState(step=3, micro_batches=7, tokens_seen=11, lr_scale=0.25)
+    copy = LoopState()
+    copy.load_state_dict(state.state_dict())
+    assert copy == state
