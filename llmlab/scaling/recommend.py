@@ -247,15 +247,18 @@ def _lr_across_sizes(fits: dict, transfer: dict, params: float, batch_tokens: fl
     verdict = holdout.get("verdict") if holdout.get("status") == "ok" else None
     validated = holdout["extrapolation"] if verdict and verdict.startswith("within") else 1.0
     if factor > validated:
-        why = {None: "no held-out check ran", "failed": "the held-out forecast failed",
+        why = {None: f"no held-out check ran: {holdout.get('reason', 'the scan has one size')}",
+               "failed": "the held-out forecast failed",
                "undecided": "the held-out check was undecided"}.get(verdict, f"held-out verdict: {verdict}")
-        notes.append(f"WARNING: target N is {factor:.1f}x the largest scanned size; the held-out check validated "
-                     f"{validated:.1f}x ({why}): run the confirmation runs before the long job")
+        covered = (f"the held-out check validated {validated:.1f}x only" if validated > 1
+                   else "nothing validated an extrapolation in N")
+        notes.append(f"WARNING: target N is {factor:.1f}x the largest scanned size and {covered} ({why}): run the "
+                     "confirmation runs before the long job")
     if verdict == "failed":
         notes.append(f"WARNING: the law failed its held-out check (worst forecast / measured "
                      f"{holdout['worst_ratio']:.2f}): treat this lr as a starting point only")
     seq = fits["measured"].get("seq_len") or 128
-    if not law["with_batch"] and abs(math.log(batch_tokens / (batch * seq))) > math.log(2):
+    if not law["with_batch"] and abs(math.log(batch_tokens / (batch * seq))) >= math.log(2):
         notes.append(f"the scan measured lr_opt at {batch * seq:,.0f} tokens per step only; at {batch_tokens:,.0f} "
                      "the optimum may be higher (Adam: about sqrt of the batch ratio, Malladi et al. 2022), which "
                      "the confirmation runs bracket")
