@@ -9,21 +9,22 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from llmlab.core.config import Parser, add_dataclass_args, config_from_namespace
 from llmlab.core.errors import cli_entry
-from llmlab.infer.bench import BenchConfig, run_bench
-from llmlab.infer.generate import GenerateConfig, run_generate
-from llmlab.infer.merge import MergeConfig, merge_adapter
+from llmlab.infer.config import BenchConfig, GenerateConfig, MergeConfig
 
-COMMANDS = {
-    "merge": (MergeConfig, merge_adapter, "merge a LoRA adapter into its base, verify the logits, save a "
-                                          "standalone safetensors model + tokenizer"),
-    "generate": (GenerateConfig, run_generate, "generate text from a merged model or base + adapter "
-                                               "(streams one prompt; a JSONL of prompts -> JSONL results)"),
-    "bench": (BenchConfig, run_bench, "compare every precision this machine runs: size, load time, prefill/decode "
-                                      "tokens/s, peak memory, held-out perplexity"),
+COMMANDS = {  # name: (options, the function that runs them, help)
+    "merge": (MergeConfig, "llmlab.infer.merge:merge_adapter",
+              "merge a LoRA adapter into its base, verify the logits, save a standalone safetensors model + tokenizer"),
+    "generate": (GenerateConfig, "llmlab.infer.generate:run_generate",
+                 "generate text from a merged model or base + adapter (streams one prompt; a JSONL of prompts -> "
+                 "JSONL results)"),
+    "bench": (BenchConfig, "llmlab.infer.bench:run_bench",
+              "compare every precision this machine runs: size, load time, prefill/decode tokens/s, peak memory, "
+              "held-out perplexity"),
 }
 
 
@@ -42,9 +43,10 @@ def log(message: str) -> None:
 @cli_entry
 def main(argv: list[str] | None = None):
     ns = build_parser().parse_args(argv)
-    cls, run, _ = COMMANDS[ns.command]
+    cls, target, _ = COMMANDS[ns.command]
     cfg = config_from_namespace(cls, ns)
-    return run(cfg, log=log)
+    module, function = target.split(":")  # loaded after parsing: a bad flag answers before torch loads
+    return getattr(importlib.import_module(module), function)(cfg, log=log)
 
 
 if __name__ == "__main__":

@@ -24,10 +24,11 @@ def main(argv: list[str] | None = None) -> None:
         return recommend_main(argv[1:])
     from llmlab.core.config import parse_config
     from llmlab.sweep.config import SweepConfig
-    from llmlab.sweep.runner import run_sweep
 
     cfg = parse_config(SweepConfig, argv, description=__doc__.split("\n\n")[0]
                        + " Subcommand: `sweep.py recommend --help`.")
+    from llmlab.sweep.runner import run_sweep  # after parsing: a bad flag answers before torch loads
+
     rows = run_sweep(cfg)
     statuses = {s: sum(r.get("status") == s for r in rows) for s in {r.get("status") for r in rows}}
     print(f"sweep done: {statuses}; report: {cfg.output_dir}/report.md")

@@ -23,7 +23,8 @@ sys.path.insert(0, str(REPO))
 from llmlab.scaling.optimum import cell_optimum, pure_error  # noqa: E402
 from llmlab.sweep import stats  # noqa: E402
 from llmlab.sweep.design import CONTROL, FACTORS  # noqa: E402
-from llmlab.train.optim import LION_LR_DIVISOR, mean_lr_share  # noqa: E402
+from llmlab.train.config import LION_LR_DIVISOR  # noqa: E402
+from llmlab.train.schedules import mean_lr_share  # noqa: E402
 
 FINDINGS = REPO / "docs" / "findings"
 DOCUMENTS = (REPO / "README.md", FINDINGS / "README.md")
@@ -196,6 +197,55 @@ def recommend_validation() -> str:
         f"picked by these same runs, so the gap is biased towards the grid. {measured}.")
 
 
+def quoted(answer: str, limit: int = 60) -> str:
+    """A generated answer on one line, as JSON would quote it, cut to `limit` characters."""
+    text = json.dumps(answer, ensure_ascii=False)
+    return f"`{text[:limit]}…`" if len(text) > limit else f"`{text}`"
+
+
+def lora_results() -> dict:
+    path = FINDINGS / "lora-default" / "results.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def lora_default_table(results: dict) -> str:
+    """bench/lora_default.py's candidates: test-split perplexity, answer loss and ROUGE-L before -> after, with the
+    paired bootstrap CIs train_lora.py wrote to eval.json."""
+    lines = ["| candidate | wall time | test perplexity before → after (change, 95 % CI) | test answer loss (nats) | "
+             "test ROUGE-L before → after (change, 95 % CI) |", "|---|---|---|---|---|"]
+    for name, result in results.items():
+        report = result["report"]
+        before, after, change = report["before"]["test"], report["after"]["test"], report["change"]["test"]
+        ppl, rouge = change["perplexity"], change["rougeL"]
+        lines.append(f"| {name} | {result['seconds'] / 60:.1f} min | {before['perplexity']:.0f} → "
+                     f"{after['perplexity']:.0f} ({signed(ppl['change'], 0)} {interval(*ppl['ci'], 0)}) | "
+                     f"{before['loss']:.2f} → {after['loss']:.2f} | {before['rougeL']:.3f} → {after['rougeL']:.3f} "
+                     f"({signed(rouge['change'])} {interval(*rouge['ci'])}) |")
+    return "\n".join(lines)
+
+
+def lora_default_summary() -> str:
+    """The chosen default's before -> after on the test split, and two of its answers."""
+    results = lora_results()
+    if not results:
+        return "_bench/lora_default.py has not been run yet_"
+    name, result = min(results.items(), key=lambda item: item[1]["report"]["after"]["test"]["loss"])
+    report = result["report"]
+    before, after, change = report["before"]["test"], report["after"]["test"], report["change"]["test"]
+    ppl, rouge = change["perplexity"], change["rougeL"]
+    lines = ["| test split | before | after | change (95 % CI, paired bootstrap) |", "|---|---|---|---|",
+             f"| perplexity ({report['test_examples']} examples) | {before['perplexity']:.0f} | "
+             f"{after['perplexity']:.0f} | {signed(ppl['change'], 0)} {interval(*ppl['ci'], 0)} |",
+             f"| answer loss, nats | {before['loss']:.2f} | {after['loss']:.2f} | |",
+             f"| ROUGE-L ({rouge['examples']} greedy answers) | {before['rougeL']:.3f} | {after['rougeL']:.3f} | "
+             f"{signed(rouge['change'])} {interval(*rouge['ci'])} |"]
+    shown = [e for e in report["examples"] if e["after"].strip()][:2] or report["examples"][:2]
+    answers = [f"- {e['instruction']} Reference: {quoted(e['reference'])}; before: {quoted(e['before'])}; after: "
+               f"{quoted(e['after'])}" for e in shown]
+    return "\n".join([f"Defaults = {name}: {result['seconds'] / 60:.1f} min wall on 2 cores, {report['steps']} steps.",
+                      "", *lines, "", *answers])
+
+
 BLOCKS = {
     "doe20-summary": lambda: doe20_summary(doe20()),
     "doe20-calibration": lambda: doe20_calibration(doe20()),
@@ -205,6 +255,8 @@ BLOCKS = {
     "lr-mup": lambda: lr_summary("lr-sizes-mup", "muP"),
     "lr-mup-vs-std": mup_vs_std,
     "recommend-validation": recommend_validation,
+    "lora-default": lambda: lora_default_table(lora_results()),
+    "lora-default-summary": lora_default_summary,
 }
 PATTERN = re.compile(r"(<!-- findings:([\w-]+) -->\n)(.*?)(<!-- /findings:\2 -->)", re.S)
 

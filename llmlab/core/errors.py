@@ -8,6 +8,8 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
+from llmlab.core.notices import quiet_known_notices
+
 
 class UserError(Exception):
     """A problem with the user's input that they can fix; the message says how."""
@@ -55,8 +57,6 @@ def cli_entry(main):
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
-        from llmlab.core.notices import quiet_known_notices
-
         quiet_known_notices()
         try:
             return main(*args, **kwargs)

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from llmlab.core.errors import UserError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -86,8 +87,6 @@ def publish_dir(tmp_dir: str | os.PathLike, final_dir: str | os.PathLike) -> Non
 def utf8_lines(path: str | os.PathLike):
     """(line number, text) for each line of a UTF-8 file, streamed; bytes that are not UTF-8 are a one-line error
     naming the file, line and column, instead of a decoder traceback deep inside a loader."""
-    from llmlab.core.errors import UserError
-
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             try:

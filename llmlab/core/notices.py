@@ -27,12 +27,17 @@ class _DropKnown(logging.Filter):
         return not record.getMessage().startswith(self.prefix)
 
 
-def quiet_known_notices() -> None:
-    """Install the filters (once) and turn off transformers' per-file progress bars for saves and loads."""
+def drop_known_notices() -> None:
+    """Install the filters (once); cheap, so it can run at a package's import."""
     for name, prefix, _why in KNOWN_HARMLESS:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropKnown) and f.prefix == prefix for f in logger.filters):
             logger.addFilter(_DropKnown(prefix))
+
+
+def quiet_known_notices() -> None:
+    """The filters, and transformers' per-file progress bars for saves and loads turned off."""
+    drop_known_notices()
     try:
         from transformers.utils import logging as hf_logging
 

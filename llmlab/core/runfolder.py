@@ -23,6 +23,7 @@ from typing import Iterable, Optional
 from filelock import FileLock, Timeout
 
 from llmlab.core.errors import UserError
+from llmlab.core.io import atomic_write_json, atomic_write_text
 
 LOCK_NAME = ".llmlab.lock"
 OWNER_NAME = ".llmlab.owner"
@@ -98,8 +99,6 @@ def read_owner(folder: Path) -> dict:
 
 
 def _write_owner(folder: Path, record: dict) -> None:
-    from llmlab.core.io import atomic_write_json
-
     atomic_write_json(folder / OWNER_NAME, record)
 
 
@@ -151,8 +150,6 @@ def claim_run_folder(path: str | os.PathLike, run_files: Iterable[str], *, resum
 
 def record_claim(folder: Path, what: str) -> Optional[str]:
     """Write who owns the folder and what kind of run it holds, once every check passed."""
-    from llmlab.core.io import atomic_write_text
-
     note = _record_owner(folder, what)
     atomic_write_text(folder / KIND_NAME, what + "\n")
     return note

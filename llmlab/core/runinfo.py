@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from llmlab.core.config import dump_yaml
+from llmlab.core.device import available_cores, cpu_has_fast_bf16
 from llmlab.core.io import atomic_write_json, atomic_write_text
 
 TRACKED_PACKAGES = (
@@ -29,8 +30,6 @@ def package_versions() -> dict[str, str | None]:
 
 def hardware_info() -> dict[str, Any]:
     import torch
-
-    from llmlab.core.device import available_cores, cpu_has_fast_bf16
 
     info: dict[str, Any] = {
         "platform": platform.platform(),

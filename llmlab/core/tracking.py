@@ -19,6 +19,7 @@ from accelerate.tracking import GeneralTracker, TensorBoardTracker, on_main_proc
 from llmlab.core.config import check_report_to
 from llmlab.core.io import append_jsonl
 
+
 def make_trackers(report_to: list[str], output_dir: str | os.PathLike) -> list:
     """`log_with` for Accelerator: TensorBoard in OUTPUT_DIR/tensorboard, the others by name, and metrics.jsonl."""
     trackers: list = [JsonlTracker(Path(output_dir) / "metrics.jsonl")]

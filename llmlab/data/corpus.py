@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from llmlab.core.errors import UserError
+from llmlab.core.io import utf8_lines
 
 BUILTIN_WIKI = "builtin:wiki"
 LOCAL_SUFFIXES = (".txt", ".jsonl", ".parquet")
@@ -120,8 +121,6 @@ def _read_local(path: Path, text_field: str) -> list[str]:
 
 
 def _read_text_jsonl(path: Path, text_field: str) -> list[str]:
-    from llmlab.core.io import utf8_lines
-
     texts = []
     for line_no, line in utf8_lines(path):  # streamed; non-UTF-8 bytes are a one-line error naming the line
         if not line.strip():

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from llmlab.core.errors import UserError
+from llmlab.core.io import utf8_lines
 from llmlab.data.pydoc_qa import load_pydoc
 
 REQUIRED_FIELDS = ("instruction", "output")  # "input" may be missing or empty
@@ -48,8 +49,6 @@ def _check_record(record: Any, where: str) -> dict[str, str]:
 
 
 def _read_instruction_jsonl(path: Path) -> list[dict[str, str]]:
-    from llmlab.core.io import utf8_lines
-
     records = []
     for lineno, line in utf8_lines(path):  # non-UTF-8 bytes are a one-line error naming the line
         if not line.strip():
@@ -64,8 +63,6 @@ def _read_instruction_jsonl(path: Path) -> list[dict[str, str]]:
 
 def _read_json(path: Path) -> list[dict[str, str]]:
     """A JSON array of records; each element is decoded on its own so errors can name its line."""
-    from llmlab.core.io import utf8_lines
-
     text = "".join(line for _, line in utf8_lines(path))
     decoder = json.JSONDecoder()
 

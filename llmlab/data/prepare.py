@@ -25,11 +25,12 @@ from typing import Any, Optional
 
 import numpy as np
 
-from llmlab.data import cleaning, corpus
-from llmlab.data.packing import blocks_dataset, pack_blocks, split_documents, split_within
 from llmlab.core.config import opt
 from llmlab.core.errors import UserError
 from llmlab.core.io import atomic_write_json, atomic_write_text, llmlab_cache
+from llmlab.data import cleaning, corpus
+from llmlab.data.packing import blocks_dataset, pack_blocks, split_documents, split_within
+from llmlab.data.tokenizer import load_tokenizer
 
 COMPLETE_MARKER = "COMPLETE"
 PIPELINE_VERSION = 1  # bump when packing/splitting output changes
@@ -85,8 +86,6 @@ def prepare_dataset(cfg: DataConfig, tokenizer=None) -> PreparedData:
 
     start = time.perf_counter()
     if tokenizer is None:
-        from llmlab.data.tokenizer import load_tokenizer
-
         tokenizer = load_tokenizer(cfg.tokenizer)
         tokenizer_label = cfg.tokenizer or "gpt2 (offline BPE)"
     else:

@@ -6,10 +6,14 @@ de-duplicated, deterministic for a given Python build, built once into an atomic
 from __future__ import annotations
 
 import hashlib
+import importlib
+import inspect
 import json
 import os
+import pkgutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -41,8 +45,6 @@ def _looks_like_signature(paragraph: str, name: str) -> bool:
 
 def _first_paragraph(doc: str | None, name: str) -> str | None:
     """The docstring's first prose paragraph, reflowed to one line; None if there is no real text."""
-    import inspect
-
     if not doc or not isinstance(doc, str):
         return None
     paragraphs = [p for p in inspect.cleandoc(doc).split("\n\n") if p.strip()]
@@ -82,8 +84,6 @@ def _shown_default(value: Any) -> Any:
 
 
 def _signature(qualname: str, obj: Any) -> str:
-    import inspect
-
     try:
         signature = inspect.signature(obj)
         params = [p if p.default is p.empty else p.replace(default=_shown_default(p.default))
@@ -95,9 +95,6 @@ def _signature(qualname: str, obj: Any) -> str:
 
 def _public_modules(names: Iterable[str]) -> list[str]:
     """Top-level stdlib modules plus their public submodules, private and skipped ones removed, sorted."""
-    import importlib
-    import pkgutil
-
     found = []
     for top in sorted(names):
         if top.startswith("_") or top in PYDOC_SKIP:
@@ -123,9 +120,6 @@ def build_pydoc_records(module_names: Iterable[str] | None = None) -> list[dict[
     duplicates (the same object re-exported, or the same answer text under several names) keep the
     first occurrence, so a paragraph never sits in both the train and the validation split.
     """
-    import importlib
-    import warnings
-
     collector = _Collector()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -158,8 +152,6 @@ class _Collector:
                              "output": answer})
 
     def visit_module(self, modname: str, module: Any) -> None:
-        import inspect
-
         shown = PYDOC_DISPLAY_NAME.get(modname, modname)
         prefix = f"{shown}." if shown else ""
         if shown:
@@ -189,8 +181,6 @@ class _Collector:
                 self.add(f"{prefix}{attr}", obj, "function")
 
     def visit_class(self, qualname: str, cls: Any) -> None:
-        import inspect
-
         self.add(qualname, cls, "class")
         for method_name in sorted(vars(cls)):
             if method_name.startswith("_"):

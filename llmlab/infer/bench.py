@@ -14,44 +14,22 @@ import statistics
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Optional
 
-from llmlab.core.config import opt
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from llmlab.core.device import resolve_device
 from llmlab.core.errors import UserError
-from llmlab.infer.generate import ModelSourceConfig, heldout_perplexity, heldout_token_blocks
 from llmlab.core.io import atomic_write_json
-from llmlab.infer.quantize import PRECISIONS
+from llmlab.core.runinfo import hardware_info, package_versions
+from llmlab.infer.config import PRECISIONS, BenchConfig, MergeConfig
+from llmlab.infer.generate import apply_threads, heldout_perplexity, heldout_token_blocks
+from llmlab.infer.loading import load_for_inference, load_tokenizer_for, quiet_backend_logs
+from llmlab.infer.merge import merge_adapter
+from llmlab.infer.quantize import available_precisions, check_precision
+from llmlab.models.gpt2 import context_length_of
 
 BENCH_PROMPT = "The history of the city begins in the early middle ages, when"
-
-
-@dataclass
-class BenchConfig(ModelSourceConfig):
-    precisions: list[str] = opt([], "precisions to compare; empty = every one this machine runs (fp32 first)")
-    eval_data: str = opt("builtin:wiki", "held-out text: a .txt file, or a corpus whose llmlab.data.prepare validation "
-                                         "split is used (builtin:wiki = the offline Wikipedia sample)")
-    eval_tokens: int = opt(4096, "held-out tokens for perplexity")
-    block_size: int = opt(256, "tokens per perplexity window and per prefill measurement")
-    decode_tokens: int = opt(32, "new tokens per decode-speed measurement (greedy, batch 1)")
-    repeats: int = opt(3, "timed repetitions per measurement (median reported), after one warm-up")
-    output: Optional[str] = opt(None, "also write the results as JSON here")
-
-    def validate(self) -> None:
-        bad = [p for p in self.precisions if p not in PRECISIONS]
-        if bad:
-            raise UserError(f"--precisions: unknown {', '.join(bad)}; choose from {', '.join(PRECISIONS)}")
-        for name in ("eval_tokens", "block_size", "repeats"):
-            if getattr(self, name) < 1:
-                raise UserError(f"--{name} must be >= 1, got {getattr(self, name)}")
-        if self.decode_tokens < 2:
-            raise UserError(f"--decode_tokens must be >= 2, got {self.decode_tokens}")
-        if self.eval_tokens < self.block_size:
-            raise UserError(f"--eval_tokens {self.eval_tokens} is less than one --block_size {self.block_size}")
-        if self.output is not None and Path(self.output).is_dir():
-            raise UserError(f"--output {self.output} is a folder; pass a file path for the JSON results")
-        self.validate_source(model_with_adapter=True)
 
 
 class PeakMemory:
@@ -61,8 +39,6 @@ class PeakMemory:
         self.device, self.peak_mb = device, 0.0
 
     def __enter__(self):
-        import torch
-
         gc.collect()
         _malloc_trim()
         if self.device == "cuda":
@@ -81,8 +57,6 @@ class PeakMemory:
             time.sleep(0.002)
 
     def __exit__(self, *exc):
-        import torch
-
         if self.device == "cuda":
             self.peak_mb = (torch.cuda.max_memory_allocated() - self._start) / 2**20
         else:
@@ -109,8 +83,6 @@ def _malloc_trim() -> None:
 
 def weight_bytes(model) -> tuple[int, int]:
     """(bytes of all weight tensors as stored in memory, bytes of the serialized state_dict)."""
-    import torch
-
     seen, in_memory = set(), 0
 
     def visit(value):
@@ -139,8 +111,6 @@ def _median_seconds(fn, repeats: int) -> float:
 
 
 def speed(model, tokenizer, blocks, cfg: BenchConfig) -> dict:
-    import torch
-
     device = next(model.parameters()).device
     prefill_ids = torch.tensor(blocks[:1], device=device)
     prompt = tokenizer(BENCH_PROMPT, return_tensors="pt")["input_ids"].to(device)
@@ -175,8 +145,6 @@ def _seconds(fn) -> float:
 
 def bench_one(name: str, precision: str, device: str, blocks, cfg: BenchConfig, *, model: str | None,
               base_model: str | None = None, adapter: str | None = None, merge: bool = False) -> dict:
-    from llmlab.infer.loading import load_for_inference
-
     with PeakMemory(device) as peak:  # what running the model costs: load + batch-1 prefill and decode
         start = time.perf_counter()
         loaded = load_for_inference(model=model, base_model=base_model, adapter=adapter, precision=precision,
@@ -194,26 +162,15 @@ def bench_one(name: str, precision: str, device: str, blocks, cfg: BenchConfig, 
     return row
 
 
-def warm_up_imports(model_dir: str, with_adapter: bool) -> None:
+def warm_up_imports(model_dir: str) -> None:
     """Import the model's code once (on the meta device: no memory) so the first row's load time is not inflated."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     with torch.device("meta"):
         AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
-    if with_adapter:
-        import peft  # noqa: F401
 
 
 def run_bench(cfg: BenchConfig, log=print) -> dict:
-    from llmlab.infer.merge import MergeConfig, merge_adapter
-    from llmlab.infer.loading import load_tokenizer_for, quiet_backend_logs
-    from llmlab.infer.quantize import available_precisions, check_precision
-    from llmlab.core.device import resolve_device
-    from llmlab.models.gpt2 import context_length_of
-
     quiet_backend_logs()
-    cfg.apply_threads()
+    apply_threads(cfg.threads)
     device = resolve_device(cfg.device)
     precisions = cfg.precisions or available_precisions(device)
     for p in precisions:
@@ -234,7 +191,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
             model_dir = os.path.join(tmp, "merged")
             merge_adapter(MergeConfig(base_model=cfg.base_model, adapter=cfg.adapter, out=model_dir, dtype="fp32",
                                       tokenizer=cfg.tokenizer), log=lambda msg: None)
-        warm_up_imports(model_dir, with_adapter=bool(cfg.adapter))
+        warm_up_imports(model_dir)
         rows = []
         for precision in precisions:
             log(f"  {precision} ...")
@@ -250,10 +207,6 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
     for row in rows + adapter_rows:
         row["ppl_change_pct"] = 100 * (row["perplexity"] / fp32["perplexity"] - 1) if fp32 else None
         row["decode_vs_fp32"] = row["decode_tok_s"] / fp32["decode_tok_s"] if fp32 else None
-    import torch
-
-    from llmlab.core.runinfo import hardware_info, package_versions
-
     result = {"device": device, "threads": torch.get_num_threads(), "hardware": hardware_info(),
               "versions": package_versions(), "eval_data": cfg.eval_data, "eval_tokens": len(blocks) * cfg.block_size,
               "block_size": cfg.block_size, "decode_tokens": cfg.decode_tokens, "rows": rows,

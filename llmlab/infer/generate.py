@@ -3,124 +3,27 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
 
-from llmlab.core.config import opt
-from llmlab.core.errors import UserError
-from llmlab.core.io import atomic_write_text
-from llmlab.data.instruct import PROMPT_FILE
+import torch
+from tqdm.auto import tqdm
+from transformers import GenerationConfig, TextStreamer, set_seed
 
-DEFAULT_TEMPERATURE = 0.7
-DEFAULT_TOP_P = 0.9
-
-
-@dataclass
-class ModelSourceConfig:
-    """Either a merged/standalone model folder, or a base model + LoRA adapter used without merging."""
-
-    model: Optional[str] = opt(None, "standalone model folder (e.g. the merge --out) or hub name")
-    base_model: Optional[str] = opt(None, "base model folder/name, used with --adapter instead of --model")
-    adapter: Optional[str] = opt(None, "LoRA adapter folder applied on top of --base_model, unmerged")
-    tokenizer: Optional[str] = opt(None, "tokenizer name/path; unset = the one saved with the model or adapter")
-    device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto = CUDA when available, else CPU")
-    threads: int = opt(0, "CPU threads for PyTorch (0 = PyTorch's default, one per core; on a busy machine "
-                          "fewer threads than cores can be much faster)")
-
-    def validate_source(self, model_with_adapter: bool = False) -> None:
-        from llmlab.infer.loading import check_adapter_source, check_model_source
-
-        if not self.model and not self.base_model and not self.adapter:
-            raise UserError("no model given: pass --model DIR (merged) or --base_model DIR --adapter DIR")
-        if self.adapter and not self.base_model:
-            raise UserError("--adapter needs --base_model (the full-precision model it was trained on)")
-        if self.base_model and not self.adapter:
-            raise UserError("--base_model needs --adapter (for a plain model use --model)")
-        if self.model and self.base_model and not model_with_adapter:
-            raise UserError("pass either --model (a merged model) or --base_model with --adapter, not both")
-        if self.model:
-            check_model_source(self.model, "--model")
-        if self.base_model:
-            check_model_source(self.base_model, "--base_model")
-        if self.adapter:
-            check_adapter_source(self.adapter)
-        if self.threads < 0:
-            raise UserError(f"--threads must be >= 0 (0 = PyTorch's default), got {self.threads}")
-
-    def apply_threads(self) -> None:
-        if self.threads:
-            import torch
-
-            torch.set_num_threads(self.threads)
+from llmlab.core.errors import UserError, write_failure
+from llmlab.core.io import atomic_write_text, utf8_lines
+from llmlab.data.instruct import format_prompt
+from llmlab.data.prepare import DataConfig, prepare_dataset
+from llmlab.infer.config import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, GenerateConfig, prompt_template
+from llmlab.infer.loading import load_for_inference
 
 
-@dataclass
-class GenerateConfig(ModelSourceConfig):
-    prompt: Optional[str] = opt(None, "one prompt; its completion streams to the terminal")
-    prompts_file: Optional[str] = opt(None, "JSONL file, one {\"prompt\": ...} per line; completions go to --output")
-    prompt_field: str = opt("prompt", "field of each --prompts_file record holding the prompt (records may instead "
-                                      "hold instruction/input fields when a prompt template applies)")
-    prompt_format: Literal["auto", "raw", "template"] = opt(
-        "auto", f"auto = wrap prompts in the instruction template train_lora.py saved ({PROMPT_FILE} in the adapter "
-                "or merged folder) when there is one, else feed them as is; raw = always as is; template = require it")
-    output: Optional[str] = opt(None, "JSONL results file; unset = <prompts_file>.generations.jsonl for "
-                                      "--prompts_file, nothing (stream only) for --prompt")
-    precision: Literal["auto", "fp32", "fp16", "bf16", "int8", "int4"] = opt(
-        "auto", "weights/compute precision: auto = fp16 on CUDA, fp32 on CPU; int8/int4 = bitsandbytes on CUDA; "
-                "on CPU int8 = PyTorch dynamic INT8, int4 = bitsandbytes NF4 (CPU backend); fp16 needs CUDA")
-    max_new_tokens: int = opt(128, "tokens to generate per prompt")
-    temperature: Optional[float] = opt(None, f"sampling temperature; unset = {DEFAULT_TEMPERATURE} (not with --greedy)")
-    top_p: Optional[float] = opt(None, f"nucleus sampling: keep the smallest token set with this much probability; "
-                                       f"unset = {DEFAULT_TOP_P}; 1 = off (not with --greedy)")
-    top_k: Optional[int] = opt(None, "keep only the k most likely tokens; unset = 0 = off (not with --greedy)")
-    repetition_penalty: float = opt(1.1, "divide logits of already generated tokens by this (1 = off)")
-    no_repeat_ngram_size: int = opt(3, "never repeat an n-gram of this size (0 = off)")
-    greedy: bool = opt(False, "deterministic argmax decoding instead of sampling")
-    seed: int = opt(0, "random seed for sampling (same seed + same flags = same text)")
-    batch_size: int = opt(8, "prompts generated together in --prompts_file mode")
-
-    def validate(self) -> None:
-        if self.prompt is not None and self.prompts_file is not None:
-            raise UserError("pass either --prompt or --prompts_file, not both")
-        if self.prompt is None and self.prompts_file is None:
-            raise UserError("nothing to generate: pass --prompt TEXT or --prompts_file FILE.jsonl")
-        if self.greedy:
-            given = [f"--{n}" for n in ("temperature", "top_p", "top_k") if getattr(self, n) is not None]
-            if given:
-                raise UserError(f"--greedy ignores {', '.join(given)}; drop {'them' if len(given) > 1 else 'it'} "
-                                "or drop --greedy to sample")
-        if self.temperature is not None and self.temperature <= 0:
-            raise UserError(f"--temperature must be > 0 (use --greedy for argmax), got {self.temperature}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise UserError(f"--top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k is not None and self.top_k < 0:
-            raise UserError(f"--top_k must be >= 0 (0 = off), got {self.top_k}")
-        if self.repetition_penalty <= 0:
-            raise UserError(f"--repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
-        for name in ("max_new_tokens", "batch_size"):
-            if getattr(self, name) < 1:
-                raise UserError(f"--{name} must be >= 1, got {getattr(self, name)}")
-        if self.no_repeat_ngram_size < 0:
-            raise UserError(f"--no_repeat_ngram_size must be >= 0 (0 = off), got {self.no_repeat_ngram_size}")
-        if self.output is not None and Path(self.output).is_dir():  # found before any model loads or text is generated
-            raise UserError(f"--output {self.output} is a folder; pass a file path for the JSONL results")
-        if self.output is not None:
-            from llmlab.core.runfolder import check_output_dir
-
-            check_output_dir(Path(self.output).parent, "--output's folder")
-        if self.prompts_file is not None and not Path(self.prompts_file).is_file():
-            raise UserError(f"--prompts_file {self.prompts_file} not found; pass a JSONL file with one "
-                            f"{{\"{self.prompt_field}\": ...}} per line")
-        self.validate_source()
-        if self.prompt_format == "template":
-            prompt_template("template", self.adapter, self.model)
+def apply_threads(threads: int) -> None:
+    if threads:
+        torch.set_num_threads(threads)
 
 
 def generation_config(cfg: GenerateConfig, tokenizer):
     """A complete GenerationConfig, so nothing falls back to a model's saved defaults (e.g. GPT-2's top_k=50)."""
-    from transformers import GenerationConfig
-
     common = dict(max_new_tokens=cfg.max_new_tokens, repetition_penalty=cfg.repetition_penalty,
                   no_repeat_ngram_size=cfg.no_repeat_ngram_size, eos_token_id=tokenizer.eos_token_id,
                   pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
@@ -132,8 +35,6 @@ def generation_config(cfg: GenerateConfig, tokenizer):
 
 
 def read_prompts(path: str, field: str) -> list[dict]:
-    from llmlab.core.io import utf8_lines
-
     records = []
     for number, line in utf8_lines(path):
         if not line.strip():
@@ -151,25 +52,10 @@ def read_prompts(path: str, field: str) -> list[dict]:
     return records
 
 
-def prompt_template(prompt_format: str, *folders: str | None) -> dict | None:
-    """The instruction template saved with the adapter / merged model, per --prompt_format."""
-    if prompt_format == "raw":
-        return None
-    for folder in folders:
-        if folder and (Path(folder) / PROMPT_FILE).is_file():
-            return json.loads((Path(folder) / PROMPT_FILE).read_text())
-    if prompt_format == "template":
-        raise UserError(f"--prompt_format template: no {PROMPT_FILE} in {' or '.join(f for f in folders if f)}; "
-                        "it is saved by train_lora.py next to the adapter (use --prompt_format raw otherwise)")
-    return None
-
-
 def model_inputs(records: list[dict], field: str, template: dict | None) -> list[str]:
     """The text each record feeds the model: as is, or formatted the way train_lora.py trained the adapter."""
     if template is None:
         return [r[field] if isinstance(r.get(field), str) else r["instruction"] for r in records]
-    from llmlab.data.instruct import format_prompt
-
     inputs = []
     for r in records:
         fields = {"instruction": r["instruction"], "input": r.get("input") or ""} if isinstance(
@@ -190,10 +76,6 @@ def _max_prompt_tokens(model, max_new_tokens: int) -> int:
 def generate(model, tokenizer, prompts: list[str], gen_config, seed: int, batch_size: int = 8,
              streamer=None, progress: bool = False) -> list[dict]:
     """Completions for `prompts` (left-padded batches); truncates over-long prompts from the left."""
-    import torch
-    from tqdm.auto import tqdm
-    from transformers import set_seed
-
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -226,11 +108,7 @@ def _until_eos(ids: list[int], eos: int) -> list[int]:
 
 
 def run_generate(cfg: GenerateConfig, log=print) -> list[dict]:
-    from transformers import TextStreamer
-
-    from llmlab.infer.loading import load_for_inference
-
-    cfg.apply_threads()
+    apply_threads(cfg.threads)
     loaded = load_for_inference(model=cfg.model, base_model=cfg.base_model, adapter=cfg.adapter,
                                 precision=cfg.precision, device=cfg.device, tokenizer=cfg.tokenizer)
     for note in loaded.notes:
@@ -263,8 +141,6 @@ def run_generate(cfg: GenerateConfig, log=print) -> list[dict]:
 def save_generations(output: str, records: list[dict], log=print) -> None:
     """The results as JSONL; when the disk refuses them, they go to stdout instead (generated text is never lost)
     and the one-line error says so."""
-    from llmlab.core.errors import UserError, write_failure
-
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     try:
         atomic_write_text(output, text)
@@ -290,8 +166,6 @@ def heldout_token_blocks(source: str, tokenizer, block_size: int, max_tokens: in
         if not blocks:
             raise UserError(f"--eval_data {source} has {len(ids)} tokens; it needs at least --block_size {block_size}")
         return blocks[:n_blocks]
-    from llmlab.data.prepare import DataConfig, prepare_dataset
-
     prepared = prepare_dataset(DataConfig(dataset=source, block_size=block_size), tokenizer)
     validation = prepared.validation
     if len(validation) == 0:
@@ -301,8 +175,6 @@ def heldout_token_blocks(source: str, tokenizer, block_size: int, max_tokens: in
 
 def heldout_perplexity(model, blocks: list[list[int]], batch_size: int = 4) -> float:
     """exp(mean next-token NLL) over the blocks (every token but each block's first is predicted)."""
-    import torch
-
     device = next(model.parameters()).device
     total_nll, total_tokens = 0.0, 0
     with torch.inference_mode():

@@ -4,76 +4,43 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmlab.core.errors import UserError
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
+
 from llmlab.core.device import resolve_device
-from llmlab.infer.quantize import (FLOAT_DTYPES, bnb_config, check_precision, count_quantized_layers,
-                                   keep_tie_in_bf16, quantize_int8_dynamic)
+from llmlab.core.errors import UserError
+from llmlab.core.notices import quiet_known_notices
+from llmlab.data.tokenizer import load_tokenizer
+from llmlab.infer.config import check_adapter_source, check_model_source, quantization_config_of  # noqa: F401 (re-exported)
+from llmlab.infer.quantize import (
+    FLOAT_DTYPES,
+    bnb_config,
+    check_precision,
+    count_quantized_layers,
+    keep_tie_in_bf16,
+    quantize_int8_dynamic,
+)
 
 
 def quiet_backend_logs() -> None:
     """Silence import-time chatter (missing optional kernels, deprecations, progress bars) that buries results."""
-    import warnings
-
-    from llmlab.core.notices import quiet_known_notices
-
     quiet_known_notices()
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    import torch
-
     if not torch.cuda.is_available():  # else DeepSpeed (imported by transformers' integrations) warns it chose CPU
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")  # torch.ao INT8 path
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
     warnings.filterwarnings("ignore", category=UserWarning, module="peft")
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
-
-
-def _offline() -> bool:
-    return any(os.environ.get(v, "0").lower() not in ("0", "", "false", "no")
-               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-
-
-def check_model_source(name: str, what: str = "--model",
-                       hint: str = "pass a folder written by save_pretrained, e.g. the --out of `merge_and_infer.py merge`",
-                       marker: str = "config.json") -> str:
-    """A local folder must exist and hold `marker`; anything else is tried as a hub name unless offline."""
-    path = Path(name).expanduser()
-    if path.exists():
-        if marker == "config.json" and (path / "adapter_config.json").is_file():
-            raise UserError(f"{what} {name} is a LoRA adapter folder; pass it as --adapter with --base_model BASE")
-        if not path.is_dir() or not (path / marker).is_file():
-            raise UserError(f"{what} {name}: not {'an adapter' if 'adapter' in marker else 'a model'} folder "
-                            f"(no {marker}); {hint}")
-        return str(path)
-    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1
-    if _offline() or looks_local:
-        extra = "" if looks_local else " (or unset HF_HUB_OFFLINE to download a hub name)"
-        raise UserError(f"{what} {name}: folder not found; {hint}{extra}")
-    return name
-
-
-def check_adapter_source(name: str) -> str:
-    return check_model_source(name, "--adapter", "pass the folder train_lora.py saved the adapter to "
-                              "(adapter_config.json + adapter_model.safetensors)", marker="adapter_config.json")
-
-
-def quantization_config_of(model_dir: str) -> dict | None:
-    """The quantization_config recorded in a local model folder's config.json (None if full precision)."""
-    config_file = Path(model_dir) / "config.json"
-    if not config_file.is_file():
-        return None
-    return json.loads(config_file.read_text()).get("quantization_config")
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
 
 
 # ---- loading ----------------------------------------------------------------------------------------------------
@@ -90,12 +57,8 @@ class LoadedModel:
 
 def load_tokenizer_for(*sources: str | None, name: str | None = None):
     """The tokenizer saved with the model (or adapter); --tokenizer overrides; the offline GPT-2 BPE last."""
-    from llmlab.data.tokenizer import load_tokenizer
-
     if name:
         return load_tokenizer(name)
-    from transformers import AutoTokenizer
-
     for source in sources:
         if source and Path(source).is_dir() and any(
                 (Path(source) / f).is_file() for f in ("tokenizer.json", "vocab.json", "tokenizer_config.json")):
@@ -104,8 +67,6 @@ def load_tokenizer_for(*sources: str | None, name: str | None = None):
 
 
 def from_pretrained_or_error(name: str, **kwargs):
-    from transformers import AutoModelForCausalLM
-
     try:
         return AutoModelForCausalLM.from_pretrained(name, **kwargs)
     except (OSError, ValueError) as err:
@@ -114,8 +75,6 @@ def from_pretrained_or_error(name: str, **kwargs):
 
 def load_at_precision(name: str, precision: str, device: str):
     """The model at `precision` on `device` (no adapter). Returns (model, quantized_layer_count)."""
-    import torch
-
     if precision in FLOAT_DTYPES:
         model = from_pretrained_or_error(name, dtype=getattr(torch, FLOAT_DTYPES[precision]))
         return model.to(device).eval(), 0
@@ -139,8 +98,6 @@ def load_at_precision(name: str, precision: str, device: str):
 
 
 def attach_adapter(model, adapter: str):
-    from peft import PeftModel
-
     try:
         return PeftModel.from_pretrained(model, adapter).eval()
     except (RuntimeError, ValueError, KeyError) as err:

@@ -6,18 +6,24 @@ with plain transformers and must reproduce the cast model's logits. Only then is
 """
 from __future__ import annotations
 
+import fnmatch
+import json
 import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
 
-from llmlab.core.config import opt
+import psutil
+import torch
+
+from llmlab.core.device import resolve_device
 from llmlab.core.errors import UserError
-from llmlab.data.instruct import PROMPT_FILE
 from llmlab.core.io import atomic_write_json, publish_dir
+from llmlab.data.instruct import PROMPT_FILE
+from llmlab.infer.config import CAST_REL_TOLERANCE, FP32_REL_TOLERANCE, MergeConfig
+from llmlab.infer.loading import attach_adapter, from_pretrained_or_error, load_tokenizer_for, quiet_backend_logs
+from llmlab.infer.quantize import FLOAT_DTYPES
 
 SAMPLE_TEXTS = (
     "The quick brown fox jumps over the lazy dog.",
@@ -25,81 +31,6 @@ SAMPLE_TEXTS = (
     "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
     "Question: What is the capital of France?\nAnswer:",
 )
-
-# fp32 merged vs unmerged differ only by summation order: 1e-3 of the logit scale is ~100x that rounding noise on
-# the models we tested, yet far below what a wrong scale/transpose/missing layer produces (the adapter's own effect).
-FP32_REL_TOLERANCE = 1e-3
-# Casting to half precision rounds every weight: bf16 keeps 8 mantissa bits, fp16 11; these bounds only catch
-# overflow and gross breakage, the printed difference is the real information.
-CAST_REL_TOLERANCE = {"fp32": 0.0, "fp16": 2e-2, "bf16": 1e-1}
-
-
-@dataclass
-class MergeConfig:
-    base_model: str = opt("", "full-precision base model folder (or hub name) the adapter was trained on")
-    adapter: str = opt("", "LoRA adapter folder written by train_lora.py (adapter_config.json + weights)")
-    out: str = opt("", "output folder for the merged standalone model (written to a temp dir, then renamed)")
-    dtype: Literal["fp16", "bf16", "fp32"] = opt("fp16", "dtype of the saved weights; verification always runs in fp32")
-    tolerance: Optional[float] = opt(None, "max allowed |merged - unmerged| logit difference in fp32; "
-                                           f"unset = {FP32_REL_TOLERANCE} x max(1, max |logit|)")
-    overwrite: bool = opt(False, "replace --out if it already exists")
-    tokenizer: Optional[str] = opt(None, "tokenizer to save alongside; unset = the adapter's, else the base's")
-    device: Literal["cpu", "cuda"] = opt("cpu", "where to merge and verify (fp32 needs 4 bytes per parameter)")
-
-    def validate(self) -> tuple[str, str, Path]:
-        for name in ("base_model", "adapter", "out"):
-            if not getattr(self, name):
-                raise UserError(f"merge needs --{name}; see merge_and_infer.py merge --help")
-        if self.tolerance is not None and self.tolerance <= 0:
-            raise UserError(f"--tolerance must be > 0, got {self.tolerance}")
-        return self.check_paths()
-
-    def check_paths(self) -> tuple[str, str, Path]:
-        """Cheap checks before any model is loaded: folders exist, --out is new, the base is not quantized."""
-        from llmlab.infer.loading import check_adapter_source, check_model_source, quantization_config_of
-
-        base = check_model_source(self.base_model, "--base_model")
-        adapter = check_adapter_source(self.adapter)
-        out = Path(self.out).expanduser()
-        for name, source in (("--base_model", base), ("--adapter", adapter)):
-            inside = Path(source).exists() and (out.resolve() == Path(source).resolve()
-                                                or out.resolve() in Path(source).resolve().parents)
-            if inside:
-                raise UserError(f"--out {self.out} is or contains the {name} folder; pick a new folder for the "
-                                "merged model")
-        if out.exists() and not self.overwrite:
-            raise UserError(f"--out {self.out} already exists; pass --overwrite to replace it or choose another folder")
-        if out.exists() and not (out / "merge_report.json").is_file():  # never delete what merge did not write
-            raise UserError(f"--out {self.out} exists and is not a merged model written by this command (no "
-                            "merge_report.json); --overwrite only replaces an earlier merge: choose another folder")
-        check_same_base(adapter, base, self.base_model)
-        quant = quantization_config_of(base) if Path(base).is_dir() else None
-        if quant:
-            raise UserError(f"--base_model {self.base_model} is quantized ({quant.get('quant_method', 'quantized')}); "
-                            "merging into quantized weights loses the adapter's precision: merge into the "
-                            "full-precision base, then quantize at load time (generate --precision int8/int4)")
-        return base, adapter, out
-
-
-def check_same_base(adapter: str, base: str, given: str) -> None:
-    """The adapter records the base it was trained on (train_lora.py); merging it into another base of the same
-    shape would succeed and be wrong. Adapters trained elsewhere carry no record and cannot be checked."""
-    import json
-
-    from llmlab.core.identity import BASE_RECORD, model_digest
-
-    record = Path(adapter) / BASE_RECORD
-    if not record.is_file():
-        return
-    try:
-        trained_on = json.loads(record.read_text())
-    except (OSError, ValueError):
-        return
-    if trained_on.get("digest") and trained_on["digest"] != model_digest(base):
-        raise UserError(f"--adapter {adapter} was trained on {trained_on.get('base_model')} "
-                        f"({trained_on['digest']}), and --base_model {given} has other weights "
-                        f"({model_digest(base)}); pass the base it was trained on")
-
 
 def _sample_batch(tokenizer, max_positions: int):
     tokenizer.padding_side = "right"
@@ -110,8 +41,6 @@ def _sample_batch(tokenizer, max_positions: int):
 
 
 def _logits(model, batch):
-    import torch
-
     with torch.inference_mode():
         device = next(model.parameters()).device
         out = model(**{k: v.to(device) for k, v in batch.items()}).logits.float().cpu()
@@ -124,11 +53,6 @@ def _max_diff(a, b) -> float:
 
 def merge_adapter(cfg: MergeConfig, log=print) -> dict:
     """Merge, verify, save; returns the report written to <out>/merge_report.json."""
-    import torch
-
-    from llmlab.core.device import resolve_device
-    from llmlab.infer.loading import attach_adapter, from_pretrained_or_error, load_tokenizer_for, quiet_backend_logs
-
     quiet_backend_logs()
     base, adapter, out = cfg.validate()
     device = resolve_device(cfg.device)
@@ -172,10 +96,6 @@ def _merge_checked(model, batch, cfg: MergeConfig, log) -> tuple:
 
 
 def _cast_checked(merged_model, batch, merged, scale: float, cfg: MergeConfig, log) -> tuple:
-    import torch
-
-    from llmlab.infer.quantize import FLOAT_DTYPES
-
     merged_model = merged_model.to(getattr(torch, FLOAT_DTYPES[cfg.dtype]))
     cast = _logits(merged_model, batch)
     cast_diff = _max_diff(cast, merged)
@@ -200,9 +120,6 @@ def keep_user_files(out: Path, tmp: Path) -> None:
     outputs) moves into the new folder before it is published."""
     if not out.is_dir():
         return
-    import fnmatch
-    import json
-
     try:
         written = set(json.loads((out / "merge_report.json").read_text()).get("files") or [])
     except (OSError, ValueError, AttributeError):
@@ -215,8 +132,6 @@ def keep_user_files(out: Path, tmp: Path) -> None:
 
 def remove_abandoned_temps(out: Path) -> None:
     """Temp folders of merges into --out that were killed before publishing (their pid is gone): never reused."""
-    import psutil
-
     for stale in out.parent.glob(f".{out.name}.tmp*-*"):
         pid = stale.name[len(f".{out.name}.tmp"):].split("-")[0]
         if stale.is_dir() and pid.isdigit() and not psutil.pid_exists(int(pid)):
@@ -226,11 +141,6 @@ def remove_abandoned_temps(out: Path) -> None:
 def _save_verified(merged_model, tokenizer, adapter: str, out: Path, batch, cast, scale: float, cfg: MergeConfig,
                    report: dict) -> float:
     """Save into a temp folder, reload it with plain transformers, and publish only if it reproduces the logits."""
-    import torch
-
-    from llmlab.infer.loading import from_pretrained_or_error
-    from llmlab.infer.quantize import FLOAT_DTYPES
-
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_abandoned_temps(out)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp{os.getpid()}-"))

@@ -12,17 +12,19 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantLinear
+from torch.ao.quantization import quantize_dynamic
+from transformers import BitsAndBytesConfig
+from transformers.pytorch_utils import Conv1D
 
 from llmlab.core.errors import UserError
+from llmlab.infer.config import PRECISIONS
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
 FLOAT_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def unavailable_reason(precision: str, device: str) -> str | None:
     """None if `precision` runs on `device`; otherwise a sentence naming what would run it."""
-    import torch
-
     if precision == "fp32":
         return None
     if device == "cuda":
@@ -67,9 +69,6 @@ def _bitsandbytes_ok() -> bool:
 
 def conv1d_to_linear(model) -> int:
     """Replace every transformers Conv1D (y = x W + b, W: in x out) by an equal nn.Linear (W^T). Returns the count."""
-    import torch
-    from transformers.pytorch_utils import Conv1D
-
     converted = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
@@ -127,9 +126,6 @@ def keep_tie_in_bf16(model) -> bool:
 def quantize_int8_dynamic(model) -> dict[str, Any]:
     """Dynamic INT8 on CPU (modifies `model`); returns the quantized model and layer counts. Verifies it took.
     A tied embedding/head stays one bf16 matrix (keep_tie_in_bf16); every other Linear becomes INT8."""
-    from torch.ao.quantization import quantize_dynamic
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantLinear
-
     model = model.float().eval()
     tied = keep_tie_in_bf16(model)
     converted = conv1d_to_linear(model)
@@ -145,8 +141,6 @@ def quantize_int8_dynamic(model) -> dict[str, Any]:
 
 def count_quantized_layers(model) -> int:
     """Layers whose weights are really stored in low precision (torch dynamic INT8 or bitsandbytes)."""
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantLinear
-
     kinds: tuple = (DynamicQuantLinear,)
     try:
         import bitsandbytes as bnb
@@ -158,9 +152,6 @@ def count_quantized_layers(model) -> int:
 
 
 def bnb_config(precision: str, device: str):
-    import torch
-    from transformers import BitsAndBytesConfig
-
     if precision == "int8":
         return BitsAndBytesConfig(load_in_8bit=True)
     compute = torch.bfloat16 if device == "cuda" and torch.cuda.is_bf16_supported() else torch.float16

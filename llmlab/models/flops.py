@@ -8,6 +8,8 @@ against a guess.
 """
 from __future__ import annotations
 
+import time
+
 # name fragment (matched against torch.cuda.get_device_name, longest first) -> {precision: peak TFLOP/s}
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "H200": {"bf16": 989.0, "fp32": 67.0},
@@ -37,8 +39,6 @@ _CPU_PEAKS: dict[tuple[str, int, int], float] = {}
 
 def measure_cpu_peak_flops(precision: str = "fp32", size: int = 2048, repeats: int = 5) -> float:
     """Best-of-`repeats` FLOP/s of a size x size matmul on this CPU's current torch threads (cached per process)."""
-    import time
-
     import torch
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32

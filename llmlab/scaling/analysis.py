@@ -8,8 +8,16 @@ from typing import Optional
 
 import numpy as np
 
-from llmlab.scaling.fits import (ScalingOptions, loss_std_fit, lr_batch_fit, memory_fit, number, unavailable,
-                                 feasible_region, lr_optimum)
+from llmlab.scaling.fits import (
+    ScalingOptions,
+    feasible_region,
+    loss_std_fit,
+    lr_batch_fit,
+    lr_optimum,
+    memory_fit,
+    number,
+    unavailable,
+)
 from llmlab.scaling.transfer import analyse_sizes
 
 

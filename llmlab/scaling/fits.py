@@ -14,6 +14,7 @@ from typing import Any, Optional
 import numpy as np
 
 from llmlab.core.config import opt
+from llmlab.core.errors import UserError
 
 # Cross-entropy of a uniform guess over the GPT-2 vocabulary: a run that ends above it learned nothing.
 UNIFORM_GUESS_LOSS = math.log(50257)
@@ -41,8 +42,6 @@ class ScalingOptions:
                                "largest; none = skip; auto = largest when there are >= 3 sizes")
 
     def validate(self) -> None:
-        from llmlab.core.errors import UserError
-
         if not 0 < self.confidence < 1:
             raise UserError(f"--confidence must be between 0 and 1, got {self.confidence}")
         if self.n_bootstrap < 10:

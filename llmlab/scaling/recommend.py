@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 from dataclasses import dataclass, fields
@@ -21,13 +22,14 @@ from typing import Literal, Optional
 import numpy as np
 import yaml
 
+import llmlab.scaling.memory as memory
 from llmlab.core.config import Parser, add_dataclass_args, config_from_namespace, load_yaml, opt
 from llmlab.core.errors import UserError
 from llmlab.core.io import atomic_write_text
-import llmlab.scaling.memory as memory
 from llmlab.scaling.fits import ScalingOptions, predict_band
 from llmlab.scaling.law import predict
 from llmlab.scaling.report import FITS_FILE, write_lr_bs_report
+from llmlab.sweep import report
 
 MAX_CONTEXT = 1024  # the GPT-2 family train_pretrain.py builds has 1024 positions
 MAX_PARAMS = 1e13
@@ -154,13 +156,9 @@ def _methods(cfg: RecommendConfig, notes: list[str]) -> dict:
 def resolved_improvements(folder: str) -> dict[str, tuple[str, str]]:
     """factor -> (level, why) for every level whose contrast against the reference lowered the final loss and is
     resolved after Holm, in a finished doe20 / grid sweep folder (its results.csv and design.json)."""
-    from llmlab.sweep import report
-
     path = Path(folder)
     try:
         design = json.loads((path / "design.json").read_text())
-        import csv
-
         with open(path / "results.csv", newline="") as f:
             rows = [{k: (float(v) if k == "final_loss" and v not in ("", "None") else v) for k, v in r.items()}
                     for r in csv.DictReader(f)]

@@ -7,6 +7,9 @@ from typing import Literal, Optional
 
 from llmlab.core.config import opt
 from llmlab.core.errors import UserError
+from llmlab.models.gpt2 import GPT2_PRESETS
+from llmlab.sweep.design import parse_size
+from llmlab.train.config import parse_clip
 
 
 @dataclass(frozen=True)
@@ -150,22 +153,16 @@ class SweepConfig:
         if self.lr is not None and self.lr < 0:
             raise UserError(f"--lr must be >= 0, got {self.lr}")
         if self.clip is not None:
-            from llmlab.train.config import parse_clip
-
             parse_clip(self.clip)
         if not 0 <= self.label_smoothing < 1:
             raise UserError(f"--label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.flat_window < 2 or self.precheck_steps < 1:
             raise UserError("--flat_window must be >= 2 and --precheck_steps >= 1")
         if self.model != "minimal":
-            from llmlab.models.gpt2 import GPT2_PRESETS
-
             if self.model not in GPT2_PRESETS:
                 raise UserError(f"--model {self.model!r} is unknown; use minimal or one of {', '.join(GPT2_PRESETS)}")
 
     def validate_sizes(self) -> None:
-        from llmlab.sweep.design import parse_size
-
         if self.grid != "lr_bs":
             raise UserError("--sizes belongs to --grid lr_bs (a YAML grid can vary `size:` per trial instead)")
         if self.sizes == ["default"]:

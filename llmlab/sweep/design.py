@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import yaml
 
 from llmlab.core.errors import UserError
-from llmlab.sweep.factors import CONTROL, EXTRA_FACTORS, FACTORS, REGISTRY, SIZE_PATTERN, check_level
+from llmlab.sweep.factors import CONTROL, EXTRA_FACTORS, FACTORS, REGISTRY, SIZE_PATTERN, BadLevel, check_level, number
 
 MIN_LEVEL_COUNT = 6
 
@@ -127,8 +128,6 @@ GRID_FILE_KEYS = {"trials", "factorial", "replicates", "replicate_all"}
 
 def _check_value(key: str, value: Any, where: str) -> Any:
     """A grid's value for `key`: a factor level (llmlab.sweep.factors), a seed or a trial id."""
-    from llmlab.sweep.factors import BadLevel, number
-
     if key in REGISTRY:
         return check_level(key, value, where)
     try:
@@ -155,8 +154,6 @@ def grid_from_yaml(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, An
 
     Factors left out take the control level; the first trial (or one named `control`) is the reference.
     """
-    import yaml
-
     path = Path(path)
     if not path.is_file():
         raise UserError(f"grid file {path} not found; pass --grid doe20, lr_bs or an existing YAML file")

@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from llmlab.train.config import CLIP_MODES
-from llmlab.train.optim import OPTIMIZERS, SCHEDULERS
+from llmlab.core.errors import UserError
+from llmlab.train.config import CLIP_MODES, OPTIMIZERS, SCHEDULERS, parse_clip
 
 POSITION_ENCODINGS = ("sinusoidal", "learned", "rope")
 LOSS_MASKS = ("full", "padding")  # every next-token position, or none predicting padding (per-document rows)
@@ -89,8 +89,6 @@ def _control(name: str) -> Callable[[Any], Any]:
 
 
 def _clip_default(cfg) -> Any:
-    from llmlab.train.config import parse_clip
-
     return parse_clip(cfg.clip) if cfg.clip is not None else CONTROL["clip"]
 
 
@@ -121,8 +119,6 @@ EXTRA_FACTORS = tuple(name for name in REGISTRY if name not in FACTORS)  # what 
 
 def check_level(name: str, value: Any, where: str) -> Any:
     """A design's level of factor `name`, normalised, or a one-line error naming the place and the fix."""
-    from llmlab.core.errors import UserError
-
     try:
         return REGISTRY[name].check(value)
     except BadLevel as bad:

@@ -9,12 +9,16 @@ from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+from scipy import stats as sps
 
 from llmlab.core.io import atomic_write_text
 from llmlab.sweep import metrics as M
 from llmlab.sweep import stats
 from llmlab.sweep.design import FACTORS, design_table, reference_id
 from llmlab.sweep.factors import EXTRA_FACTORS
+from llmlab.sweep.metrics import reference_lines
+from llmlab.train.config import LION_LR_DIVISOR
+from llmlab.train.schedules import mean_lr_share
 
 GAIN_DELTA, GAIN_STABILITY, GAIN_SPEEDUP = -0.05, 0.8, 0.9
 SCALAR_KEYS = ("initial_loss", "final_loss", "final_train_loss", "val_perplexity", "stability_index", "initial_loss_slope",
@@ -275,8 +279,6 @@ def calibration_section(rows: list[dict], facts: dict, fitted: dict) -> list[str
 
 
 def sps_t(df: int) -> float:
-    from scipy import stats as sps
-
     return float(sps.t.ppf(0.975, df))
 
 
@@ -312,8 +314,6 @@ def effects_section(fitted: dict, plots: Path) -> list[str]:
 
 def caveats(fitted: dict) -> list[str]:
     """What a contrast also carries: the optimizer's own step size and each schedule's mean lr (computed)."""
-    from llmlab.train.optim import LION_LR_DIVISOR, mean_lr_share
-
     notes = []
     if "optimizer" in fitted["factors"] and "lion" in fitted["levels"]["optimizer"]:
         notes.append(f"- **optimizer is confounded with step size:** Lion runs at lr / {LION_LR_DIVISOR:g} with weight "
@@ -412,8 +412,6 @@ def write_report(out_dir: Path, design: list[dict], results: list[dict], cfg) ->
 
 
 def _reference_lines(out_dir: Path, cfg) -> list[str]:
-    from llmlab.sweep.metrics import reference_lines
-
     budget = cfg.budget_spec
     ref = reference_lines(out_dir / "data", budget.eval_batches * budget.batch_size)
     if not ref or ref["unigram"] is None:

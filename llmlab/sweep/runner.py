@@ -19,19 +19,31 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
+from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+import torch
+from tqdm.auto import tqdm
 
-from llmlab.core.errors import UserError, writing
-from llmlab.core.io import atomic_write_json, atomic_write_text
-from llmlab.core.runfolder import process_start_time
 from llmlab.core.device import resolve_device, resolve_precision
+from llmlab.core.errors import Interrupted, UserError, writing
+from llmlab.core.io import atomic_write_json, atomic_write_text
+from llmlab.core.runfolder import check_output_dir, claim_run_folder, process_start_time, release_lock
+from llmlab.core.runinfo import write_run_info
+from llmlab.data.prepare import DataConfig, prepare_dataset
+from llmlab.data.tokenizer import load_tokenizer
+from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig, parameter_table
+from llmlab.scaling import ScalingOptions, write_lr_bs_report
+from llmlab.sweep import report
 from llmlab.sweep.config import FULL_NOMINAL_STEPS, SweepConfig
 from llmlab.sweep.design import base_design, build_design, design_table, parse_size
 from llmlab.sweep.factors import resolve
+from llmlab.sweep.scan import design_for, load_plan, run_scan
 from llmlab.sweep.spec import Hparams, TrialSpec
+from llmlab.sweep.trial import child_main
+from llmlab.train.config import parse_clip
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FINISHED = ("ok", "failed", "oom")
@@ -42,9 +54,6 @@ _FORKSERVER = None
 # ---------------------------------------------------------------- data
 def prepare_data(cfg: SweepConfig, out_dir: Path) -> dict:
     """Tokenise and pack once (llmlab.data.prepare cache), then export token arrays the trials memory-map."""
-    from llmlab.data.prepare import DataConfig, prepare_dataset
-    from llmlab.data.tokenizer import load_tokenizer
-
     budget = cfg.budget_spec
     block = cfg.block_size or budget.block_size
     key = {"dataset": cfg.dataset, "block_size": block, "max_documents": cfg.max_documents or budget.max_documents,
@@ -159,8 +168,6 @@ def trial_hparams(cfg: SweepConfig, trial: dict) -> Hparams:
     """The levels one trial trains with: its design values, then the sweep-wide defaults (llmlab.sweep.factors)."""
     levels = resolve(cfg, trial)
     if cfg.grid == "lr_bs" and cfg.clip is not None:  # an lr scan's --clip applies to every point
-        from llmlab.train.config import parse_clip
-
         levels["clip"] = parse_clip(cfg.clip)
     return Hparams(**levels)
 
@@ -183,8 +190,6 @@ def _forkserver_context():
     """Start the fork server now: it imports torch/transformers while the parent prepares the data."""
     global _FORKSERVER
     if _FORKSERVER is None:
-        from multiprocessing import forkserver
-
         _FORKSERVER = multiprocessing.get_context("forkserver")
         _FORKSERVER.set_forkserver_preload(["llmlab.sweep.trial"])
         forkserver.ensure_running()
@@ -194,8 +199,6 @@ def _forkserver_context():
 def worker_env(slot: int, workers: int, device: str) -> dict[str, str]:
     env = {"TOKENIZERS_PARALLELISM": "false"}
     if device == "cuda":
-        import torch
-
         env["CUDA_VISIBLE_DEVICES"] = str(slot % max(1, torch.cuda.device_count()))
     return env
 
@@ -292,8 +295,6 @@ class TrialLauncher:
 
 
 def _child(spec_path: str, log_path: str, env: dict) -> None:
-    from llmlab.sweep.trial import child_main
-
     child_main(spec_path, log_path, env)
 
 
@@ -339,15 +340,10 @@ def is_size_scan(cfg: SweepConfig) -> bool:
 
 def scan_design(cfg: SweepConfig, out_dir: Path) -> list[dict]:
     """Every trial a multi-size scan has planned so far (its grids grow as it runs)."""
-    from llmlab.sweep.scan import design_for, load_plan
-
     return design_for(load_plan(out_dir), cfg.replicates or DEFAULT_SCAN_SEEDS, cfg.seed)
 
 
 def run_sweep(cfg: SweepConfig) -> list[dict]:
-    from llmlab.core.runfolder import check_output_dir, claim_run_folder, release_lock
-    from llmlab.sweep import report
-
     out_dir = check_output_dir(cfg.output_dir)
     design = [] if is_size_scan(cfg) else build_design(cfg)
     # one driver per folder (a second would run every trial twice), and never in another kind of run's folder
@@ -378,8 +374,6 @@ def run_sweep(cfg: SweepConfig) -> list[dict]:
 
 
 def _run_trials(cfg: SweepConfig, design: list[dict], out_dir: Path, fingerprint: str) -> list[dict]:
-    from llmlab.core.runinfo import write_run_info
-
     atomic_write_json(out_dir / "sweep.json", {"fingerprint": fingerprint, "grid": cfg.grid, "budget": cfg.budget})
     write_run_info(out_dir, cfg)
     _print_parameters(cfg)
@@ -409,15 +403,11 @@ def _run_trials(cfg: SweepConfig, design: list[dict], out_dir: Path, fingerprint
         return load_results(out_dir, design)
 
     if is_size_scan(cfg):
-        from llmlab.sweep.scan import run_scan
-
         return run_scan(cfg, out_dir, cfg.replicates or DEFAULT_SCAN_SEEDS, run_design)
     return run_design(design, announce=True)
 
 
 def _launch_all(launch: TrialLauncher, pending: list[dict], total: int, done: int) -> None:
-    from tqdm.auto import tqdm
-
     slots = list(range(launch.workers))
     slot_lock = threading.Lock()
     bar = tqdm(total=total, initial=done, desc="trials", unit="trial")
@@ -442,8 +432,6 @@ def _launch_all(launch: TrialLauncher, pending: list[dict], total: int, done: in
     except KeyboardInterrupt:
         launch.kill_all()
         pool.shutdown(wait=True, cancel_futures=True)
-        from llmlab.core.errors import Interrupted
-
         raise Interrupted("rerun the same command to resume (finished trials are kept)") from None
     finally:
         pool.shutdown(wait=True)
@@ -474,8 +462,6 @@ def reap_stale_trials(out_dir: Path) -> None:
 def _print_parameters(cfg: SweepConfig) -> None:
     if cfg.model != "minimal":
         return
-    from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig, parameter_table
-
     block = cfg.block_size or cfg.budget_spec.block_size
     table, trainable, frozen = parameter_table(MinimalTransformer(MinimalTransformerConfig(
         max_seq_len=block, position_encoding=cfg.position_encoding, embedding=cfg.embedding)))
@@ -485,7 +471,4 @@ def _print_parameters(cfg: SweepConfig) -> None:
 
 def _scaling_hook(out_dir: Path, rows: list[dict], holdout: str = "auto") -> None:
     """Hand lr_bs results to the scaling analysis: fits, the held-out check across sizes, the report."""
-    from llmlab.scaling import ScalingOptions, write_lr_bs_report
-    from llmlab.sweep import report
-
     write_lr_bs_report(out_dir, [report.flat_row(r) for r in rows], ScalingOptions(holdout=holdout))

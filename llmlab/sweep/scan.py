@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import torch
 
 from llmlab.core.errors import UserError
 from llmlab.core.io import atomic_write_json
@@ -24,6 +25,10 @@ from llmlab.scaling.law import fit_law, predict
 from llmlab.scaling.optimum import finite
 from llmlab.scaling.transfer import seed_noise, size_points
 from llmlab.sweep.design import CONTROL, parse_size, replicate
+from llmlab.sweep.factors import REGISTRY
+from llmlab.sweep.report import flat_row
+from llmlab.sweep.spec import Hparams, TrialSpec
+from llmlab.sweep.trial import build_trial_model, non_embedding_parameters
 
 PLAN_FILE = "scan_plan.json"
 DEFAULT_CENTER = {"minimal": 3e-3, "gpt2": 1e-3}
@@ -50,12 +55,6 @@ def centred_grid(centre: float, points: int, step: float) -> list[float]:
 
 def size_parameters(size: str, model: str) -> int:
     """Non-embedding N of one scanned size, built on the meta device (no memory, no time)."""
-    import torch
-
-    from llmlab.sweep.factors import REGISTRY
-    from llmlab.sweep.spec import Hparams, TrialSpec
-    from llmlab.sweep.trial import build_trial_model, non_embedding_parameters
-
     width, depth = parse_size(size, model)
     hp = Hparams(**{**{name: None for name in REGISTRY}, "position_encoding": "rope"})
     spec = TrialSpec(trial_id=size, trial_dir="", data_dir="", hparams=hp, seed=0, steps=1, model=model,
@@ -77,8 +76,6 @@ def _feasible(rows: list[dict]) -> list[dict]:
 
 
 def _flat(results: list[dict]) -> list[dict]:
-    from llmlab.sweep.report import flat_row
-
     return [flat_row(r) for r in results]
 
 

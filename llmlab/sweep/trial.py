@@ -8,6 +8,7 @@ Heavy imports sit at module level so a forkserver can preload them once for ever
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import os
 import sys
@@ -22,6 +23,8 @@ from llmlab.core.notices import quiet_known_notices
 
 quiet_known_notices()  # before transformers.optimization imports peft -> bitsandbytes (the forkserver preloads us)
 
+import threading
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -29,7 +32,9 @@ from accelerate.utils import set_seed
 
 from llmlab.core.device import peak_rss_mb
 from llmlab.core.io import atomic_write_json
-from llmlab.core.tracking import MetricsLogger
+from llmlab.core.runfolder import process_start_time
+from llmlab.core.tracking import MetricsLogger, session_records
+from llmlab.models.gpt2 import build_gpt2_model
 from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig
 from llmlab.sweep import metrics as M
 from llmlab.sweep.spec import Hparams, TrialSpec
@@ -60,8 +65,6 @@ def build_trial_model(spec: TrialSpec, hp: Hparams) -> torch.nn.Module:
         cfg = (MinimalTransformerConfig.of_size(width, depth, **options) if width
                else MinimalTransformerConfig(**options))
         return MinimalTransformer(cfg)
-    from llmlab.models.gpt2 import build_gpt2_model
-
     shape = {"n_embd": width, "n_layer": depth, "n_head": width // 64} if width else {}
     model = build_gpt2_model(spec.model, vocab_size=50257, n_positions=spec.block_size, **shape)
     if spec.gradient_checkpointing:
@@ -464,8 +467,6 @@ def evaluate_trial(model, validation: np.ndarray, spec: TrialSpec, device, autoc
 def write_hparams(logger: MetricsLogger, hp: Hparams, summary: dict) -> None:
     """Record this run in TensorBoard's HParams tab: its levels, in the same run folder as its curves (whose scalars,
     hparam/final_loss included, are the metrics TensorBoard shows)."""
-    from llmlab.core.tracking import session_records
-
     metric_values = {f"hparam/{k}": summary[k] for k in ("final_loss", "stability_index", "grad_norm_mean",
                                                          "time_per_step_s") if summary.get(k) is not None}
     for key, value in metric_values.items():
@@ -496,10 +497,6 @@ def load_data(data_dir: Path) -> dict:
 def watch_driver(driver) -> None:
     """Die with the sweep driver. PR_SET_PDEATHSIG only watches the direct parent, and a fork-server child's parent
     is the fork server, which the children themselves keep alive; so poll the driver's identity once a second."""
-    import threading
-
-    from llmlab.core.runfolder import process_start_time
-
     if not driver or driver[1] is None:
         return
 
@@ -557,8 +554,6 @@ def run_trial(spec_path: str | Path) -> dict:
 def die_with_parent() -> None:
     """Linux: SIGKILL this trial when its launcher dies, so a killed sweep leaves no orphan writing results."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
     except (OSError, AttributeError):
         pass

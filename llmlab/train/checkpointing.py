@@ -20,7 +20,9 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from llmlab.core.errors import UserError
+import torch
+
+from llmlab.core.errors import UserError, write_failure
 from llmlab.core.io import atomic_write_json, publish_dir
 
 STATE_FILE = "trainer_state.json"
@@ -139,8 +141,6 @@ def resolve_checkpoint(output_dir: str | os.PathLike, value: str, log: Callable[
 
 def assert_finite(model, what: str) -> None:
     """Refuse to seal weights that hold NaN or inf: a checkpoint or final model must be usable."""
-    import torch
-
     for name, param in model.named_parameters():
         if not bool(torch.isfinite(param.detach()).all()):
             raise UserError(f"{what}: weight {name} is not finite (NaN/inf); nothing was saved. The run diverged: "
@@ -183,8 +183,6 @@ def save_checkpoint(accelerator, output_dir: str | os.PathLike, step: int, manif
 
 def write_error(err: Exception, what: str) -> UserError:
     """A failed checkpoint or run-file write as one line (llmlab.core.errors.write_failure names the cause)."""
-    from llmlab.core.errors import write_failure
-
     reason = write_failure(err) or str(err).splitlines()[0][:160]
     return UserError(f"could not write {what}: {reason}; free space (or pick another --output_dir) and resume "
                      "from the last checkpoint")

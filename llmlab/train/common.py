@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import math
+import os
 from collections import deque
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from accelerate.utils import InitProcessGroupKwargs
 
 from llmlab.train.config import parse_clip
 
@@ -50,8 +52,6 @@ class GradClipper:
 
 def distributed_cpu() -> bool:
     """Several processes (accelerate launch, torchrun, deepspeed) and no GPU."""
-    import os
-
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
 
 
@@ -61,8 +61,6 @@ def process_group_handlers() -> list:
     Without it accelerate silently runs each CPU rank as "process 0 of 1" on the same data; a single plain
     `python` process must not ask for a process group at all.
     """
-    from accelerate.utils import InitProcessGroupKwargs
-
     return [InitProcessGroupKwargs(backend="gloo")] if distributed_cpu() else []
 
 
@@ -70,8 +68,6 @@ def accelerator_placement() -> dict:
     """Accelerator kwargs that make several CPU processes one data-parallel run. Without `cpu=True` accelerate keeps
     distributed_type NO under `--multi_gpu` or torchrun on a CPU machine: prepare() skips DDP, gradients are never
     averaged, and each process trains its own model. DeepSpeed brings its own CPU backend and must not get it."""
-    import os
-
     deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
     return {"cpu": True} if distributed_cpu() and not deepspeed else {}
 

@@ -20,6 +20,11 @@ from typing import Literal, Optional
 from llmlab.core.config import check_report_to, opt
 from llmlab.core.errors import UserError
 
+# The optimizer and schedule vocabulary (train/optim.py builds them and states Lion's convention); here so that
+# configs and the lab's factor checks name them without loading torch.
+OPTIMIZERS = ("adamw", "lion", "adafactor")
+SCHEDULERS = ("linear", "cosine", "polynomial", "constant")
+LION_LR_DIVISOR = 3.0  # lion-pytorch README: lr 3-10x smaller than AdamW, weight decay 3-10x larger
 CLIP_MODES = ("norm", "value")  # rescale the global gradient norm, or clamp every element to [-clip, clip]
 
 

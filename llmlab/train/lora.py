@@ -26,10 +26,17 @@ from llmlab.data.instruct import collate, load_records, pad_id_for, split_three,
 from llmlab.train import lora_eval
 from llmlab.train.checkpointing import assert_finite
 from llmlab.train.common import GradClipper, perplexity
-from llmlab.train.lora_config import RESUMABLE, RUN_FILES, LoraTrainConfig
-from llmlab.train.lora_model import (BEST_ADAPTER_FILE, adapter_state, add_lora, check_base_model,
-                                     checkpoint_trainable_weights_only, load_base_model, save_adapter)
 from llmlab.train.loop import TrainingSession, scaled_schedule
+from llmlab.train.lora_config import RESUMABLE, RUN_FILES, LoraTrainConfig
+from llmlab.train.lora_model import (
+    BEST_ADAPTER_FILE,
+    adapter_state,
+    add_lora,
+    check_base_model,
+    checkpoint_trainable_weights_only,
+    load_base_model,
+    save_adapter,
+)
 from llmlab.train.optim import build_optimizer, build_schedule, check_deepspeed_choices
 
 __all__ = ["LoraTrainConfig", "train", "LoraRun"]
@@ -90,7 +97,8 @@ class LoraRun:
         model = add_lora(model, cfg)
         trainable, total = model.get_nb_trainable_parameters()
         self.counts = {"trainable_params": trainable, "total_params": total}
-        acc.print(f"LoRA r={cfg.lora_r} alpha={cfg.lora_alpha} on {sorted(model.peft_config['default'].target_modules)}: "
+        adapted = sorted({name.rsplit(".", 1)[-1] for name in model.peft_config["default"].target_modules})
+        acc.print(f"LoRA r={cfg.lora_r} alpha={cfg.lora_alpha} on {adapted}: "
                   f"{trainable:,} trainable of {total:,} parameters ({100 * trainable / total:.3f}%)")
         self.build_training(model)
         self.lora = LoraState()

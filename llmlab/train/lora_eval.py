@@ -8,17 +8,20 @@ after - before difference carries a paired bootstrap 95 % CI over examples (scip
 """
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import torch
 import torch.nn.functional as F
+from accelerate.utils import broadcast_object_list
+from rouge_score.rouge_scorer import RougeScorer
+from scipy import stats
 
 from llmlab.data.instruct import collate_prompts
-from llmlab.train.common import perplexity
+from llmlab.train.common import causal_lm_loss, perplexity
 
 
 def supports_logits_to_keep(model) -> bool:
-    import inspect
-
     return "logits_to_keep" in inspect.signature(type(model).forward).parameters
 
 
@@ -54,8 +57,6 @@ def answer_logits(model, batch: dict, mode: str = "full", head=None) -> tuple[to
 
 def answer_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
     """llmlab's causal_lm_loss on the answer tokens, laid out as one sequence it can shift."""
-    from llmlab.train.common import causal_lm_loss
-
     sequence_logits = torch.cat([logits, logits.new_zeros(1, logits.shape[-1])])[None]  # last one predicts nothing
     sequence_labels = torch.cat([targets.new_full((1,), -100), targets])[None]  # first one is never predicted
     return causal_lm_loss(sequence_logits, sequence_labels, label_smoothing)
@@ -131,8 +132,6 @@ def generate_answers(model, tokenizer, examples: list[dict], pad_id: int, batch_
 
 
 def rouge_scores(predictions: list[str], references: list[str]) -> list[float]:
-    from rouge_score.rouge_scorer import RougeScorer
-
     scorer = RougeScorer(["rougeL"], use_stemmer=True)
     return [scorer.score(ref, pred)["rougeL"].fmeasure for pred, ref in zip(predictions, references)]
 
@@ -141,8 +140,6 @@ def evaluate_split(model, *, accelerator, tokenizer, loader, rouge_examples: lis
                    batch_size: int, max_new_tokens: int, mode: str = "full", head=None) -> dict:
     """loss and perplexity (all processes) and ROUGE-L + generations (main process, then shared) of one split,
     with the per-example numbers the paired bootstrap needs."""
-    from accelerate.utils import broadcast_object_list
-
     sums, counts = example_losses(model, loader, accelerator, mode, head)
     loss = float(sums.sum() / counts.sum().clamp(min=1))
     shared = [None, None]
@@ -175,8 +172,6 @@ def paired_change(before: dict, after: dict, seed: int = 0) -> dict:
 
 
 def _bootstrap(data: tuple, statistic, seed: int) -> dict:
-    from scipy import stats
-
     value = float(statistic(*data))
     if len(data[0]) < 2 or all(float(np.std(d)) == 0 for d in data):  # nothing varies: the interval is the value
         return {"change": value, "ci": [value, value], "examples": len(data[0])}

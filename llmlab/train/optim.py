@@ -15,16 +15,16 @@ has the same warmup and floor.
 """
 from __future__ import annotations
 
-import math
 from typing import Iterable, Optional
 
 import torch
+from lion_pytorch import Lion
 from torch.optim.lr_scheduler import LambdaLR
+from transformers.optimization import Adafactor
 
-OPTIMIZERS = ("adamw", "lion", "adafactor")
-SCHEDULERS = ("linear", "cosine", "polynomial", "constant")
-LION_LR_DIVISOR = 3.0  # lion-pytorch README: lr 3-10x smaller than AdamW, weight decay 3-10x larger
-POLYNOMIAL_POWER = 2.0  # power 1 would equal linear
+from llmlab.core.errors import UserError
+from llmlab.train.config import LION_LR_DIVISOR, OPTIMIZERS, SCHEDULERS  # noqa: F401 (part of this module's API)
+from llmlab.train.schedules import lr_multiplier, mean_lr_share  # noqa: F401 (part of this module's API)
 
 
 def param_groups(params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float,
@@ -52,22 +52,8 @@ def build_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float, 
         extra = {k: v for k, v in (("betas", betas), ("eps", eps)) if v is not None}
         return torch.optim.AdamW(groups, lr=lr, fused=True, **extra)  # one kernel for all tensors, CPU and GPU
     if name == "lion":
-        from lion_pytorch import Lion
-
         return Lion(groups, lr=lr, **({"betas": betas} if betas is not None else {}))
-    from transformers.optimization import Adafactor
-
     return Adafactor(groups, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
-
-
-def lr_multiplier(step: int, name: str, warmup: int, total: int, min_lr_ratio: float = 0.0) -> float:
-    """The schedule's factor on the peak lr at `step` (0-based, as LambdaLR counts)."""
-    if step < warmup:
-        return step / max(1, warmup)
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    shape = {"linear": 1.0 - progress, "cosine": 0.5 * (1.0 + math.cos(math.pi * progress)),
-             "polynomial": (1.0 - progress) ** POLYNOMIAL_POWER, "constant": 1.0}[name]
-    return min_lr_ratio + (1.0 - min_lr_ratio) * shape
 
 
 def build_schedule(optimizer: torch.optim.Optimizer, name: str, warmup: int, total: int,
@@ -80,8 +66,6 @@ def build_schedule(optimizer: torch.optim.Optimizer, name: str, warmup: int, tot
 def check_deepspeed_choices(accelerator, optimizer: str, clip_mode: str) -> None:
     """DeepSpeed's config keeps `optimizer: auto` (accelerate hands it our AdamW, and ZeRO offload swaps in its CPU
     Adam); Lion and Adafactor are not wired through that path, and it clips the global norm only: refuse those."""
-    from llmlab.core.errors import UserError
-
     if accelerator.state.deepspeed_plugin is None:
         return
     if optimizer != "adamw":
@@ -90,8 +74,3 @@ def check_deepspeed_choices(accelerator, optimizer: str, clip_mode: str) -> None
     if clip_mode != "norm":
         raise UserError("--clip_mode value is not available under DeepSpeed (it clips the global norm inside its own "
                         "step); use --clip_mode norm")
-
-
-def mean_lr_share(name: str, steps: int = 1000) -> float:
-    """Mean multiplier of a schedule over a run without warmup and floor: how much of the peak lr it spends."""
-    return sum(lr_multiplier(s, name, 0, steps) for s in range(steps)) / steps

@@ -9,7 +9,10 @@ from typing import Literal, Optional
 
 from llmlab.core.config import opt
 from llmlab.data.prepare import DataConfig
-from llmlab.models.gpt2 import GPT2_PRESETS
+from llmlab.models.gpt2 import (
+    GPT2_PRESETS,
+    context_length_of,  # transformers' AutoConfig: only for --init_from
+)
 from llmlab.train.config import CheckpointGroup, EvalGroup, LoggingGroup, OptimGroup, RunGroup, require
 from llmlab.train.spikes import check_drill, parse_inject_spike
 
@@ -149,6 +152,4 @@ class PretrainConfig(DataConfig, RunGroup, OptimGroup, CheckpointGroup, EvalGrou
 def model_context_length(cfg: PretrainConfig) -> int:
     if cfg.init_from is None:
         return GPT2_PRESETS[cfg.model]["n_positions"]
-    from llmlab.models.gpt2 import context_length_of  # transformers' AutoConfig: only for --init_from
-
     return context_length_of(cfg.init_from)
