@@ -68,6 +68,29 @@ def kill_when_ready(args: list[str], ready: Path, timeout: float = 300) -> None:
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    wait_until_group_is_gone(proc.pid)
+
+
+def wait_until_group_is_gone(group: int, timeout: float = 60) -> None:
+    """A SIGKILLed launcher is reaped at once, but its workers die when the kernel next schedules them and only then
+    release their locks: a resume started before that is refused as a concurrent run."""
+    import time
+
+    def alive() -> list[int]:
+        pids = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == group and fields[0] != "Z":  # a zombie holds no files
+                pids.append(int(stat.parent.name))
+        return pids
+
+    deadline = time.time() + timeout
+    while alive():
+        assert time.time() < deadline, f"processes {alive()} outlived SIGKILL by {timeout} s"
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")
