@@ -32,6 +32,14 @@ CANDIDATES = {
                                                         "128", "--warmup_steps", "15", "--lora_r", "16",
                                                         "--lora_alpha", "32", "--target_modules", "c_attn", "c_proj",
                                                         "c_fc"],
+    "r 16 all blocks, lr 1e-3, 500 steps, length 128": ["--learning_rate", "1e-3", "--max_steps", "500", "--max_length",
+                                                        "128", "--warmup_steps", "25", "--lora_r", "16",
+                                                        "--lora_alpha", "32", "--target_modules", "c_attn", "c_proj",
+                                                        "c_fc"],
+    "r 16 all blocks, lr 3e-3, 500 steps, length 128": ["--learning_rate", "3e-3", "--max_steps", "500", "--max_length",
+                                                        "128", "--warmup_steps", "25", "--lora_r", "16",
+                                                        "--lora_alpha", "32", "--target_modules", "c_attn", "c_proj",
+                                                        "c_fc"],
 }
 COMMON = ["--eval_every", "25", "--patience", "4", "--eval_examples", "32", "--max_new_tokens", "32",
           "--batch_size", "8", "--gradient_accumulation_steps", "2", "--sample_every", "1000", "--save_every", "0"]

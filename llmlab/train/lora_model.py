@@ -9,10 +9,17 @@ import shutil
 import warnings
 from pathlib import Path
 from typing import Optional
-from llmlab.core.errors import UserError
-from llmlab.data.instruct import PROMPT_FILE
-from llmlab.train.lora_config import DEFAULT_BASE_MODEL
 
+from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from llmlab.core.errors import UserError
+from llmlab.core.identity import BASE_RECORD
+from llmlab.core.io import atomic_write_json, publish_dir
+from llmlab.data.instruct import PROMPT_FILE
+from llmlab.data.tokenizer import load_tokenizer
+from llmlab.train.lora_config import ALL_LINEAR, DEFAULT_BASE_MODEL
 
 
 def check_base_model(cfg) -> None:
@@ -32,10 +39,6 @@ def load_base_model(cfg):
     """(model, tokenizer, whether the tokenizer came from the base model's folder).
 
     A missing default model is a one-line hint, not a traceback."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from llmlab.data.tokenizer import load_tokenizer
-
     check_base_model(cfg)
     try:
         model = AutoModelForCausalLM.from_pretrained(cfg.base_model)
@@ -62,8 +65,6 @@ def load_base_model(cfg):
 
 def add_lora(model, cfg):
     """Wrap `model` with a LoRA adapter; afterwards only adapter weights require grad."""
-    from peft import LoraConfig, get_peft_model
-
     if cfg.gradient_checkpointing:
         # Frozen embeddings would give the checkpointed blocks inputs without grad, and no grad would
         # reach the adapters inside them: make the embedding output require grad.
@@ -75,7 +76,8 @@ def add_lora(model, cfg):
     warnings.filterwarnings("ignore", message="fan_in_fan_out is set to False")
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
     lora_config = LoraConfig(task_type="CAUSAL_LM", r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
-                             lora_dropout=cfg.lora_dropout, target_modules=cfg.target_modules)
+                             lora_dropout=cfg.lora_dropout,
+                             target_modules=ALL_LINEAR if cfg.target_modules == [ALL_LINEAR] else cfg.target_modules)
     try:
         return get_peft_model(model, lora_config)
     except ValueError as err:  # unknown model type without --target_modules, or names that match nothing
@@ -85,8 +87,6 @@ def add_lora(model, cfg):
 
 def adapter_state(model) -> dict:
     """A CPU copy of the adapter weights (kept in memory as the best-so-far adapter)."""
-    from peft import get_peft_model_state_dict
-
     return {k: v.detach().to("cpu", copy=True) for k, v in get_peft_model_state_dict(model).items()}
 
 
@@ -96,9 +96,6 @@ def save_adapter(model, cfg, path: Path, tokenizer=None, base_digest: Optional[s
     `tokenizer` is saved alongside only when it is not the base model's own (which inference finds there). The base
     model's identity is recorded (llmlab.core.identity.BASE_RECORD), so a merge can check it gets the same base.
     """
-    from llmlab.core.identity import BASE_RECORD
-    from llmlab.core.io import atomic_write_json, publish_dir
-
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         model.save_pretrained(tmp)
@@ -124,8 +121,6 @@ def checkpoint_trainable_weights_only(accelerator) -> None:
 
     The frozen base is rebuilt from --base_model on resume; writing it into every checkpoint would cost the
     whole model's size each time. Optimizer, scheduler and RNG states are still accelerate's to save."""
-    from safetensors.torch import load_file, save_file
-
     def trainable(model) -> dict:
         return {n: p for n, p in accelerator.unwrap_model(model).named_parameters() if p.requires_grad}
 

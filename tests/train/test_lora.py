@@ -40,7 +40,8 @@ def test_tiny_run_lowers_validation_loss_and_writes_a_small_adapter(tiny_gpt2_di
     assert report["steps"] == 12 and report["best_step"] > 0 and not report["stopped_early"]
     assert len(report["examples"]) == 4 and all(isinstance(r["after"], str) for r in report["examples"])
     assert "test perplexity" in result.stdout and "rougeL" in result.stdout and "95 % CI" in result.stdout
-    assert "4,096 trainable" in result.stdout  # r=8 on c_attn of 2 layers of width 64: 2 * (64*8 + 8*192)
+    # the default r=16 on every linear layer of 2 blocks of width 64: 2 * 16 * ((64+192) + (64+64) + 2 * (64+256))
+    assert "32,768 trainable" in result.stdout and "['c_attn', 'c_fc', 'c_proj']" in result.stdout
 
     # The adapter: peft files, LoRA weights only, a tiny fraction of the base model.
     from safetensors.torch import load_file
@@ -48,12 +49,13 @@ def test_tiny_run_lowers_validation_loss_and_writes_a_small_adapter(tiny_gpt2_di
     adapter = out / "adapter"
     weights = load_file(adapter / "adapter_model.safetensors")
     assert weights and all("lora_" in name for name in weights)
-    assert sum(t.numel() for t in weights.values()) == report["trainable_params"] == 4096
+    assert sum(t.numel() for t in weights.values()) == report["trainable_params"] == 32768
     base_bytes = (tiny_gpt2_dir / "model.safetensors").stat().st_size
     assert (adapter / "adapter_model.safetensors").stat().st_size < 0.01 * base_bytes
     config = json.loads((adapter / "adapter_config.json").read_text())
-    assert config["r"] == 8 and config["lora_alpha"] == 16 and config["lora_dropout"] == 0.1
-    assert config["target_modules"] == ["c_attn"]
+    assert config["r"] == 16 and config["lora_alpha"] == 32 and config["lora_dropout"] == 0.1
+    assert {name.rsplit(".", 1)[-1] for name in config["target_modules"]} == {"c_attn", "c_proj", "c_fc"}
+    assert not any("lm_head" in name for name in config["target_modules"])
     assert json.loads((adapter / "llmlab_prompt.json").read_text())["eos_after_answer"] is True
     assert not (adapter / "tokenizer_config.json").exists()  # the base model's own tokenizer: not duplicated
 
@@ -228,7 +230,7 @@ def test_only_adapter_weights_train_and_checkpointing_reaches_them(tiny_gpt2_dir
     assert from_base  # the fixture saved its tokenizer with the model
     model = add_lora(model, cfg)
     trainable, total = model.get_nb_trainable_parameters()
-    assert trainable == 4096 and total > 800 * trainable
+    assert trainable == 32768 and total > 100 * trainable  # r=16 on every linear layer of the 2 blocks
     assert all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
     assert model.get_base_model().is_gradient_checkpointing
     model.train()
@@ -249,7 +251,7 @@ def test_target_modules_follow_the_model_type():
 
     llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=2, num_key_value_heads=2))
-    model = add_lora(llama, LoraTrainConfig())
+    model = add_lora(llama, LoraTrainConfig(target_modules=None))  # None: peft's choice for the model type
     assert model.peft_config["default"].target_modules == {"q_proj", "v_proj"}
     adapted = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in model.named_parameters() if "lora_A" in n}
     assert adapted == {"q_proj", "v_proj"}
@@ -259,6 +261,9 @@ def test_target_modules_follow_the_model_type():
     assert model2.peft_config["default"].target_modules == {"o_proj"}
     from llmlab.core.errors import UserError
 
+    every_linear = add_lora(LlamaForCausalLM(llama2.config), LoraTrainConfig())  # the default: all-linear
+    assert ({n.rsplit(".", 1)[-1] for n in every_linear.peft_config["default"].target_modules}
+            == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
     with pytest.raises(UserError, match="--target_modules"):
         add_lora(LlamaForCausalLM(llama2.config), LoraTrainConfig(target_modules=["no_such_layer"]))
 
