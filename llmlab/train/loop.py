@@ -351,6 +351,14 @@ def check_one_model(accelerator) -> None:
         raise UserError(f"{launched} processes were launched but accelerate set up {accelerator.distributed_type.value}"
                         f" with {accelerator.num_processes}: each would train its own model; launch with `accelerate "
                         "launch --multi_gpu --num_processes N` or torchrun")
+    # accelerate's simple launcher (`--cpu` with several processes or machines) sets MASTER_ADDR and leaves the ranks
+    # to mpirun; without MPI every machine would train a model of its own
+    simple_launch = "ACCELERATE_USE_CPU" in os.environ and "MASTER_ADDR" in os.environ
+    mpi = any(name in os.environ for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE"))
+    if accelerator.num_processes == 1 and simple_launch and "WORLD_SIZE" not in os.environ and not mpi:
+        raise UserError("accelerate launch was asked for several processes or machines but started this one alone "
+                        "(its --cpu launcher leaves the ranks to mpirun), so each would train its own model; on CPUs "
+                        "launch with --multi_gpu instead of --cpu (it runs gloo across the machines)")
 
 
 def _make_accelerator(cfg, mixed_precision, plugin, accumulation_steps: int, out: Path):

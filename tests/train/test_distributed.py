@@ -3,7 +3,7 @@ one process with gradient accumulation, step by step, and validation on the same
 from __future__ import annotations
 
 import os
-import shutil
+import socket
 import subprocess
 import sys
 
@@ -26,8 +26,17 @@ def curves(out) -> dict:
     return found
 
 
+LAUNCH_ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def launch(prefix: list[str], out, cache, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    env = LAUNCH_ENV
     return subprocess.run([*prefix, "train_pretrain.py", *TINY, *extra, "--cache_dir", str(cache),
                            "--output_dir", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
@@ -43,8 +52,8 @@ def single(tmp_path_factory):
 
 
 LAUNCHERS = {
-    "accelerate --multi_gpu": [shutil.which("accelerate") or "accelerate", "launch", "--multi_gpu", "--num_processes", "2"],
-    "torchrun": [shutil.which("torchrun") or "torchrun", "--nproc_per_node", "2"],
+    "accelerate --multi_gpu": [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"],
+    "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"],
 }
 
 
@@ -62,6 +71,29 @@ def test_two_cpu_processes_equal_one_process_with_accumulation(single, name):
         assert got[key] == pytest.approx(value, abs=1e-5), key
 
 
+@pytest.mark.slow
+def test_two_machines_equal_one_process_with_accumulation(single, tmp_path):
+    """Two "machines" on this host (machine rank 0 and 1, one process each, gloo over 127.0.0.1), each with its own
+    output and cache folder as on separate disks: one model, the same per-step losses as one process."""
+    root, expected = single
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2",
+                               "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port",
+                               port, "--num_processes", "2", "train_pretrain.py", *TINY, "--mixed_precision", "no",
+                               "--cache_dir", str(tmp_path / f"cache{rank}"), "--output_dir",
+                               str(tmp_path / f"machine{rank}")], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=LAUNCH_ENV) for rank in (0, 1)]
+    outputs = [proc.communicate(timeout=600) for proc in procs]
+    for proc, (stdout, stderr) in zip(procs, outputs):
+        assert proc.returncode == 0, stderr[-3000:]
+        assert "2/device x 1 accumulation x 2 processes" in stdout and "MULTI_CPU" in stdout
+    got = curves(tmp_path / "machine0")
+    assert set(got) == set(expected)
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, abs=1e-5), key
+    assert not (tmp_path / "machine1" / "final").exists()  # the main process alone publishes the model
+
+
 def test_several_processes_without_a_backend_are_refused(monkeypatch):
     """What accelerate did before `cpu=True`: N processes launched, each set up as 1 process of distributed type NO.
     That must be one line before any work, never N separate models."""
@@ -76,6 +108,14 @@ def test_several_processes_without_a_backend_are_refused(monkeypatch):
         check_one_model(single_model)
     check_one_model(SimpleNamespace(num_processes=2, distributed_type=SimpleNamespace(value="MULTI_CPU")))
     monkeypatch.delenv("WORLD_SIZE")
+    check_one_model(single_model)
+    # `accelerate launch --cpu --num_machines 2 ...`: the simple launcher, which leaves the ranks to mpirun
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
+    check_one_model(single_model)  # one process with no MASTER_ADDR: a plain run
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    with pytest.raises(UserError, match="launch with --multi_gpu instead of --cpu"):
+        check_one_model(single_model)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")  # under mpirun accelerate itself sets up the ranks
     check_one_model(single_model)
 
 
@@ -98,7 +138,7 @@ def test_auto_precision_honours_the_launch_config(monkeypatch):
 
 @pytest.mark.slow
 def test_cpu_yaml_runs_fp32_as_it_says(tmp_path):
-    proc = launch([shutil.which("accelerate") or "accelerate", "launch", "--config_file",
+    proc = launch([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                    str(REPO / "accelerate_configs" / "cpu.yaml")], tmp_path / "out", tmp_path / "cache")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "precision no" in proc.stdout
