@@ -20,17 +20,17 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def run_batch(specs, launcher_name: str, workers: int, tag: str, threads: int = 1) -> dict:
-    from llmlab.sweep.runner import TrialLauncher
+    from llmlab.sweep.launchers.local import TrialLauncher
 
     launcher = TrialLauncher(launcher_name, workers, threads)
-    specs = [{**s, "trial_dir": str(Path(s["trial_dir"]).with_name(f"{tag}_{Path(s['trial_dir']).name}"))}
-             for s in specs]
+    specs = [replace(s, trial_dir=str(Path(s.trial_dir).with_name(f"{tag}_{Path(s.trial_dir).name}"))) for s in specs]
     seen = []
 
     def one(args):
@@ -63,18 +63,19 @@ def main() -> None:
     args = parser.parse_args()
 
     from llmlab.sweep import runner
+    from llmlab.sweep.launchers.local import forkserver_context
     from llmlab.sweep.config import SweepConfig
-    from llmlab.sweep.design import doe20_design
+    from llmlab.sweep.design import build_design
 
     out = Path(args.output_dir or tempfile.mkdtemp(prefix="sweep_overhead_"))
     cfg = SweepConfig(grid="doe20", budget="smoke", output_dir=str(out), steps=args.steps, device="cpu")
     tick = time.perf_counter()
     data_info = runner.prepare_data(cfg, out)
     prepare_s = time.perf_counter() - tick
-    specs = runner.trial_specs(cfg, doe20_design(42)[: args.trials], data_info, out)
+    specs = runner.trial_specs(cfg, build_design(cfg)[: args.trials], data_info, out)
 
     tick = time.perf_counter()
-    probe = runner._forkserver_context().Process(target=os.getpid)  # returns once the server has preloaded
+    probe = forkserver_context().Process(target=os.getpid)  # returns once the server has preloaded
     probe.start()
     probe.join()
     forkserver_s = time.perf_counter() - tick

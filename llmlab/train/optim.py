@@ -20,7 +20,6 @@ from typing import Iterable, Optional
 import torch
 from lion_pytorch import Lion
 from torch.optim.lr_scheduler import LambdaLR
-from transformers.optimization import Adafactor
 
 from llmlab.core.errors import UserError
 from llmlab.train.config import LION_LR_DIVISOR, OPTIMIZERS, SCHEDULERS  # noqa: F401 (part of this module's API)
@@ -53,6 +52,8 @@ def build_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float, 
         return torch.optim.AdamW(groups, lr=lr, fused=True, **extra)  # one kernel for all tensors, CPU and GPU
     if name == "lion":
         return Lion(groups, lr=lr, **({"betas": betas} if betas is not None else {}))
+    from transformers.optimization import Adafactor  # here: it loads Trainer utilities and peft, 2.4 s per trial start
+
     return Adafactor(groups, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
 
 
