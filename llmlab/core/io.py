@@ -19,13 +19,14 @@ def llmlab_cache(name: str) -> Path:
     return Path(os.environ.get("LLMLAB_CACHE") or Path.home() / ".cache" / "llmlab") / name
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write to a temp file in the same folder, fsync, then rename: readers see the old file or the new, never half."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file normal permissions
@@ -33,6 +34,10 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:

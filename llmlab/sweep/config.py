@@ -50,7 +50,8 @@ class SweepConfig:
     output_dir: str = opt("runs/sweep", "sweep folder: design, trials/, results.csv, report.md, plots/")
     budget: Literal["smoke", "cpu", "full"] = opt("cpu", "smoke: seconds per trial (tests); cpu: doe20 in ~1 h "
                                                          "on 2 cores; full: ~10 MB text, seq 512, 3 epochs (GPU)")
-    workers: int = opt(1, "trials run at once, each in its own subprocess (one GPU each when GPUs exist)")
+    workers: int = opt(1, "trials run at once, each in its own subprocess (one GPU each when GPUs exist); "
+                          "--launcher ray: the cluster's CPUs / --cpus_per_trial instead")
     model: str = opt("minimal", "minimal (the lab's minimal Transformer) or a GPT-2 preset: gpt2-tiny, gpt2, ...")
     position_encoding: Literal["sinusoidal", "learned", "rope"] = opt("rope", "minimal model's positions (YAML grids "
                                                                       "may vary it per trial); sinusoidal is the "
@@ -99,9 +100,17 @@ class SweepConfig:
                                           "every effect is judged against; default 6 for doe20, 2 seeds at every lr of a "
                                           "multi-size lr_bs scan, else 1; a YAML grid may set `replicates:`")
     replicate_all: bool = opt(False, "replicate every design point, not only the reference")
-    launcher: Literal["auto", "forkserver", "spawn"] = opt("auto", "forkserver: fork trials from a server that "
-                                                             "imported torch once (fast; CPU default); spawn: a fresh "
-                                                             "`python -m llmlab.sweep.trial` per trial (CUDA default)")
+    launcher: Literal["auto", "forkserver", "spawn", "ray"] = opt("auto", "forkserver: fork trials from a server "
+                                                                    "that imported torch once (fast; CPU default); "
+                                                                    "spawn: a fresh `python -m llmlab.sweep.trial` per "
+                                                                    "trial (CUDA default); ray: each trial a task on "
+                                                                    "a Ray cluster's nodes (--ray_address)")
+    ray_address: str = opt("auto", "--launcher ray: the cluster to join, auto (the one `ray start` runs on this "
+                                   "machine) or HEAD_IP:PORT")
+    cpus_per_trial: float = opt(1.0, "--launcher ray: CPUs each trial reserves (and its torch threads)")
+    gpus_per_trial: float = opt(0.0, "--launcher ray: GPUs each trial reserves (fractions share a GPU)")
+    node_retries: int = opt(2, "--launcher ray: times a trial whose node or Ray worker died is started again on "
+                               "another node")
     threads_per_worker: int = opt(0, "CPU threads per trial; 0 = cores / workers (on a busy machine 1 is often faster)")
     trial_timeout: Optional[int] = opt(None, "seconds before a trial is killed (default: the budget's)")
     rerun_crashed: bool = opt(True, "on resume, rerun trials recorded as crashed or timed out")
@@ -135,6 +144,9 @@ class SweepConfig:
             raise UserError("--fail_margin must be > 0 and --fail_loss a finite number")
         if self.workers < 1:
             raise UserError(f"--workers must be >= 1, got {self.workers}")
+        if not (self.cpus_per_trial > 0 and self.gpus_per_trial >= 0 and self.node_retries >= 0):
+            raise UserError(f"--cpus_per_trial must be > 0, --gpus_per_trial and --node_retries >= 0; got "
+                            f"{self.cpus_per_trial}, {self.gpus_per_trial}, {self.node_retries}")
         for name in ("steps", "batch_size", "block_size", "micro_batch_size", "trial_timeout", "max_documents"):
             value = getattr(self, name)
             if value is not None and value < 1:

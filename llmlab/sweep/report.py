@@ -39,7 +39,8 @@ def flat_row(result: dict) -> dict[str, Any]:
     row: dict[str, Any] = {"trial_id": result["trial_id"], "status": result.get("status"),
                            "seed": result.get("seed"), "replicate": result.get("replicate", 0),
                            "boundary": result.get("boundary", False), "attempts": result.get("attempts"),
-                           "model": result.get("model"), "steps": result.get("steps"), **hp}
+                           "model": result.get("model"), "steps": result.get("steps"), "node": result.get("node"),
+                           **hp}
     row["fallback"] = result.get("fallback")
     row.update({k: result.get(k) for k in SCALAR_KEYS})
     for segment, loss in (result.get("val_loss_by_position") or {}).items():

@@ -1,30 +1,22 @@
 """The sweep parent: prepare data once, write the design, run each trial in its own process, resume, report.
 
-Launchers: `forkserver` (default on CPU) forks each trial from a server that imported torch/transformers once,
-so a trial starts in a fraction of a second yet still gets its own process and CUDA context; `spawn`
-runs `python -m llmlab.sweep.trial spec.json` from scratch (the default with CUDA, where a process forked
-from a server that may have touched the CUDA driver is not safe). bench/sweep_overhead.py compares them.
+The trials reach their processes through a launcher (llmlab.sweep.launchers): this machine's fork server or fresh
+interpreters, or the nodes of a Ray cluster. Resume, results.csv and the report never depend on which.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
-import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, replace
-from multiprocessing import forkserver
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
 from llmlab.core.device import resolve_device, resolve_precision
@@ -40,15 +32,12 @@ from llmlab.sweep import report
 from llmlab.sweep.config import FULL_NOMINAL_STEPS, SweepConfig
 from llmlab.sweep.design import base_design, build_design, design_table, parse_size
 from llmlab.sweep.factors import resolve
+from llmlab.sweep.launchers.local import TrialLauncher, forkserver_context
 from llmlab.sweep.scan import design_for, load_plan, run_scan
 from llmlab.sweep.spec import Hparams, TrialSpec
-from llmlab.sweep.trial import child_main
 from llmlab.train.config import parse_clip
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 FINISHED = ("ok", "failed", "oom")
-LOG_TAIL_LINES = 30
-_FORKSERVER = None
 
 
 # ---------------------------------------------------------------- data
@@ -115,14 +104,14 @@ def _cached_data(info_path: Path, key: dict) -> Optional[dict]:
 # ---------------------------------------------------------------- specs
 def trial_specs(cfg: SweepConfig, design: list[dict], data_info: dict, out_dir: Path) -> list[TrialSpec]:
     budget = cfg.budget_spec
-    device = resolve_device(cfg.device)
+    device, precision = trial_device(cfg)
     shared = dict(data_dir=str(out_dir / "data"), model=cfg.model, embedding=cfg.embedding,
                   gradient_checkpointing=cfg.gradient_checkpointing, block_size=data_info["block_size"],
                   eval_batch_size=budget.batch_size, eval_batches=budget.eval_batches, log_every=budget.log_every,
                   fail_loss=cfg.fail_loss, fail_margin=cfg.fail_margin, fail_grad_norm=cfg.fail_grad_norm,
                   flat_tolerance=cfg.flat_tolerance, flat_window=cfg.flat_window, precheck_steps=cfg.precheck_steps,
                   retry=cfg.retry, timeout_s=cfg.trial_timeout or budget.trial_timeout, device=device,
-                  precision=resolve_precision(cfg.precision, device),
+                  precision=precision,
                   compile=cfg.budget != "smoke" if cfg.compile is None else cfg.compile,
                   parametrization=cfg.parametrization, mup_base_width=cfg.mup_base_width)
     steps = trial_steps(cfg, data_info)
@@ -139,6 +128,20 @@ def trial_specs(cfg: SweepConfig, design: list[dict], data_info: dict, out_dir: 
         check_runnable(spec)
         specs.append(spec)
     return specs
+
+
+def trial_device(cfg: SweepConfig) -> tuple[str, str]:
+    """Device and precision of every trial. Ray trials run on other machines: GPUs are what --gpus_per_trial
+    reserves, and the driver, which may have none, cannot pick their precision."""
+    if cfg.launcher != "ray":
+        device = resolve_device(cfg.device)
+        return device, resolve_precision(cfg.precision, device)
+    if cfg.gpus_per_trial > 0:
+        if cfg.precision == "auto":
+            raise UserError("--launcher ray with --gpus_per_trial: pass --precision bf16, fp16 or fp32 (the driver "
+                            "cannot see the nodes' GPUs to choose)")
+        return "cuda", cfg.precision
+    return "cpu", resolve_precision(cfg.precision, "cpu")  # auto: what this (the driver's) CPU does fast
 
 
 def check_runnable(spec: TrialSpec) -> None:
@@ -176,126 +179,14 @@ def settings_fingerprint(cfg: SweepConfig) -> str:
     """What must match for a rerun to resume rather than mix two different sweeps in one folder. Replication is
     left out: adding replicates to a finished sweep runs only the new ones."""
     ignore = {"output_dir", "workers", "trial_timeout", "device", "rerun_crashed", "report_only", "data_cache_dir",
-              "threads_per_worker", "launcher", "target_loss", "replicates", "replicate_all"}
+              "threads_per_worker", "launcher", "target_loss", "replicates", "replicate_all", "ray_address",
+              "cpus_per_trial", "gpus_per_trial", "node_retries"}
     defaults = asdict(SweepConfig())
     # Options at their default are left out, so a new option added to llmlab never orphans an existing sweep.
     settings = {k: v for k, v in asdict(cfg).items() if k not in ignore and v != defaults.get(k)}
     design = None if is_size_scan(cfg) else base_design(cfg.grid, lrs=cfg.lrs, batch_sizes=cfg.batch_sizes,
                                                          model=cfg.model, seed=cfg.seed, sizes=cfg.sizes)[0]
     return hashlib.sha256(json.dumps([settings, design], sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-# ---------------------------------------------------------------- launching
-def _forkserver_context():
-    """Start the fork server now: it imports torch/transformers while the parent prepares the data."""
-    global _FORKSERVER
-    if _FORKSERVER is None:
-        _FORKSERVER = multiprocessing.get_context("forkserver")
-        _FORKSERVER.set_forkserver_preload(["llmlab.sweep.trial"])
-        forkserver.ensure_running()
-    return _FORKSERVER
-
-
-def worker_env(slot: int, workers: int, device: str) -> dict[str, str]:
-    env = {"TOKENIZERS_PARALLELISM": "false"}
-    if device == "cuda":
-        env["CUDA_VISIBLE_DEVICES"] = str(slot % max(1, torch.cuda.device_count()))
-    return env
-
-
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    if not path.is_file():
-        return ""
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
-class TrialLauncher:
-    """Starts trials in their own processes, enforces the timeout, and records crashes."""
-
-    def __init__(self, launcher: str = "forkserver", workers: int = 1, threads: int = 0):
-        self.launcher, self.workers = launcher, workers
-        self.threads = threads or max(1, (os.cpu_count() or 1) // workers)  # CPU threads per trial
-        self.active: dict[str, Any] = {}
-        self.lock = threading.Lock()
-        self.stopping = False
-
-    def run(self, spec: TrialSpec, slot: int) -> dict:
-        trial_dir = Path(spec.trial_dir)
-        shutil.rmtree(trial_dir, ignore_errors=True)  # a rerun must not mix curves with a killed attempt
-        trial_dir.mkdir(parents=True)
-        # the trial watches its driver: a trial forked from the fork server outlives a killed driver otherwise
-        spec = replace(spec, threads=self.threads, driver=[os.getpid(), process_start_time(os.getpid())])
-        spec_path = trial_dir / "spec.json"
-        atomic_write_json(spec_path, spec.to_json())
-        log_path = trial_dir / "log.txt"
-        env = worker_env(slot, self.workers, spec.device)
-        started = time.time()
-        if self.launcher == "spawn":
-            full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
-            with open(log_path, "ab") as log:
-                proc = subprocess.Popen([sys.executable, "-m", "llmlab.sweep.trial", str(spec_path)], stdout=log,
-                                        stderr=subprocess.STDOUT, env=full_env, cwd=REPO_ROOT, start_new_session=True)
-            pid = proc.pid
-        else:
-            proc = _forkserver_context().Process(target=_child, args=(str(spec_path), str(log_path), env),
-                                                 name=f"trial-{spec.trial_id}")
-            proc.start()
-            pid = proc.pid
-        atomic_write_text(trial_dir / "pid_start", f"{process_start_time(pid)}\n")  # with the pid, an identity
-        atomic_write_text(trial_dir / "pid", f"{pid}\n")
-        with self.lock:
-            self.active[spec.trial_id] = proc
-        code, timed_out = self._wait(proc, spec.timeout_s)
-        with self.lock:
-            self.active.pop(spec.trial_id, None)
-        (trial_dir / "pid").unlink(missing_ok=True)
-        (trial_dir / "pid_start").unlink(missing_ok=True)
-        result_path = trial_dir / "result.json"
-        if result_path.is_file():
-            return json.loads(result_path.read_text())
-        if timed_out:
-            status, reason = "timeout", f"killed after the {spec.timeout_s} s trial timeout"
-        elif self.stopping:
-            status, reason = "interrupted", "the sweep was interrupted; rerunning the command reruns this trial"
-        else:
-            status = "crashed"
-            reason = (f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0
-                      else f"exited with code {code} without a result")
-            if code == -signal.SIGKILL:
-                reason += " (SIGKILL: killed by a user or the out-of-memory killer)"
-        result = {"trial_id": spec.trial_id, "hparams": asdict(spec.hparams), "model": spec.model,
-                  "steps": spec.steps, "status": status, "failures": [reason],
-                  "boundary": False, "attempts": 1, "exit_code": code, "log_tail": log_tail(log_path),
-                  "wall_time_s": round(time.time() - started, 3)}
-        atomic_write_json(result_path, result)
-        return result
-
-    def _wait(self, proc, timeout: float) -> tuple[Optional[int], bool]:
-        if isinstance(proc, subprocess.Popen):
-            try:
-                return proc.wait(timeout=timeout), False
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                return proc.wait(), True
-        proc.join(timeout)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-            return proc.exitcode, True
-        return proc.exitcode, False
-
-    def kill_all(self) -> None:
-        with self.lock:
-            self.stopping = True
-            for proc in self.active.values():
-                try:
-                    os.kill(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-
-
-def _child(spec_path: str, log_path: str, env: dict) -> None:
-    child_main(spec_path, log_path, env)
 
 
 # ---------------------------------------------------------------- the sweep
@@ -381,9 +272,15 @@ def _run_trials(cfg: SweepConfig, design: list[dict], out_dir: Path, fingerprint
     if launcher == "auto":  # CUDA cannot be used in a child forked after CUDA init: spawn fresh processes there
         launcher = "spawn" if resolve_device(cfg.device) == "cuda" else "forkserver"
     if launcher == "forkserver":
-        _forkserver_context()
+        forkserver_context()  # it imports torch while the data is prepared
     data_info = prepare_data(cfg, out_dir)
-    launch = TrialLauncher(launcher, cfg.workers, cfg.threads_per_worker)
+    if launcher == "ray":
+        from llmlab.sweep.launchers.ray import RayLauncher  # only when asked for: Ray's import takes seconds
+
+        launch = RayLauncher(cfg.ray_address, out_dir / "data", cfg.cpus_per_trial, cfg.gpus_per_trial,
+                             cfg.node_retries)
+    else:
+        launch = TrialLauncher(launcher, cfg.workers, cfg.threads_per_worker)
 
     def run_design(design: list[dict], announce: bool = False) -> list[dict]:
         """Write the design, run its pending trials, return every finished result."""
@@ -407,7 +304,7 @@ def _run_trials(cfg: SweepConfig, design: list[dict], out_dir: Path, fingerprint
     return run_design(design, announce=True)
 
 
-def _launch_all(launch: TrialLauncher, pending: list[dict], total: int, done: int) -> None:
+def _launch_all(launch, pending: list[dict], total: int, done: int) -> None:
     slots = list(range(launch.workers))
     slot_lock = threading.Lock()
     bar = tqdm(total=total, initial=done, desc="trials", unit="trial")

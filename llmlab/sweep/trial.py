@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import math
 import os
+import socket
 import sys
 import time
 import traceback
@@ -520,7 +521,8 @@ def run_trial(spec_path: str | Path) -> dict:
     data = load_data(Path(spec.data_dir))
     data_loaded = time.time() - started
     hp = spec.hparams
-    result: dict[str, Any] = {"trial_id": spec.trial_id, "hparams": asdict(spec.hparams), "model": spec.model,
+    result: dict[str, Any] = {"trial_id": spec.trial_id, "node": socket.gethostname(), "hparams": asdict(spec.hparams),
+                              "model": spec.model,
                               "steps": spec.steps, "seed": spec.seed, "replicate": spec.replicate,
                               "attempts": 0, "boundary": False, "failures": [], "fallback": None}
     print(f"[{spec.trial_id}] {spec.steps} steps, model {spec.model}, seed {spec.seed}, {hp}", flush=True)

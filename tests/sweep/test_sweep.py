@@ -1,5 +1,4 @@
 """sweep.py end to end on real processes: smoke doe20, a SIGKILLed worker, resume, fail-safes, bad grids."""
-import csv
 import json
 import os
 import re
@@ -17,22 +16,7 @@ from llmlab.sweep.config import BUDGETS
 from llmlab.sweep.design import (CONTROL, FACTORS, balance_design, doe20_design, grid_from_yaml, latin_hypercube_levels,
                                  level_counts, lr_bs_design)
 from tests.conftest import REPO, run_script
-
-
-@pytest.fixture(scope="module")
-def data_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("sweep_data_cache")
-
-
-def sweep_args(out, cache, *extra):
-    # one CPU thread per trial: on a shared 2-core box, 2 threads per tiny trial measured ~8x slower
-    return ["sweep.py", "--budget", "smoke", "--output_dir", str(out), "--data_cache_dir", str(cache),
-            "--threads_per_worker", "1", *extra]
-
-
-def read_csv(path):
-    with open(path) as f:
-        return list(csv.DictReader(f))
+from tests.sweep.conftest import read_csv, sweep_args
 
 
 def write_grid(path: Path, text: str) -> str:
@@ -106,14 +90,6 @@ def test_bad_grid_on_the_command_line(tmp_path):
 
 
 # ------------------------------------------------------------------ end to end (real processes)
-@pytest.fixture(scope="module")
-def smoke_doe20(tmp_path_factory, data_cache):
-    out = tmp_path_factory.mktemp("doe20")
-    proc = run_script(sweep_args(out, data_cache, "--grid", "doe20", "--workers", "2"), timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out, proc
-
-
 @pytest.mark.slow
 def test_smoke_doe20_end_to_end(smoke_doe20):
     out, proc = smoke_doe20

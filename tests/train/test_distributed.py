@@ -71,13 +71,22 @@ def test_two_cpu_processes_equal_one_process_with_accumulation(single, name):
         assert got[key] == pytest.approx(value, abs=1e-5), key
 
 
+MACHINE_LAUNCHES = {  # what each machine runs, with --machine_rank R
+    "ddp": (["--multi_gpu"], "MULTI_CPU"),
+    "zero2": (["--config_file", str(REPO / "accelerate_configs" / "multi_gpu_zero2.yaml")], "DEEPSPEED"),
+}
+
+
 @pytest.mark.slow
-def test_two_machines_equal_one_process_with_accumulation(single, tmp_path):
+@pytest.mark.parametrize("kind", MACHINE_LAUNCHES)
+def test_two_machines_equal_one_process_with_accumulation(single, kind, tmp_path):
     """Two "machines" on this host (machine rank 0 and 1, one process each, gloo over 127.0.0.1), each with its own
-    output and cache folder as on separate disks: one model, the same per-step losses as one process."""
+    output and cache folder as on separate disks: one model, the same per-step losses as one process. Plain DDP
+    and DeepSpeed ZeRO-2 (the shipped multi-machine config, on DeepSpeed's CPU backend)."""
     root, expected = single
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2",
+    flags, distributed = MACHINE_LAUNCHES[kind]
+    procs = [subprocess.Popen([sys.executable, "-m", "accelerate.commands.launch", *flags, "--num_machines", "2",
                                "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port",
                                port, "--num_processes", "2", "train_pretrain.py", *TINY, "--mixed_precision", "no",
                                "--cache_dir", str(tmp_path / f"cache{rank}"), "--output_dir",
@@ -86,12 +95,21 @@ def test_two_machines_equal_one_process_with_accumulation(single, tmp_path):
     outputs = [proc.communicate(timeout=600) for proc in procs]
     for proc, (stdout, stderr) in zip(procs, outputs):
         assert proc.returncode == 0, stderr[-3000:]
-        assert "2/device x 1 accumulation x 2 processes" in stdout and "MULTI_CPU" in stdout
+        assert "2/device x 1 accumulation x 2 processes" in stdout and distributed in stdout
     got = curves(tmp_path / "machine0")
     assert set(got) == set(expected)
     for key, value in expected.items():
         assert got[key] == pytest.approx(value, abs=1e-5), key
     assert not (tmp_path / "machine1" / "final").exists()  # the main process alone publishes the model
+
+
+@pytest.mark.slow
+def test_the_cpu_launcher_asked_for_two_processes_is_refused_before_any_work(tmp_path):
+    """`accelerate launch --cpu --num_processes 2` starts one process and leaves the ranks to mpirun."""
+    proc = launch([sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2"],
+                  tmp_path / "out", tmp_path / "cache")
+    assert proc.returncode != 0 and "launch with --multi_gpu instead of --cpu" in proc.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()  # refused before any work
 
 
 def test_several_processes_without_a_backend_are_refused(monkeypatch):

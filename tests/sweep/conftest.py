@@ -1,0 +1,31 @@
+"""What the sweep tests share: the smoke data cache, sweep.py's arguments, and one smoke doe20 run by the local
+launcher (test_sweep checks it end to end; test_ray compares the Ray launcher's losses with it)."""
+import csv
+
+import pytest
+
+from tests.conftest import run_script
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("sweep_data_cache")
+
+
+def sweep_args(out, cache, *extra):
+    # one CPU thread per trial: on a shared 2-core box, 2 threads per tiny trial measured ~8x slower
+    return ["sweep.py", "--budget", "smoke", "--output_dir", str(out), "--data_cache_dir", str(cache),
+            "--threads_per_worker", "1", *extra]
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="session")
+def smoke_doe20(tmp_path_factory, data_cache):
+    out = tmp_path_factory.mktemp("doe20")
+    proc = run_script(sweep_args(out, data_cache, "--grid", "doe20", "--workers", "2"), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
