@@ -237,6 +237,10 @@ def scan_design(cfg: SweepConfig, out_dir: Path) -> list[dict]:
 def run_sweep(cfg: SweepConfig) -> list[dict]:
     out_dir = check_output_dir(cfg.output_dir)
     design = [] if is_size_scan(cfg) else build_design(cfg)
+    if cfg.launcher == "ray" and not cfg.report_only:
+        from llmlab.sweep.launchers.ray import connect  # only when asked for: Ray's import takes seconds
+
+        connect(cfg.ray_address)  # no cluster: one line, before anything is written
     # one driver per folder (a second would run every trial twice), and never in another kind of run's folder
     _, note = claim_run_folder(out_dir, (), resume=True, overwrite=False, what="sweep")
     try:

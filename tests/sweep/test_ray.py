@@ -76,6 +76,7 @@ def test_no_cluster_is_a_one_line_error_naming_the_address(tmp_path, data_cache)
                                  "--ray_address", "127.0.0.1:1"), timeout=300)
     assert proc.returncode == 2 and "127.0.0.1:1" in proc.stderr and "ray start --head" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "x").exists()  # refused before anything was written
 
 
 SMALL_GRID = ["--grid", "lr_bs", "--lrs", "1e-3", "3e-3", "--batch_sizes", "2", "4"]  # 4 smoke trials

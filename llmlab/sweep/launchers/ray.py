@@ -51,7 +51,9 @@ def reachable(address: str, timeout: float = 5.0) -> Optional[str]:
 
 
 def connect(address: str) -> dict:
-    """Join the cluster; the cluster's CPUs and GPUs. A missing cluster is a one-line error naming the address."""
+    """Join the cluster (once per process); its CPUs and GPUs. No cluster: one line naming the address."""
+    if ray.is_initialized():
+        return ray.cluster_resources()
     problem = None if address == "auto" else reachable(address)
     if problem:
         raise UserError(f"{problem}; {START_A_CLUSTER}")
@@ -59,7 +61,7 @@ def connect(address: str) -> dict:
         ray.init(address=address, runtime_env={"py_modules": [str(Path(llmlab.__file__).parent)]},
                  log_to_driver=False, logging_level="ERROR", configure_logging=False)
     except ConnectionError as err:
-        raise UserError(f"no Ray cluster at --ray_address {address} ({str(err).splitlines()[0][:120]}); "
+        raise UserError(f"no Ray cluster at --ray_address {address} ({str(err).split('. ')[0][:120]}); "
                         f"{START_A_CLUSTER}") from None
     return ray.cluster_resources()
 
