@@ -54,11 +54,13 @@ def run_script(args: list[str], cwd: Path | None = None, timeout: float = 600, e
 
 
 def kill_when_ready(args: list[str], ready: Path, timeout: float = 300) -> None:
-    """Start a repo script and SIGKILL it, with every process it started (a launcher's workers), as soon as `ready`
-    exists: a real crash, in the middle of the run."""
-    import signal
+    """Start a repo script and SIGKILL it, with every process it started, as soon as `ready` exists: a real crash,
+    in the middle of the run. A launcher's workers may sit in sessions of their own (torchrun starts them so), so
+    the whole process tree is killed, and waited for: a worker still dying holds the run folder's lock."""
     import subprocess
     import time
+
+    import psutil
 
     proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -66,30 +68,24 @@ def kill_when_ready(args: list[str], ready: Path, timeout: float = 300) -> None:
     while not ready.exists():
         assert proc.poll() is None and time.time() < deadline, f"the run ended before {ready.name} appeared"
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
+    root = psutil.Process(proc.pid)
+    tree = [root, *root.children(recursive=True)]
+    for member in tree:
+        try:
+            member.kill()
+        except psutil.NoSuchProcess:
+            pass
     proc.wait()
-    wait_until_group_is_gone(proc.pid)
 
+    def running(member) -> bool:  # a zombie holds no files
+        try:
+            return member.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
 
-def wait_until_group_is_gone(group: int, timeout: float = 60) -> None:
-    """A SIGKILLed launcher is reaped at once, but its workers die when the kernel next schedules them and only then
-    release their locks: a resume started before that is refused as a concurrent run."""
-    import time
-
-    def alive() -> list[int]:
-        pids = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == group and fields[0] != "Z":  # a zombie holds no files
-                pids.append(int(stat.parent.name))
-        return pids
-
-    deadline = time.time() + timeout
-    while alive():
-        assert time.time() < deadline, f"processes {alive()} outlived SIGKILL by {timeout} s"
+    deadline = time.time() + 60
+    while any(running(member) for member in tree):
+        assert time.time() < deadline, f"processes {[m.pid for m in tree if running(m)]} outlived SIGKILL by 60 s"
         time.sleep(0.05)
 
 

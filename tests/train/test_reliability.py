@@ -31,8 +31,11 @@ def pretrain(out: Path, cache: str, *extra: str, steps: int = 8) -> list[str]:
 
 
 def start(args: list[str]) -> subprocess.Popen:
+    # a run started from a shell without job control (`cmd &` in a script) inherits SIGINT ignored, and Python
+    # then never raises KeyboardInterrupt: start each run as a terminal would, with Ctrl-C at its default
     return subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_for(path: Path, proc: subprocess.Popen | None = None, timeout: float = 300) -> None:
