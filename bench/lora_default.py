@@ -19,27 +19,22 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
+# The adapters compared: the old default (r 8 on GPT-2's attention input projection) and every linear layer.
+C_ATTN_R8 = ["--lora_r", "8", "--lora_alpha", "16", "--target_modules", "c_attn"]
+ALL_BLOCKS_R16 = ["--lora_r", "16", "--lora_alpha", "32", "--target_modules", "c_attn", "c_proj", "c_fc"]
+
+
+def recipe(lr: str, steps: str, warmup: str, adapter: list[str]) -> list[str]:
+    return ["--learning_rate", lr, "--max_steps", steps, "--max_length", "128", "--warmup_steps", warmup, *adapter]
+
+
 CANDIDATES = {
-    "r 8 c_attn, lr 3e-4 (the old lr), 150 steps, length 128": ["--learning_rate", "3e-4", "--max_steps", "150",
-                                                                "--max_length", "128", "--warmup_steps", "15"],
-    "r 8 c_attn, lr 1e-3, 150 steps, length 128": ["--learning_rate", "1e-3", "--max_steps", "150", "--max_length",
-                                                   "128", "--warmup_steps", "15"],
-    "r 16 all blocks, lr 1e-3, 150 steps, length 128": ["--learning_rate", "1e-3", "--max_steps", "150", "--max_length",
-                                                        "128", "--warmup_steps", "15", "--lora_r", "16",
-                                                        "--lora_alpha", "32", "--target_modules", "c_attn", "c_proj",
-                                                        "c_fc"],
-    "r 16 all blocks, lr 3e-3, 150 steps, length 128": ["--learning_rate", "3e-3", "--max_steps", "150", "--max_length",
-                                                        "128", "--warmup_steps", "15", "--lora_r", "16",
-                                                        "--lora_alpha", "32", "--target_modules", "c_attn", "c_proj",
-                                                        "c_fc"],
-    "r 16 all blocks, lr 1e-3, 500 steps, length 128": ["--learning_rate", "1e-3", "--max_steps", "500", "--max_length",
-                                                        "128", "--warmup_steps", "25", "--lora_r", "16",
-                                                        "--lora_alpha", "32", "--target_modules", "c_attn", "c_proj",
-                                                        "c_fc"],
-    "r 16 all blocks, lr 3e-3, 500 steps, length 128": ["--learning_rate", "3e-3", "--max_steps", "500", "--max_length",
-                                                        "128", "--warmup_steps", "25", "--lora_r", "16",
-                                                        "--lora_alpha", "32", "--target_modules", "c_attn", "c_proj",
-                                                        "c_fc"],
+    "r 8 c_attn, lr 3e-4 (the old lr), 150 steps, length 128": recipe("3e-4", "150", "15", C_ATTN_R8),
+    "r 8 c_attn, lr 1e-3, 150 steps, length 128": recipe("1e-3", "150", "15", C_ATTN_R8),
+    "r 16 all blocks, lr 1e-3, 150 steps, length 128": recipe("1e-3", "150", "15", ALL_BLOCKS_R16),
+    "r 16 all blocks, lr 3e-3, 150 steps, length 128": recipe("3e-3", "150", "15", ALL_BLOCKS_R16),
+    "r 16 all blocks, lr 1e-3, 500 steps, length 128": recipe("1e-3", "500", "25", ALL_BLOCKS_R16),
+    "r 16 all blocks, lr 3e-3, 500 steps, length 128": recipe("3e-3", "500", "25", ALL_BLOCKS_R16),
 }
 COMMON = ["--eval_every", "25", "--patience", "4", "--eval_examples", "32", "--max_new_tokens", "32",
           "--batch_size", "8", "--gradient_accumulation_steps", "2", "--sample_every", "1000", "--save_every", "0"]

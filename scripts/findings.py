@@ -242,7 +242,7 @@ def lora_default_summary() -> str:
     shown = [e for e in report["examples"] if e["after"].strip()][:2] or report["examples"][:2]
     answers = [f"- {e['instruction']} Reference: {quoted(e['reference'])}; before: {quoted(e['before'])}; after: "
                f"{quoted(e['after'])}" for e in shown]
-    return "\n".join([f"Defaults = {name}: {result['seconds'] / 60:.1f} min wall on 2 cores, {report['steps']} steps.",
+    return "\n".join([f"Defaults = {name}: {result['seconds'] / 60:.1f} min wall on 2 cores, both evaluations included.",
                       "", *lines, "", *answers])
 
 

@@ -3,16 +3,29 @@ a Ray cluster). Every launcher runs the same `llmlab.sweep.trial` on a TrialSpec
 (spec.json, log.txt, tensorboard/, result.json) in the sweep; what they share is here, light (no torch, no ray)."""
 from __future__ import annotations
 
+import shutil
 import signal
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
+from llmlab.core.io import atomic_write_json
 from llmlab.sweep.spec import TrialSpec
 
 SPLITS = ("train", "validation")  # the token arrays (data/<split>.npy) every trial memory-maps
 LOG_TAIL_LINES = 30
+
+
+def fresh_trial_dir(spec: TrialSpec, **launch: Any) -> tuple[TrialSpec, Path]:
+    """Empty the trial's folder (a rerun must not mix curves with a killed attempt) and write its spec.json with
+    what the launcher adds (threads, the driver to die with)."""
+    trial_dir = Path(spec.trial_dir)
+    shutil.rmtree(trial_dir, ignore_errors=True)
+    trial_dir.mkdir(parents=True)
+    spec = replace(spec, **launch)
+    atomic_write_json(trial_dir / "spec.json", spec.to_json())
+    return spec, trial_dir
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

@@ -8,13 +8,11 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
 from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any, Optional
@@ -23,7 +21,7 @@ import torch
 
 from llmlab.core.io import atomic_write_json, atomic_write_text
 from llmlab.core.runfolder import process_start_time
-from llmlab.sweep.launchers import exit_result, log_tail
+from llmlab.sweep.launchers import exit_result, fresh_trial_dir, log_tail
 from llmlab.sweep.spec import TrialSpec
 from llmlab.sweep.trial import child_main
 
@@ -59,13 +57,10 @@ class TrialLauncher:
         self.stopping = False
 
     def run(self, spec: TrialSpec, slot: int) -> dict:
-        trial_dir = Path(spec.trial_dir)
-        shutil.rmtree(trial_dir, ignore_errors=True)  # a rerun must not mix curves with a killed attempt
-        trial_dir.mkdir(parents=True)
         # the trial watches its driver: a trial forked from the fork server outlives a killed driver otherwise
-        spec = replace(spec, threads=self.threads, driver=[os.getpid(), process_start_time(os.getpid())])
+        spec, trial_dir = fresh_trial_dir(spec, threads=self.threads,
+                                          driver=[os.getpid(), process_start_time(os.getpid())])
         spec_path = trial_dir / "spec.json"
-        atomic_write_json(spec_path, spec.to_json())
         log_path = trial_dir / "log.txt"
         env = worker_env(slot, spec.device)
         started = time.time()

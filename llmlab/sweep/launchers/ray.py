@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -20,7 +19,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -31,7 +29,7 @@ from filelock import FileLock
 import llmlab
 from llmlab.core.errors import UserError
 from llmlab.core.io import atomic_write_bytes, atomic_write_json, llmlab_cache
-from llmlab.sweep.launchers import SPLITS, exit_result, log_tail
+from llmlab.sweep.launchers import SPLITS, exit_result, fresh_trial_dir, log_tail
 from llmlab.sweep.spec import TrialSpec
 
 START_A_CLUSTER = ("start one with `ray start --head` on this machine (and `ray start --address HEAD_IP:6379` on "
@@ -139,11 +137,7 @@ class RayLauncher:
         self.stopping = False
 
     def run(self, spec: TrialSpec, slot: int) -> dict:
-        trial_dir = Path(spec.trial_dir)
-        shutil.rmtree(trial_dir, ignore_errors=True)  # a rerun must not mix curves with a killed attempt
-        trial_dir.mkdir(parents=True)
-        spec = replace(spec, threads=self.threads)
-        atomic_write_json(trial_dir / "spec.json", spec.to_json())
+        spec, trial_dir = fresh_trial_dir(spec, threads=self.threads)
         started = time.time()
         ref = self.task.remote(spec.to_json(), self.key, [self.data_ref])
         with self.lock:
