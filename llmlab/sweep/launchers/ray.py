@@ -145,9 +145,12 @@ class RayLauncher:
         try:
             outcome = ray.get(ref)
         except ray.exceptions.RayError as err:
-            lost = (f"its Ray worker or node was lost {self.node_retries + 1} time(s) ({type(err).__name__}); "
-                    "see `ray status`")
-            result = exit_result(spec, None, False, self.stopping, started, "", lost)
+            if isinstance(err, ray.exceptions.RayTaskError):  # the task itself raised on its node (a full disk...)
+                reason = f"the Ray task failed on its node: {str(err.cause).splitlines()[0][:200]}"
+            else:  # a system failure Ray already retried --node_retries times
+                reason = (f"its Ray worker or node was lost {self.node_retries + 1} time(s) ({type(err).__name__}); "
+                          "see `ray status`")
+            result = exit_result(spec, None, False, self.stopping, started, "", reason)
             atomic_write_json(trial_dir / "result.json", result)
             return result
         finally:
