@@ -18,6 +18,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+
+from findings import lora_default_table  # noqa: E402
 
 # The adapters compared: the old default (r 8 on GPT-2's attention input projection) and every linear layer.
 C_ATTN_R8 = ["--lora_r", "8", "--lora_alpha", "16", "--target_modules", "c_attn"]
@@ -63,22 +66,7 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps(results, indent=1))
         print(f"{name}: {results[name]['seconds']:.0f} s", flush=True)
-    print(table(results))
-
-
-def table(results: dict) -> str:
-    lines = ["| candidate | wall time | steps | test perplexity before -> after (change, 95 % CI) | "
-             "test ROUGE-L before -> after (change, 95 % CI) |", "|---|---|---|---|---|"]
-    for name, result in results.items():
-        report = result["report"]
-        before, after, change = report["before"]["test"], report["after"]["test"], report["change"]["test"]
-        ppl, rouge = change["perplexity"], change.get("rougeL")
-        rouge_text = (f"{before['rougeL']:.3f} -> {after['rougeL']:.3f} ({rouge['change']:+.3f} "
-                      f"[{rouge['ci'][0]:+.3f}, {rouge['ci'][1]:+.3f}])" if rouge else "-")
-        lines.append(f"| {name} | {result['seconds'] / 60:.1f} min | {report['steps']} (best {report['best_step']}) | "
-                     f"{before['perplexity']:.0f} -> {after['perplexity']:.0f} ({ppl['change']:+.0f} "
-                     f"[{ppl['ci'][0]:+.0f}, {ppl['ci'][1]:+.0f}]) | {rouge_text} |")
-    return "\n".join(lines)
+    print(lora_default_table(results))  # the same table docs/findings shows
 
 
 if __name__ == "__main__":

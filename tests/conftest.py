@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -42,6 +43,13 @@ def tiny_gpt2_dir(tmp_path_factory, gpt2_tokenizer) -> Path:
     GPT2LMHeadModel(config).save_pretrained(path)
     gpt2_tokenizer.save_pretrained(path)
     return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (for a launch's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_script(args: list[str], cwd: Path | None = None, timeout: float = 600, env: dict | None = None):

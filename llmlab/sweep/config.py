@@ -147,6 +147,9 @@ class SweepConfig:
         if not (self.cpus_per_trial > 0 and self.gpus_per_trial >= 0 and self.node_retries >= 0):
             raise UserError(f"--cpus_per_trial must be > 0, --gpus_per_trial and --node_retries >= 0; got "
                             f"{self.cpus_per_trial}, {self.gpus_per_trial}, {self.node_retries}")
+        if self.launcher == "ray" and self.gpus_per_trial > 0 and self.precision == "auto":
+            raise UserError("--launcher ray with --gpus_per_trial: pass --precision bf16, fp16 or fp32 (the driver "
+                            "cannot see the nodes' GPUs to choose)")
         for name in ("steps", "batch_size", "block_size", "micro_batch_size", "trial_timeout", "max_documents"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -20,7 +20,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from llmlab.core.device import resolve_device, resolve_precision
-from llmlab.core.errors import Interrupted, UserError, writing
+from llmlab.core.errors import Interrupted, UserError
 from llmlab.core.io import atomic_write_json, atomic_write_text
 from llmlab.core.runfolder import check_output_dir, claim_run_folder, process_start_time, release_lock
 from llmlab.core.runinfo import write_run_info
@@ -32,6 +32,7 @@ from llmlab.sweep import report
 from llmlab.sweep.config import FULL_NOMINAL_STEPS, SweepConfig
 from llmlab.sweep.design import base_design, build_design, design_table, parse_size
 from llmlab.sweep.factors import resolve
+from llmlab.sweep.launchers import SPLITS, save_token_arrays
 from llmlab.sweep.launchers.local import TrialLauncher, forkserver_context
 from llmlab.sweep.scan import design_for, load_plan, run_scan
 from llmlab.sweep.spec import Hparams, TrialSpec
@@ -59,7 +60,7 @@ def prepare_data(cfg: SweepConfig, out_dir: Path) -> dict:
                           block_size=block, max_documents=key["max_documents"], **extra)
     prepared = prepare_dataset(data_cfg, load_tokenizer())
     arrays = {}
-    for split, dataset in (("train", prepared.train), ("validation", prepared.validation)):
+    for split, dataset in zip(SPLITS, (prepared.train, prepared.validation)):
         tokens = np.asarray(dataset.with_format("numpy")["input_ids"]).reshape(len(dataset), block)
         if split == "train" and budget.max_train_tokens:
             tokens = tokens[: max(1, budget.max_train_tokens // block)]
@@ -67,15 +68,7 @@ def prepare_data(cfg: SweepConfig, out_dir: Path) -> dict:
             raise UserError(f"the {split} split of {cfg.dataset} has no block of {block} tokens; use more "
                             "documents (--max_documents) or a smaller --block_size")
         arrays[split] = tokens.astype(np.uint16 if tokens.max() < 2**16 else np.int32)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    for split, tokens in arrays.items():
-        tmp = data_dir / f".{split}.{os.getpid()}.npy"
-        try:
-            with writing(f"the sweep's {split} tokens into {data_dir}", "free space or pick another --output_dir"):
-                np.save(tmp, tokens)
-            os.replace(tmp, data_dir / f"{split}.npy")
-        finally:
-            tmp.unlink(missing_ok=True)  # a failed write leaves no temp file behind
+    save_token_arrays(data_dir, arrays, "free space or pick another --output_dir")
     info = {"key": key, "cache_path": str(prepared.cache_path), "block_size": block,
             "train_rows": len(arrays["train"]), "validation_rows": len(arrays["validation"]),
             "train_tokens": int(arrays["train"].size)}
@@ -91,7 +84,7 @@ def _cached_data(info_path: Path, key: dict) -> Optional[dict]:
         info = json.loads(info_path.read_text())
         if info.get("key") != key:
             return None
-        rows = {split: len(np.load(info_path.parent / f"{split}.npy", mmap_mode="r")) for split in ("train", "validation")}
+        rows = {split: len(np.load(info_path.parent / f"{split}.npy", mmap_mode="r")) for split in SPLITS}
         whole = rows == {"train": info["train_rows"], "validation": info["validation_rows"]}
     except (OSError, ValueError, KeyError) as err:
         whole, rows = False, str(err).splitlines()[0][:120]
@@ -137,10 +130,7 @@ def trial_device(cfg: SweepConfig) -> tuple[str, str]:
         device = resolve_device(cfg.device)
         return device, resolve_precision(cfg.precision, device)
     if cfg.gpus_per_trial > 0:
-        if cfg.precision == "auto":
-            raise UserError("--launcher ray with --gpus_per_trial: pass --precision bf16, fp16 or fp32 (the driver "
-                            "cannot see the nodes' GPUs to choose)")
-        return "cuda", cfg.precision
+        return "cuda", cfg.precision  # named explicitly (SweepConfig refuses auto here)
     return "cpu", resolve_precision(cfg.precision, "cpu")  # auto: what this (the driver's) CPU does fast
 
 

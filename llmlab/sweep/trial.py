@@ -38,6 +38,7 @@ from llmlab.core.tracking import MetricsLogger, session_records
 from llmlab.models.gpt2 import build_gpt2_model
 from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig
 from llmlab.sweep import metrics as M
+from llmlab.sweep.launchers import SPLITS
 from llmlab.sweep.spec import Hparams, TrialSpec
 from llmlab.train.common import GradClipper, causal_lm_loss, perplexity
 from llmlab.train.optim import build_optimizer, build_schedule
@@ -492,7 +493,7 @@ def fallback(hp: Hparams, stop: TrialStop) -> tuple[Hparams, str] | None:
 
 
 def load_data(data_dir: Path) -> dict:
-    return {split: np.load(data_dir / f"{split}.npy", mmap_mode="r") for split in ("train", "validation")}
+    return {split: np.load(data_dir / f"{split}.npy", mmap_mode="r") for split in SPLITS}
 
 
 def watch_driver(driver) -> None:

@@ -3,7 +3,6 @@ kind's hyperparameters with metrics, read back through TensorBoard's own HTTP AP
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -11,17 +10,11 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import REPO, run_script
+from tests.conftest import REPO, free_port, run_script
 from tests.train.test_lora import TINY_RUN
 
 SMALL = ["--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--block_size", "32", "--batch_size", "2",
          "--effective_batch_size", "2", "--max_documents", "5", "--eval_batches", "2", "--sample_tokens", "0"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(url: str, payload: dict) -> dict:

@@ -113,3 +113,16 @@ def test_a_killed_driver_resumes_without_rerunning_and_the_timeout_holds_on_the_
     rows = read_csv(tmp_path / "timeout" / "results.csv")
     assert {r["status"] for r in rows} == {"timeout"} and all("1 s trial timeout" in r["failures"] for r in rows)
     assert all(r["node"] for r in rows)
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--cpus_per_trial", "0"], "--cpus_per_trial must be > 0"),
+    (["--gpus_per_trial", "-1"], "--gpus_per_trial and --node_retries >= 0"),
+    (["--node_retries", "-1"], "--gpus_per_trial and --node_retries >= 0"),
+    (["--gpus_per_trial", "1"], "pass --precision bf16, fp16 or fp32"),
+])
+def test_bad_ray_options_are_one_line_errors_before_anything_is_written(tmp_path, flags, needle):
+    proc = run_script(sweep_args(tmp_path / "x", tmp_path / "cache", "--grid", "doe20", "--launcher", "ray", *flags))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr
+    assert not (tmp_path / "x").exists()

@@ -3,14 +3,13 @@ one process with gradient accumulation, step by step, and validation on the same
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from llmlab.core.io import read_jsonl
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 
 TINY = ["--n_layer", "2", "--n_embd", "64", "--n_head", "2", "--block_size", "64", "--max_steps", "8",
         "--max_documents", "5", "--eval_every", "4", "--eval_batches", "4",
@@ -27,12 +26,6 @@ def curves(out) -> dict:
 
 
 LAUNCH_ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(prefix: list[str], out, cache, *extra: str) -> subprocess.CompletedProcess:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ import pytest
 import yaml
 
 from llmlab.core.io import read_jsonl
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 
 ACCELERATE_CONFIGS = sorted((REPO / "accelerate_configs").glob("*.yaml"))
 DS_CONFIGS = sorted((REPO / "ds_configs").glob("*.json"))
@@ -61,12 +60,6 @@ def test_all_four_setups_are_shipped():
     assert {"cpu", "one_gpu", "one_gpu_zero2_offload", "multi_gpu_zero2"} <= names
     multi = yaml.safe_load((REPO / "accelerate_configs" / "multi_gpu_zero2.yaml").read_text())
     assert {"num_machines", "machine_rank", "main_process_ip", "main_process_port"} <= set(multi)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch_args(out: Path, cache: Path, *extra: str) -> list[str]:

@@ -3,18 +3,56 @@ a Ray cluster). Every launcher runs the same `llmlab.sweep.trial` on a TrialSpec
 (spec.json, log.txt, tensorboard/, result.json) in the sweep; what they share is here, light (no torch, no ray)."""
 from __future__ import annotations
 
+import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
+
+from llmlab.core.errors import writing
 from llmlab.core.io import atomic_write_json
 from llmlab.sweep.spec import TrialSpec
 
 SPLITS = ("train", "validation")  # the token arrays (data/<split>.npy) every trial memory-maps
 LOG_TAIL_LINES = 30
+
+
+def save_token_arrays(folder: Path, arrays: dict, fix: str) -> None:
+    """Write data/<split>.npy whole or not at all: a temp file renamed into place, removed if the write fails (a full
+    disk is one line naming `fix`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split in SPLITS:
+        tmp = folder / f".{split}.{os.getpid()}.npy"
+        try:
+            with writing(f"the sweep's {split} tokens into {folder}", fix):
+                np.save(tmp, arrays[split])
+            os.replace(tmp, folder / f"{split}.npy")
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def start_trial_process(spec_path: Path, log_path: Path, code_root: str, env: dict) -> subprocess.Popen:
+    """`python -m llmlab.sweep.trial spec.json` with llmlab from `code_root`, in a session of its own (so a timeout
+    kills all of it), logging to `log_path`."""
+    full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join([code_root, os.environ.get("PYTHONPATH", "")])}
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "llmlab.sweep.trial", str(spec_path)], stdout=log,
+                                stderr=subprocess.STDOUT, env=full_env, cwd=code_root, start_new_session=True)
+
+
+def wait_for_trial(proc: subprocess.Popen, timeout: float) -> tuple[int, bool]:
+    """The trial's exit code, and whether it was killed at the timeout."""
+    try:
+        return proc.wait(timeout=timeout), False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait(), True
 
 
 def fresh_trial_dir(spec: TrialSpec, **launch: Any) -> tuple[TrialSpec, Path]:

@@ -10,7 +10,6 @@ import multiprocessing
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from multiprocessing import forkserver
@@ -21,7 +20,7 @@ import torch
 
 from llmlab.core.io import atomic_write_json, atomic_write_text
 from llmlab.core.runfolder import process_start_time
-from llmlab.sweep.launchers import exit_result, fresh_trial_dir, log_tail
+from llmlab.sweep.launchers import exit_result, fresh_trial_dir, log_tail, start_trial_process, wait_for_trial
 from llmlab.sweep.spec import TrialSpec
 from llmlab.sweep.trial import child_main
 
@@ -65,11 +64,7 @@ class TrialLauncher:
         env = worker_env(slot, spec.device)
         started = time.time()
         if self.launcher == "spawn":
-            full_env = {**os.environ, **env,
-                        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
-            with open(log_path, "ab") as log:
-                proc = subprocess.Popen([sys.executable, "-m", "llmlab.sweep.trial", str(spec_path)], stdout=log,
-                                        stderr=subprocess.STDOUT, env=full_env, cwd=REPO_ROOT, start_new_session=True)
+            proc = start_trial_process(spec_path, log_path, str(REPO_ROOT), env)
         else:
             proc = forkserver_context().Process(target=_child, args=(str(spec_path), str(log_path), env),
                                                 name=f"trial-{spec.trial_id}")
@@ -92,11 +87,7 @@ class TrialLauncher:
 
     def _wait(self, proc, timeout: float) -> tuple[Optional[int], bool]:
         if isinstance(proc, subprocess.Popen):
-            try:
-                return proc.wait(timeout=timeout), False
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                return proc.wait(), True
+            return wait_for_trial(proc, timeout)
         proc.join(timeout)
         if proc.is_alive():
             proc.kill()

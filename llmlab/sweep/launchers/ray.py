@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -29,7 +25,8 @@ from filelock import FileLock
 import llmlab
 from llmlab.core.errors import UserError
 from llmlab.core.io import atomic_write_bytes, atomic_write_json, llmlab_cache
-from llmlab.sweep.launchers import SPLITS, exit_result, fresh_trial_dir, log_tail
+from llmlab.sweep.launchers import (SPLITS, exit_result, fresh_trial_dir, log_tail, save_token_arrays,
+                                    start_trial_process, wait_for_trial)
 from llmlab.sweep.spec import TrialSpec
 
 START_A_CLUSTER = ("start one with `ray start --head` on this machine (and `ray start --address HEAD_IP:6379` on "
@@ -78,12 +75,7 @@ def node_data(key: str, boxed_ref: list) -> Path:
     folder.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(folder) + ".lock"):  # two tasks on one node fetch once
         if not all((folder / f"{split}.npy").is_file() for split in SPLITS):
-            arrays = ray.get(boxed_ref[0])
-            folder.mkdir(exist_ok=True)
-            for split in SPLITS:
-                tmp = folder / f".{split}.{os.getpid()}.npy"
-                np.save(tmp, arrays[split])
-                os.replace(tmp, folder / f"{split}.npy")
+            save_token_arrays(folder, ray.get(boxed_ref[0]), f"free space on {socket.gethostname()}")
     return folder
 
 
@@ -96,16 +88,9 @@ def run_on_node(spec: dict, key: str, boxed_ref: list) -> dict:
         trial_dir = Path(tmp)
         spec_path = trial_dir / "spec.json"
         spec_path.write_text(json.dumps({**spec, "trial_dir": tmp, "data_dir": str(data_dir), "driver": None}))
-        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false",
-               "PYTHONPATH": os.pathsep.join([code_root, os.environ.get("PYTHONPATH", "")])}
-        with open(trial_dir / "log.txt", "ab") as log:  # the trial dies with this worker (PR_SET_PDEATHSIG)
-            proc = subprocess.Popen([sys.executable, "-m", "llmlab.sweep.trial", str(spec_path)], stdout=log,
-                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            code, timed_out = proc.wait(timeout=spec["timeout_s"]), False
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            code, timed_out = proc.wait(), True
+        # the trial dies with this worker (PR_SET_PDEATHSIG)
+        proc = start_trial_process(spec_path, trial_dir / "log.txt", code_root, {"TOKENIZERS_PARALLELISM": "false"})
+        code, timed_out = wait_for_trial(proc, spec["timeout_s"])
         files = {str(p.relative_to(trial_dir)): p.read_bytes() for p in sorted(trial_dir.rglob("*"))
                  if p.is_file() and p != spec_path}
     return {"node": node, "files": files, "exit_code": code, "timed_out": timed_out}
