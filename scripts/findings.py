@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -86,8 +87,11 @@ def doe20_calibration(d: dict) -> str:
     low, high = floor["ci"]
     lines = ["| calibration | value |", "|---|---|",
              f"| control final loss ({len(d['control'])} seeds) | {sum(d['control']) / len(d['control']):.3f}, seed SD "
-             f"**{floor['sd']:.4f}** [{low:.4f}, {high:.4f}] ({floor['df']} df; upper / SD = {high / floor['sd']:.2f}, "
-             f"SD / lower = {floor['sd'] / low:.2f}) |",
+             f"**{floor['sd']:.4f}** [{low:.4f}, {high:.4f}] ({floor['df']} df, within machines; upper / SD = "
+             f"{high / floor['sd']:.2f}, SD / lower = {floor['sd'] / low:.2f}) |",
+             *(f"| machine term (fixed effect, not in any Holm family) | {m['machine']} − {m['reference']}: "
+               f"{signed(m['effect'], 4)} {interval(*m['ci'], 4)} nats ({m['runs']} runs, p = {m['p_value']:.2g}) |"
+               for m in noise.get("machines") or []),
              f"| error term of the effects | residual of the main-effects fit, SD {noise['sd']:.4f} on {noise['df']} df "
              f"(lack of fit F = {lof['F']:.2f}, p = {lof['p_value']:.2f}) |",
              f"| smallest level contrast detected with 80 % power (5 %, median) | {d['mde']:.3f} nats |",
@@ -123,31 +127,38 @@ def lr_scan(name: str) -> dict | None:
     return json.loads(path.read_text())["transfer"] if path.is_file() else None
 
 
+def _cells_text(transfer: dict) -> str:
+    measured = [p["size"] for p in transfer["points"] if p["status"] == "measured"]
+    bounds = [f"{p['size']} ({p['status'].replace('_', ' ')})" for p in transfer["points"] if p["status"] != "measured"]
+    return (f"{len(measured)} of {len(transfer['points'])} cells measured ({', '.join(measured) or 'none'})"
+            + (f"; bounds: {', '.join(bounds)}" if bounds else ""))
+
+
 def lr_summary(name: str, label: str) -> str:
     transfer = lr_scan(name)
     if transfer is None:
         return f"_{name}: not run yet_"
     law, holdout, noise = transfer["law"], transfer["holdout"], transfer["noise"]
+    per_size = sorted((v["sigma"], size) for size, v in noise["per_size"].items() if v["sigma"])
+    trend = noise.get("lr_trend") or {}
+    noise_text = (f"seed noise σ = {noise['sigma']:.4f} nats pooled ({noise['df']} df), per size from "
+                  f"{per_size[0][0]:.4f} ({per_size[0][1]}) to {per_size[-1][0]:.4f} ({per_size[-1][1]})"
+                  + (f", growing with lr (slope of ln s² on ln lr {trend['slope_ln_var']:+.2f} "
+                     f"[{trend['ci'][0]:+.2f}, {trend['ci'][1]:+.2f}], p = {trend['p']:.2g})" if trend.get("used") else ""))
+    head = f"{label} ({transfer['points'][0]['seeds_per_lr']:.0f} seeds per lr): {_cells_text(transfer)}; {noise_text}."
+    if holdout.get("status") != "ok":
+        law_text = (f" All measured sizes: α = {law['alpha']:.3f} [{law['alpha_ci'][0]:.3f}, {law['alpha_ci'][1]:.3f}] "
+                    f"({law['df']} df)." if law["status"] == "ok" else " No law: too few measured cells.")
+        return head + f" **held-out: not run** ({holdout.get('reason')}).{law_text}"
     row = holdout["rows"][0]
     ratio = (f"forecast / measured = {row['ratio']:.2f} (90 % CI [{row['ci90'][0]:.2f}, {row['ci90'][1]:.2f}], "
              f"95 % CI [{row['ci95'][0]:.2f}, {row['ci95'][1]:.2f}])" if "ratio" in row else row.get("reason", ""))
-    decided = row.get("decided_by")
-    extra = ""
-    if decided:
-        extra = (f" It would take {decided['seeds_per_cell'] or 'more than 64'} seeds per cell or "
-                 f"{decided['extra_fit_sizes'] or 'more than 12'} more fit sizes to decide.")
-    power = row.get("power")
-    power_text = (f" Power of this design: {power['detect_1.5x_miss']:.0%} to detect a 1.5× miss, "
-                  f"{power['confirm_exact']:.0%} to call an exact forecast within 1.5×." if power else "")
     fit = holdout["fit"]
-    per_size = sorted((v["sigma"], size) for size, v in noise["per_size"].items() if v["sigma"])
-    return (f"{label}: **held-out: {holdout['verdict']}** — fitted on {', '.join(holdout['fitted_on'])} (α = "
+    return (head + f" **held-out: {holdout['verdict']}** — fitted on {', '.join(holdout['fitted_on'])} (α = "
             f"{fit['alpha']:.3f} [{fit['alpha_ci'][0]:.3f}, {fit['alpha_ci'][1]:.3f}], {fit['df']} df), the law "
-            f"forecast {holdout['size']} ({holdout['extrapolation']:.1f}× beyond in N): {ratio}.{extra}{power_text} "
-            f"All sizes: α = {law['alpha']:.3f} [{law['alpha_ci'][0]:.3f}, {law['alpha_ci'][1]:.3f}] ({law['df']} df); "
-            f"seed noise σ = {noise['sigma']:.4f} nats pooled ({noise['df']} df), per size from "
-            f"{per_size[0][0]:.4f} ({per_size[0][1]}) to {per_size[-1][0]:.4f} ({per_size[-1][1]}); lack of fit "
-            f"τ = {law['tau']:.3f} in ln lr.")
+            f"forecast {holdout['size']} ({holdout['extrapolation']:.1f}× beyond in N): {ratio}. All measured sizes: "
+            f"α = {law['alpha']:.3f} [{law['alpha_ci'][0]:.3f}, {law['alpha_ci'][1]:.3f}] ({law['df']} df); lack of "
+            f"fit τ = {law['tau']:.3f} in ln lr.")
 
 
 def mup_vs_std() -> str:
@@ -155,12 +166,16 @@ def mup_vs_std() -> str:
     if std is None or mup is None:
         return "_the muP comparison needs both scans_"
     a_std, a_mup = std["law"], mup["law"]
+    if a_std["status"] != "ok" or a_mup["status"] != "ok":
+        return ("No comparison of α: at 2 seeds per lr too few cells of " + " and ".join(
+            n for n, a in (("the standard scan", a_std), ("the muP scan", a_mup)) if a["status"] != "ok")
+                + " are measurements (the rest are bounds), so the earlier claim about muP's α is withdrawn.")
     low, high = a_mup["alpha_ci"]
     excludes = not low <= a_std["alpha"] <= high
-    includes_zero = low <= 0 <= high
+    drift = (math.exp(low * math.log(100)), math.exp(high * math.log(100)))
     return (f"α with muP = {a_mup['alpha']:.3f} [{low:.3f}, {high:.3f}] against the standard α = {a_std['alpha']:.3f}: "
-            f"the muP interval **{'excludes' if excludes else 'does not exclude'}** the standard α and "
-            f"**{'includes' if includes_zero else 'excludes'}** 0 (muP's claim: lr_opt does not move with width).")
+            f"the muP interval **{'excludes' if excludes else 'does not exclude'}** the standard α; over 100× in N it "
+            f"still allows lr_opt to move {drift[0]:.2f}–{drift[1]:.2f}×, so it does not show that lr_opt stays put.")
 
 
 def target_optimum(data: dict) -> dict:
@@ -186,7 +201,7 @@ def recommend_validation() -> str:
     vertex = target_optimum(data)
     measured = (f"lr_opt measured at the target (vertex over {vertex['window_lrs']} lrs, {vertex['seeds_per_lr']:.0f} "
                 f"seeds each): **{vertex['lr_opt']:.3g}** [{vertex['ci'][0]:.3g}, {vertex['ci'][1]:.3g}] (95 %, "
-                f"{100 * vertex['clipped_share']:.0f} % of bootstrap draws at the window's edge), so recommended / "
+                f"{100 * vertex['censored_share']:.1f} % of bootstrap draws censored), so recommended / "
                 f"measured = **{recommended / vertex['lr_opt']:.2f}**"
                 if vertex["status"] == "measured" else f"lr_opt at the target: {vertex['status']} ({vertex['reason']})")
     return "\n".join(lines) + (

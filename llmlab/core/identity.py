@@ -32,3 +32,12 @@ def records_digest(records: Iterable) -> str:
     for record in records:
         digest.update(json.dumps(record, sort_keys=True, default=str).encode() + b"\n")
     return "sha256:" + digest.hexdigest()[:32]
+
+
+def file_sha256(path) -> str:
+    """The full sha256 hex digest of one file's bytes (what a pre-registration is cited by)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

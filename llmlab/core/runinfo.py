@@ -35,6 +35,7 @@ def hardware_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpu_model": _cpu_model(),
+        "machine": machine_label(),
         "cpu_count": os.cpu_count(),
         "cores_available": available_cores(),
         "torch_threads": torch.get_num_threads(),
@@ -53,6 +54,27 @@ def hardware_info() -> dict[str, Any]:
             for i in range(torch.cuda.device_count())
         ]
     return info
+
+
+def machine_label() -> str:
+    """The CPU as a statistic must tell machines apart: model name, family/model/stepping (AMD and Intel both ship
+    several CPUs named just "AMD EPYC" / "Intel Xeon Processor") and whether it has bf16 units (the lab's trials
+    then run bf16). No torch import: a trial and the sweep driver both call it."""
+    fields: dict[str, str] = {}
+    try:
+        for line in open("/proc/cpuinfo"):
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "cpu family", "model", "stepping", "flags") and key not in fields:
+                fields[key] = value.strip()
+            if key == "flags":
+                break
+    except OSError:
+        return platform.processor() or platform.machine() or "unknown"
+    flags = set(fields.get("flags", "").split())
+    bf16 = "+bf16" if flags & {"avx512_bf16", "amx_bf16"} else "-bf16"
+    return (f"{fields.get('model name', platform.machine())} (family {fields.get('cpu family', '?')} model "
+            f"{fields.get('model', '?')} stepping {fields.get('stepping', '?')}) {bf16}")
 
 
 def _cpu_model() -> str | None:

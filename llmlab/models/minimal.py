@@ -43,9 +43,11 @@ class MinimalTransformerConfig:
         return self.width / self.mup_base_width if self.parametrization == "mup" else 1.0
 
     @staticmethod
-    def of_size(width: int, n_layer: int, **kwargs) -> "MinimalTransformerConfig":
-        """The family the lab scans: heads of 32, feed-forward 2 x width (the default is 192 wide, 4 deep)."""
-        return MinimalTransformerConfig(width=width, n_layer=n_layer, n_head=width // 32, ff_width=2 * width, **kwargs)
+    def of_size(width: int, n_layer: int, head_dim: int = 32, **kwargs) -> "MinimalTransformerConfig":
+        """The family the lab scans: heads of 32 (or head_dim), feed-forward 2 x width (the default is 192 wide, 4
+        deep)."""
+        return MinimalTransformerConfig(width=width, n_layer=n_layer, n_head=width // head_dim, ff_width=2 * width,
+                                        **kwargs)
 
 
 def sinusoidal_table(length: int, width: int) -> torch.Tensor:

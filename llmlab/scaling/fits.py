@@ -40,6 +40,8 @@ class ScalingOptions:
                               "(clip - 0.1 or warmup 100); by default they are dropped as at the stability edge")
     holdout: str = opt("auto", "multi-size scans: largest = fit on the smaller sizes and check the forecast on the "
                                "largest; none = skip; auto = largest when there are >= 3 sizes")
+    preregistration: Optional[dict] = opt(None, "the scan's preregistration.json (with its sha256): the held-out "
+                                                "verdict judges that forecast")
 
     def validate(self) -> None:
         if not 0 < self.confidence < 1:

@@ -1,11 +1,18 @@
 """lr_opt of one (size, batch) cell, with a confidence interval, and how forgiving the cell is of a wrong lr.
 
-Loss against ln lr is close to a parabola near its minimum, so lr_opt is the vertex of a quadratic fitted to the
-seed-mean losses of the WINDOW (5) lrs around the seed-mean minimum. Its interval is a parametric bootstrap: the
-fitted parabola plus Gaussian noise of the measured seed SD (sigma, from the pure error of the replicates) divided
-by sqrt(seeds at that lr), refitted POINTS times. An optimum whose minimum sits on the first or last scanned lr
-is a bound, never a measurement: the scan extends the grid there (llmlab.sweep.scan), and the fits across sizes
-leave bounds out.
+The estimator (ESTIMATOR below: what a pre-registration records). Loss against ln lr is close to a parabola near its
+minimum. Every run of WINDOW (5) consecutive scanned lrs that contains the lowest seed-mean loss gets a weighted
+quadratic in ln lr; lr_opt is the mean of the vertices of the windows whose vertex lies inside them. Averaging over
+every bracketing window, instead of preferring one, leaves no choice to be made after the data are seen.
+
+Its interval is a parametric bootstrap of the whole estimator: a smooth curve (one quadratic over the lrs those
+windows span, its noise scaled up by the Birge ratio where it misses them) plus Gaussian seed noise at each lr
+(sigma at that lr, from the pure error, / sqrt(seeds)), re-estimated BOOTSTRAP times. A draw without a vertex inside
+the grid (its minimum on the first or last lr, or no bracketing window) is censored: it counts on the side its
+minimum points to and is never clipped to a value. When more than CENSOR_SHARE of the draws are censored on one side
+the 95 % interval is open there, so the cell is a bound (`censored_low` / `censored_high`), not a measurement: the scan
+extends the grid there (llmlab.sweep.scan) and the fits across sizes leave it out. The variance a fit uses is the
+squared half-width of the central 68 % of the draws, which censored draws (at +-inf) only widen.
 """
 from __future__ import annotations
 
@@ -14,9 +21,23 @@ from typing import Optional
 
 import numpy as np
 
-WINDOW = 5  # lrs in the quadratic: a 5-point window at sqrt(2) spacing spans 4x
+WINDOW = 5  # lrs in each quadratic: a 5-point window at sqrt(2) spacing spans 4x
 BOOTSTRAP = 2000
 SEED = 0
+CENSOR_SHARE = 0.025  # per side: from there on the 95 % interval is open on that side
+FAR = 1e6  # where a censored draw is placed, in ln lr
+ESTIMATOR = {
+    "name": "bracketing-window-mean/v2",
+    "vertex": f"mean vertex of every {WINDOW}-lr window containing the seed-mean minimum whose weighted quadratic in "
+              "ln lr has its vertex inside the window",
+    "interval": f"parametric bootstrap of the whole estimator ({BOOTSTRAP} draws, seed {SEED}) around one quadratic "
+                "over the bracketing windows' lrs, Birge-scaled seed noise sigma(size, lr) / sqrt(seeds)",
+    "censoring": f"a draw with its minimum on the grid's edge or no bracketing window is censored on that side; "
+                 f">= {CENSOR_SHARE:.1%} censored on a side makes the cell a bound (extend the grid), never a value",
+    "variance": "((q84 - q16) / 2)^2 of the draws, censored draws at +-inf",
+    "noise": "pure-error sigma per size (pooled over sizes below 5 df), times exp(b/2 (ln lr - mean ln lr)) when the "
+             "lr slope b of ln s^2 is significant at 5 %",
+}
 
 
 def finite(value) -> Optional[float]:
@@ -55,93 +76,122 @@ def _quadratic(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     return coef
 
 
-def _windows(n: int, best: int) -> list[slice]:
-    """Every run of WINDOW consecutive lrs (or all of them, when fewer) that contains the minimum."""
-    size = min(WINDOW, n)
-    return [slice(start, start + size) for start in range(max(0, best - size + 1), min(best, n - size) + 1)]
+def window_vertices(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The estimator on columns of seed-mean losses y (lrs x draws): per column the vertex (NaN when censored), the
+    index of its minimum, and which windows bracketed it (windows x draws)."""
+    n, size = len(x), min(WINDOW, len(x))
+    best = np.argmin(y, axis=0)
+    starts = range(n - size + 1)
+    vertices = np.full((len(starts), y.shape[1]), np.nan)
+    for s in starts:
+        xs = x[s:s + size]
+        centre = float(xs.mean())
+        c2, c1, _ = _quadratic(xs - centre, y[s:s + size], w[s:s + size])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            vertex = centre - c1 / (2 * c2)
+        ok = (c2 > 0) & (vertex >= xs[0]) & (vertex <= xs[-1]) & (best >= s) & (best < s + size)
+        vertices[s] = np.where(ok, vertex, np.nan)
+    brackets = ~np.isnan(vertices)
+    count = brackets.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        estimate = np.where(count > 0, np.where(brackets, vertices, 0.0).sum(axis=0) / count, np.nan)
+    estimate[(best == 0) | (best == n - 1)] = np.nan
+    return estimate, best, brackets
 
 
-def _local_fit(lrs: np.ndarray, means: np.ndarray, seeds: np.ndarray, best: int) -> Optional[dict]:
-    """The quadratic in ln lr over the window centred on the minimum, or, when its vertex falls outside it, the
-    nearest shifted window whose vertex lies inside: next to an instability cliff a centred window straddles the
-    cliff, while the window on the smooth side locates the vertex. (A fixed order of preference, not the best-fitting
-    window, so the choice does not chase the noise.) None when no window brackets a vertex."""
-    centred = best - WINDOW // 2
-    for window in sorted(_windows(len(lrs), best), key=lambda w: (abs(w.start - centred), w.start)):
-        x, y, w = np.log(lrs[window]), means[window], seeds[window]
-        centre = float(x.mean())
-        c2, c1, c0 = _quadratic(x - centre, y, w)
-        if c2 > 0 and x[0] <= centre - c1 / (2 * c2) <= x[-1]:
-            return {"window": window, "x": x, "w": w, "centre": centre, "coef": (c2, c1, c0),
-                    "fitted": c2 * (x - centre) ** 2 + c1 * (x - centre) + c0}
-    return None
-
-
-def cell_optimum(trials: list[dict], sigma: Optional[float], confidence: float = 0.95) -> dict:
-    """lr_opt of one cell from its feasible trials. `status`: measured (an interior vertex with a CI), below_grid /
-    above_grid (the minimum is on the grid's edge: a bound), no_vertex (no window of lrs around the minimum brackets
-    a parabola's vertex: not locally quadratic), or too_few."""
+def cell_optimum(trials: list[dict], sigma, confidence: float = 0.95) -> dict:
+    """lr_opt of one cell from its feasible trials. `sigma`: the seed SD, one number or a function of the lr array.
+    `status`: measured (an interior vertex with a CI), below_grid / above_grid (the minimum is on the grid's edge),
+    censored_low / censored_high (the bootstrap puts more than CENSOR_SHARE of the vertex beyond that side of the
+    grid), no_vertex (no window around the minimum brackets a parabola's vertex), or too_few. Only `measured` is a
+    value; the rest are bounds."""
     lrs, losses = lr_table(trials)
     means = np.array([np.mean(v) for v in losses])
     seeds = np.array([len(v) for v in losses], dtype=float)
     base = {"n_lrs": len(lrs), "n_trials": int(seeds.sum()), "seeds_per_lr": float(np.median(seeds)) if len(lrs) else 0,
-            "lr_range": [float(lrs[0]), float(lrs[-1])] if len(lrs) else None}
+            "lr_range": [float(lrs[0]), float(lrs[-1])] if len(lrs) else None, "estimator": ESTIMATOR["name"]}
     if len(lrs) < 3:
         return {**base, "status": "too_few", "lr_opt": None, "reason": f"{len(lrs)} feasible lr(s); a vertex needs >= 3"}
-    best = int(np.argmin(means))
+    x = np.log(lrs)
+    estimate, best, brackets = window_vertices(x, means[:, None], seeds)
+    best = int(best[0])
     base.update(grid_lr=float(lrs[best]), best_loss=float(means[best]))
     if best == 0 or best == len(lrs) - 1:
         side = "below_grid" if best == 0 else "above_grid"
         return {**base, "status": side, "lr_opt": float(lrs[best]),
                 "reason": f"the lowest seed-mean loss is at the {'smallest' if best == 0 else 'largest'} scanned lr"}
-    local = _local_fit(lrs, means, seeds, best)
-    if local is None:
+    if math.isnan(estimate[0]):
         return {**base, "status": "no_vertex", "lr_opt": float(lrs[best]),
                 "reason": "no window of lrs around the minimum puts a parabola's vertex inside it"}
-    (c2, c1, c0), x, centre = local["coef"], local["x"], local["centre"]
-    vertex = centre - c1 / (2 * c2)
-    window = local["window"]
-    result = {**base, "status": "measured", "window": [float(lrs[window][0]), float(lrs[window][-1])],
-              "window_lrs": int(len(x)), "ln_lr_opt": float(vertex), "lr_opt": math.exp(vertex),
-              "loss_at_opt": float(c0 - c1 ** 2 / (4 * c2)), "curvature": float(c2), "sigma": sigma}
-    sigma_eff = _with_lack_of_fit(sigma, means[window], local["fitted"], local["w"])
-    result["birge_ratio"] = sigma_eff / sigma if sigma else None
-    draws = _bootstrap(x - centre, local["fitted"], local["w"], sigma_eff)
-    if draws is None:
-        return {**result, "var_ln": None, "ci": None, "clipped_share": None,
+    vertex = float(estimate[0])
+    used = np.flatnonzero(brackets[:, 0])
+    span = slice(int(used[0]), int(used[-1]) + min(WINDOW, len(lrs)))
+    result = {**base, "status": "measured", "window": [float(lrs[span][0]), float(lrs[span][-1])],
+              "window_lrs": int(len(lrs[span])), "windows": int(len(used)), "ln_lr_opt": vertex,
+              "lr_opt": math.exp(vertex)}
+    sigmas = _sigma_per_lr(sigma, lrs)
+    if sigmas is None:
+        return {**result, "var_ln": None, "ci": None, "censored_share": None,
                 "reason": "no seed SD to put an interval on the vertex"}
-    low_edge, high_edge = float(x[0]), float(x[-1])
-    draws = np.clip(draws + centre, low_edge, high_edge)
-    clipped = float(np.mean((draws <= low_edge) | (draws >= high_edge)))
-    tail = (1 - confidence) / 2
-    q16, q84 = np.quantile(draws, [0.1587, 0.8413])
-    return {**result, "var_ln": float(np.var(draws)), "clipped_share": clipped,
-            "ci": [math.exp(float(np.quantile(draws, tail))), math.exp(float(np.quantile(draws, 1 - tail)))]}
-
-
-def _with_lack_of_fit(sigma: Optional[float], y: np.ndarray, fitted: np.ndarray, w: np.ndarray) -> Optional[float]:
-    """The seed SD, scaled up by the Birge ratio sqrt(chi^2 / df) when the parabola misses its points by more than
-    the seed noise explains (a curve that is not quadratic over the window, e.g. next to an instability cliff)."""
-    if not sigma:
-        return sigma
-    df = len(y) - 3
-    if df < 1:
-        return sigma
-    chi2 = float(np.sum(w * (y - fitted) ** 2)) / sigma ** 2
-    return sigma * math.sqrt(max(1.0, chi2 / df))
-
-
-def _bootstrap(x: np.ndarray, fitted: np.ndarray, w: np.ndarray, sigma: Optional[float]) -> Optional[np.ndarray]:
-    """Vertices of parabolas refitted to the fitted curve plus seed noise; a resample without a minimum inside
-    the window counts as the window edge its slope points to (so the interval widens, never silently narrows)."""
-    if not sigma:
-        return None
+    truth, birge, curve = _smooth_curve(x, means, seeds, sigmas, span)
+    result.update(loss_at_opt=curve["loss_at_opt"], curvature=curve["curvature"], sigma=float(np.median(sigmas)),
+                  birge_ratio=birge)
     rng = np.random.default_rng(SEED)
-    noisy = fitted[:, None] + rng.normal(0.0, 1.0, (len(x), BOOTSTRAP)) * (sigma / np.sqrt(w))[:, None]
-    c2, c1, _ = _quadratic(x, noisy, w)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        vertex = np.where(c2 > 0, -c1 / (2 * c2), np.where(c1 > 0, -np.inf, np.inf))
-    return vertex
+    noise = rng.normal(0.0, 1.0, (len(x), BOOTSTRAP)) * (birge * sigmas / np.sqrt(seeds))[:, None]
+    draws, draw_best, _ = window_vertices(x, truth[:, None] + noise, seeds)
+    censored = np.isnan(draws)
+    low = censored & (draw_best < len(x) / 2)
+    high = censored & ~low
+    placed = np.where(low, -FAR, np.where(high, FAR, draws))  # beyond any grid, finite so quantiles interpolate
+    shares = {"low": float(low.mean()), "high": float(high.mean())}
+    tail = (1 - confidence) / 2
+    q = np.quantile(placed, [tail, 0.1587, 0.8413, 1 - tail])
+    result.update(censored_share=shares["low"] + shares["high"], censored=shares)
+    for side in sorted(shares, key=shares.get, reverse=True):  # the more open side names the bound
+        if shares[side] >= CENSOR_SHARE:
+            return {**result, "status": f"censored_{side}", "var_ln": None, "ci": None,
+                    "reason": f"{shares[side]:.0%} of the bootstrap's vertices fall beyond the {side} end of the grid "
+                              f"(>= {CENSOR_SHARE:.1%}): the interval is open there; extend the grid or add seeds"}
+    return {**result, "var_ln": float(((q[2] - q[1]) / 2) ** 2), "ci": [math.exp(q[0]), math.exp(q[3])]}
+
+
+def _sigma_per_lr(sigma, lrs: np.ndarray) -> Optional[np.ndarray]:
+    if sigma is None:
+        return None
+    values = np.asarray(sigma(lrs) if callable(sigma) else np.full(len(lrs), float(sigma)), dtype=float)
+    return values if np.all(values > 0) else None
+
+
+def _smooth_curve(x: np.ndarray, means: np.ndarray, seeds: np.ndarray, sigmas: np.ndarray, span: slice
+                  ) -> tuple[np.ndarray, float, dict]:
+    """The bootstrap's truth: one weighted quadratic over the bracketing windows' lrs (the observed means elsewhere,
+    far enough from the minimum that only their order matters) and its Birge ratio sqrt(chi^2 / df) >= 1."""
+    w = seeds / sigmas ** 2
+    xs, centre = x[span], float(x[span].mean())
+    c2, c1, c0 = _quadratic(xs - centre, means[span], w[span])
+    fitted = c2 * (xs - centre) ** 2 + c1 * (xs - centre) + c0
+    truth = means.copy()
+    truth[span] = fitted
+    df = len(xs) - 3
+    chi2 = float(np.sum(w[span] * (means[span] - fitted) ** 2))
+    birge = math.sqrt(max(1.0, chi2 / df)) if df >= 1 else 1.0
+    loss_at_opt = float(c0 - c1 ** 2 / (4 * c2)) if c2 > 0 else float(means[span].min())
+    return truth, birge, {"loss_at_opt": loss_at_opt, "curvature": float(c2)}
+
+
+def grid_extension(lrs: list[float], means: list[float], status: str, step: float) -> list[float]:
+    """lrs a scan adds to a cell: two scanned lrs on each side of the seed-mean minimum, and one more past an edge
+    the bootstrap leaves open (censored on that side); nothing past a side whose larger lrs diverged (mean inf)."""
+    if not any(math.isfinite(m) for m in means):
+        return []  # nothing trained: no direction to extend in
+    best = int(np.argmin(means))
+    below, above = best, len(lrs) - 1 - best
+    new = [lrs[0] / step ** k for k in range(1, 3 - below)] if below < 2 else \
+        ([lrs[0] / step] if status == "censored_low" else [])
+    if not any(not math.isfinite(m) for m in means[best + 1:]):
+        new += [lrs[-1] * step ** k for k in range(1, 3 - above)] if above < 2 else \
+            ([lrs[-1] * step] if status == "censored_high" else [])
+    return [float(f"{lr:.3g}") for lr in new]
 
 
 def lr_sensitivity(trials: list[dict], lr_opt: float, initial_loss: Optional[float], span: float = 2 ** 1.5

@@ -50,12 +50,44 @@ def _lr_ci(point: dict) -> str:
     return f"{point['lr_opt']:.3g}" + (f" {_interval(ci)}" if ci else " (no seed SD: no interval)")
 
 
-def verdict_markdown(holdout: dict) -> list[str]:
+def registration_markdown(registration: Optional[dict]) -> list[str]:
+    """Which forecast the verdict judges: the pre-registered one (file, sha256, when it was written, whether the
+    estimator and rule are still the registered ones) or, without one, a forecast refitted after the data."""
+    if not registration:
+        return ["Not pre-registered: the forecast below is the law refitted now, so this verdict is exploratory.", ""]
+    forecast = registration["forecast"]
+    pi = forecast.get("prediction_interval")
+    lines = [f"Pre-registered in `{registration['file']}` (sha256 `{registration['sha256']}`), written "
+             + ("before any held-out trial ran" if registration.get("written_before_held_out_trials")
+                else "**after held-out trials had run: not confirmatory**")
+             + f" on {registration.get('machine')}: forecast lr_opt {forecast['lr']:.3g}"
+             + (f" {_interval(pi)} (95 % prediction interval)" if pi else "") + f", {forecast['source']}."]
+    if not registration["estimator_unchanged"] or not registration["rule_unchanged"]:
+        lines.append("**The estimator or verdict rule changed after this pre-registration**: the verdict below uses "
+                     "today's code; a confirmatory verdict needs a new pre-registration and new held-out trials.")
+    rationale = registration.get("design_rationale") or {}
+    if rationale.get("summary"):
+        lines.append("Error rates of the registered design, simulated through the whole pipeline "
+                     f"({rationale.get('reps', '?')} scans per scenario): "
+                     + "; ".join(f"{k} {v:.0%}" for k, v in rationale["summary"].items()) + ".")
+    return lines + [""]
+
+
+def _trend_line(trend: Optional[dict]) -> list[str]:
+    if not trend or trend.get("status") != "ok":
+        return []
+    return ["", f"Does the seed noise grow with lr? Slope of ln s^2 on ln lr within sizes: {trend['slope_ln_var']:+.2f} "
+                f"{_interval(trend['ci'])} (p = {trend['p']:.2g}, {trend['groups']} replicated lrs): "
+                + ("used, sigma varies with lr." if trend["used"] else "not significant, one sigma per size.")]
+
+
+def verdict_markdown(holdout: dict, registration: Optional[dict] = None) -> list[str]:
     """The held-out line (its verdict word first), the ratio's intervals, power, and what would decide it."""
     if holdout.get("status") != "ok":
-        return [f"**held-out: not run** ({holdout.get('reason')}).", ""]
+        return [f"**held-out: not run** ({holdout.get('reason')}).", "",
+                *(registration_markdown(registration) if registration else [])]
     fit = holdout["fit"]
-    lines = [f"**held-out: {holdout['verdict']}** -- the law fitted on {', '.join(holdout['fitted_on'])} only "
+    lines = [*registration_markdown(registration), f"**held-out: {holdout['verdict']}** -- the law fitted on {', '.join(holdout['fitted_on'])} only "
              f"(alpha = {fit['alpha']:.3f} {_interval(fit['alpha_ci'])}, {fit['df']} residual df) forecasts "
              f"{holdout['size']} (N = {holdout['n_params']:,.0f}, {holdout['extrapolation']:.1f}x the largest fitted N)"
              + (f"; worst forecast / measured = **{holdout['worst_ratio']:.2f}**." if holdout.get("worst_ratio")
@@ -71,9 +103,11 @@ def verdict_markdown(holdout: dict) -> list[str]:
     lines.append("")
     for row in holdout["rows"]:
         if row.get("power"):
-            lines.append(f"Power of this design at batch {row['batch_size']:g} (SE of ln R = {row['se_ln']:.3f} on "
-                         f"{row['df']} df): {row['power']['detect_1.5x_miss']:.0%} to detect a 1.5x miss (t test of "
-                         f"R = 1 at 5 %), {row['power']['confirm_exact']:.0%} to call an exact forecast within 1.5x.")
+            p = row["power"]
+            lines.append(f"At this SE of ln R ({row['se_ln']:.3f} on {row['df']} df), treated as known: P(95 % CI "
+                         f"excludes 1 | 1.5x miss) {p['detect_1.5x_miss']:.0%}, P(failed | 1.5x miss) "
+                         f"{p['failed_at_1.5x']:.0%}, P(failed | 2x miss) {p['failed_at_2x']:.0%}, P(within | exact) "
+                         f"{p['within_at_exact']:.0%}, P(failed | exact) {p['failed_at_exact']:.1%}.")
         decided = row.get("decided_by")
         if decided:
             seeds = (f"{decided['seeds_per_cell']} seeds per cell (now {decided['seeds_now']:g})"
@@ -82,27 +116,27 @@ def verdict_markdown(holdout: dict) -> list[str]:
                      if decided["extra_fit_sizes"] else "no number of extra sizes up to 12")
             lines.append(f"Undecided at batch {row['batch_size']:g}: at the same forecast / measured, {seeds}, or "
                          f"{sizes}, would decide it.")
-    lines += ["", "Verdicts: `within 1.5x` when the 90 % CI of forecast / measured lies inside [0.67, 1.5]; `failed` "
-              "when its 95 % CI lies entirely outside; `undecided` otherwise. Var(ln R) = the forecast's variance from "
-              "the fit + the held-out vertex's variance, on t with the fit's residual df.", ""]
+    lines += ["", "Verdicts: `within 1.5x` when the 90 % CI of forecast / measured lies inside [0.67, 1.5] (TOST at "
+              "5 %); `failed` when its 95 % CI excludes 1 and the ratio itself lies outside [0.67, 1.5]; `undecided` "
+              "otherwise. Var(ln R) = the forecast's variance from the fit + the held-out vertex's variance, on t with "
+              "the fit's residual df.", ""]
     return lines
 
 
-def transfer_markdown(analysis: dict) -> list[str]:
-    """Across sizes: the held-out verdict first (the lab's credibility), then noise, optima, the law, literature."""
-    transfer = analysis.get("transfer")
-    if not transfer:
-        return []
-    noise, law = transfer["noise"], transfer["law"]
-    lines = ["## Held-out check: can the small sizes forecast the largest?", "", *verdict_markdown(transfer["holdout"])]
+def optima_markdown(transfer: dict) -> list[str]:
+    """Seed noise (and whether it grows with lr), then lr_opt per size: a value with its CI, or a bound."""
+    noise = transfer["noise"]
     sigma = noise["sigma"]
-    lines += ["## Seed noise and lr_opt per size", "",
+    lines = ["## Seed noise and lr_opt per size", "",
               f"Seed SD of final loss at equal settings (pure error): sigma = **{short(sigma, 3)}** nats on "
               f"{noise['df']} df" + (" (per size: " + ", ".join(f"{s} {short(v['sigma'], 3)} ({v['df']} df)" for s, v
                                                               in noise["per_size"].items()) + ")." if sigma else "."),
-              "", "lr_opt is the vertex of a quadratic in ln lr over the 5 lrs around the lowest seed-mean loss; its "
-              "95 % CI is a parametric bootstrap with that sigma. An optimum on the first or last scanned lr is a "
-              "bound and stays out of the fit. LR sensitivity (Wortsman et al. 2023) = mean over the scanned lrs within "
+              *_trend_line(noise.get("lr_trend")),
+              "", "lr_opt is the mean vertex of the quadratics in ln lr over every 5-lr window that contains the lowest "
+              "seed-mean loss and brackets its vertex; its 95 % CI is a parametric bootstrap of that whole estimator "
+              "with the seed noise above. An optimum on the first or last scanned lr, or one whose bootstrap puts "
+              ">= 2.5 % of its draws beyond an end of the grid (censored), is a bound and stays out of the fit. "
+              "LR sensitivity (Wortsman et al. 2023) = mean over the scanned lrs within "
               "2.8x of lr_opt of min(L, L_init) - L*: how much a wrong lr costs (lower is more forgiving).", "",
               "| size | N | batch | lrs (range) | seeds / lr | lr_opt (95 % CI) | loss at lr_opt | LR sensitivity |",
               "|---|---|---|---|---|---|---|---|"]
@@ -112,6 +146,18 @@ def transfer_markdown(analysis: dict) -> list[str]:
         lines.append(f"| {p['size']} | {p['n_params']:,.0f} | {p['batch_size']:g} | {p['n_lrs']} ({short(span[0])}-"
                      f"{short(span[1])}) | {short(p.get('seeds_per_lr'))} | {_lr_ci(p)} | {short(p.get('loss_at_opt'), 4)} "
                      f"| {short(sens, 3)} |")
+    return lines
+
+
+def transfer_markdown(analysis: dict) -> list[str]:
+    """Across sizes: the held-out verdict first (the lab's credibility), then noise, optima, the law, literature."""
+    transfer = analysis.get("transfer")
+    if not transfer:
+        return []
+    law = transfer["law"]
+    lines = ["## Held-out check: can the small sizes forecast the largest?", "",
+             *verdict_markdown(transfer["holdout"], analysis["options"].get("preregistration")),
+             *optima_markdown(transfer)]
     lines += ["", "## The law across sizes", ""]
     if law["status"] != "ok":
         return lines + [f"Not fitted: {law['reason']}.", ""]

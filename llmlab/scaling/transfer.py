@@ -16,7 +16,8 @@ import math
 from typing import Any, Optional
 
 import numpy as np
-from scipy import stats
+import statsmodels.api as sm
+from scipy import special, stats
 
 from llmlab.scaling.law import fit_law, predict, ransac_sensitivity
 from llmlab.scaling.optimum import cell_optimum, finite, lr_sensitivity, lr_table, pure_error
@@ -46,16 +47,56 @@ def _cells(feasible: list[dict]) -> dict[tuple[str, float], list[dict]]:
 
 
 def seed_noise(feasible: list[dict]) -> dict:
-    """sigma: the pooled SD of final loss over seeds at the same (size, batch, lr), per size and overall."""
+    """sigma: the pooled SD of final loss over seeds at the same (size, batch, lr), per size and overall, and whether
+    it grows with lr: the slope b of ln s^2 on ln lr within sizes (each group's ln s^2 corrected for its df's bias,
+    weighted by df), used only when it differs from 0 at 5 %."""
     groups_by_size: dict[str, list[list[float]]] = {}
+    trend_rows = []
     for (size, _), trials in _cells(feasible).items():
-        groups_by_size.setdefault(size, []).extend(lr_table(trials)[1])
+        lrs, groups = lr_table(trials)
+        groups_by_size.setdefault(size, []).extend(groups)
+        trend_rows += [(size, math.log(lr), values) for lr, values in zip(lrs, groups) if len(values) >= 2]
     per_size = {}
     for size, groups in groups_by_size.items():
         sd, df = pure_error(groups)
         per_size[size] = {"sigma": sd, "df": df}
     sd, df = pure_error([g for groups in groups_by_size.values() for g in groups])
-    return {"sigma": sd, "df": df, "per_size": per_size}
+    trend = _noise_trend(trend_rows)
+    for size, entry in per_size.items():
+        entry["mean_ln_lr"] = float(np.mean([x for s, x, _ in trend_rows if s == size])) \
+            if any(s == size for s, _, _ in trend_rows) else None
+    return {"sigma": sd, "df": df, "per_size": per_size, "lr_trend": trend}
+
+
+def _noise_trend(rows: list[tuple[str, float, list[float]]]) -> dict:
+    """Slope of ln s^2 on ln lr with a fixed level per size. E[ln s^2] = ln sigma^2 + psi(df/2) - ln(df/2), and
+    Var(ln s^2) = psi'(df/2), so each group is bias-corrected and weighted by 1 / psi'(df/2)."""
+    usable = [(s, x, v) for s, x, v in rows if np.var(v) > 0]
+    sizes = sorted({s for s, _, _ in usable})
+    if len(usable) < len(sizes) + 3:
+        return {"status": "unavailable", "reason": f"{len(usable)} replicated lrs", "used": False}
+    half_df = np.array([(len(v) - 1) / 2 for _, _, v in usable])
+    y = np.array([math.log(np.var(v, ddof=1)) for _, _, v in usable]) - (special.digamma(half_df) - np.log(half_df))
+    X = np.column_stack([[x for _, x, _ in usable]] + [[1.0 * (s == size) for s, _, _ in usable] for size in sizes])
+    fit = sm.WLS(y, X, weights=1 / special.polygamma(1, half_df)).fit(cov_type="fixed scale")
+    slope, se = float(fit.params[0]), float(fit.bse[0])
+    p = float(2 * stats.norm.sf(abs(slope / se)))
+    return {"status": "ok", "slope_ln_var": slope, "se": se, "ci": [slope - 1.96 * se, slope + 1.96 * se], "p": p,
+            "groups": len(usable), "used": p < 0.05}
+
+
+def sigma_model(noise: dict, size: str):
+    """sigma of one size as a function of the lr array: that size's pure error (the pooled one when it has < 5
+    df), sloped in lr when the data show a trend (seed_noise)."""
+    entry = noise["per_size"].get(size, {})
+    base = entry.get("sigma") if entry.get("df", 0) >= 5 else noise["sigma"]
+    if base is None:
+        return None
+    trend = noise.get("lr_trend") or {}
+    if not trend.get("used") or entry.get("mean_ln_lr") is None:
+        return base
+    slope, centre = trend["slope_ln_var"], entry["mean_ln_lr"]
+    return lambda lrs: base * np.exp(slope / 2 * (np.log(lrs) - centre))
 
 
 def _initial_loss(trials: list[dict]) -> Optional[float]:
@@ -68,8 +109,7 @@ def size_points(feasible: list[dict], noise: dict, confidence: float = 0.95) -> 
     """lr_opt of every (size, batch) cell with its interval, N, tokens and lr sensitivity, smallest N first."""
     points = []
     for (size, batch), trials in _cells(feasible).items():
-        sigma = noise["per_size"].get(size, {}).get("sigma") if noise["per_size"].get(size, {}).get("df", 0) >= 5 \
-            else noise["sigma"]
+        sigma = sigma_model(noise, size)
         point = {"size": size, "batch_size": batch, "n_params": float(trials[0]["n_params"]),
                  "tokens": finite(trials[0].get("train_tokens")), **cell_optimum(trials, sigma, confidence)}
         if point["status"] == "measured":
@@ -78,14 +118,23 @@ def size_points(feasible: list[dict], noise: dict, confidence: float = 0.95) -> 
     return sorted(points, key=lambda p: (p["n_params"], p["batch_size"]))
 
 
+VERDICT_RULE = {
+    "ratio": "R = forecast / measured lr_opt of the held-out size; ln R on t with the law's residual df, "
+             "Var(ln R) = the forecast mean's variance + the held-out vertex's variance",
+    "within": f"TOST at 5 %: the 90 % CI of R lies inside [1/{BAND:g}, {BAND:g}]",
+    "failed": f"the 95 % CI of R excludes 1 and R itself lies outside [1/{BAND:g}, {BAND:g}]",
+    "undecided": "neither",
+}
+
+
 def decide(ln_r: float, se: float, df: int) -> dict:
-    """The three-way verdict on R = forecast / measured from ln R, its SE and df."""
+    """The three-way verdict on R = forecast / measured from ln R, its SE and df (VERDICT_RULE)."""
     t90, t95 = stats.t.ppf(0.95, df), stats.t.ppf(0.975, df)
     ci90 = [math.exp(ln_r - t90 * se), math.exp(ln_r + t90 * se)]
     ci95 = [math.exp(ln_r - t95 * se), math.exp(ln_r + t95 * se)]
     if ci90[0] >= 1 / BAND and ci90[1] <= BAND:
         verdict = f"within {BAND:g}x"
-    elif ci95[0] > BAND or ci95[1] < 1 / BAND:
+    elif (ci95[0] > 1 or ci95[1] < 1) and abs(ln_r) > math.log(BAND):
         verdict = "failed"
     else:
         verdict = "undecided"
@@ -125,17 +174,41 @@ def what_decides(fit_points: list[dict], law: dict, held: dict, ln_r: float) -> 
 
 
 def power(se: float, df: int) -> dict:
-    """The design's power: to detect a 1.5x miss (two-sided t test of R = 1 at 5 %), and to call an exact forecast
-    `within 1.5x`, at this SE and df."""
+    """Operating characteristics of VERDICT_RULE at this SE and df, treating the SE as known (the whole-pipeline
+    simulation, llmlab.scaling.simulate, is the reference): P(the 95 % CI excludes 1), P(failed) and P(within) at a
+    true miss of 1.5x and 2x, and at an exact forecast."""
     t95, t90 = stats.t.ppf(0.975, df), stats.t.ppf(0.95, df)
-    delta = math.log(BAND) / se
-    detect = 1 - stats.nct.cdf(t95, df, delta) + stats.nct.cdf(-t95, df, delta)
-    confirm = max(0.0, 2 * stats.t.cdf(math.log(BAND) / se - t90, df) - 1)
-    return {"detect_1.5x_miss": float(detect), "confirm_exact": float(confirm)}
+    band = math.log(BAND)
+
+    def beyond(c: float, delta: float) -> float:  # P(|ln R| > c) when ln R ~ delta + se t_df
+        return float(stats.t.sf((c - delta) / se, df) + stats.t.cdf((-c - delta) / se, df))
+
+    def within(delta: float) -> float:
+        return max(0.0, float(stats.t.cdf((band - t90 * se - delta) / se, df) - stats.t.cdf((-band + t90 * se - delta) / se, df)))
+
+    return {"detect_1.5x_miss": beyond(t95 * se, math.log(1.5)),
+            "failed_at_1.5x": beyond(max(t95 * se, band), math.log(1.5)),
+            "failed_at_2x": beyond(max(t95 * se, band), math.log(2.0)),
+            "failed_at_exact": beyond(max(t95 * se, band), 0.0), "within_at_exact": within(0.0),
+            "confirm_exact": within(0.0)}
 
 
-def holdout_verdict(points: list[dict], confidence: float = 0.95) -> dict:
-    """Fit the law on every size but the largest, forecast the largest, and judge the forecast."""
+def registered_forecast(registration: Optional[dict], size: str, batch: float) -> Optional[dict]:
+    """The pre-registered forecast of (size, batch) as predict() returns one, or None when none was registered."""
+    if not registration or registration.get("held_out") != size or float(registration.get("batch_size", -1)) != batch:
+        return None
+    law = (registration.get("forecast") or {}).get("law")
+    if not law:
+        return None
+    t = stats.t.ppf(0.975, law["df"])
+    return {"ln_lr": law["ln_lr"], "lr": math.exp(law["ln_lr"]), "se_mean": law["se_mean"], "df": law["df"],
+            "pi": [math.exp(law["ln_lr"] - t * law["se_pred"]), math.exp(law["ln_lr"] + t * law["se_pred"])],
+            "registered": True}
+
+
+def holdout_verdict(points: list[dict], confidence: float = 0.95, registration: Optional[dict] = None) -> dict:
+    """Fit the law on every size but the largest, forecast the largest, and judge the forecast: the pre-registered
+    one (llmlab.sweep.scan.preregister) when there is one, else the law refitted now (exploratory)."""
     sizes = sorted({(p["n_params"], p["size"]) for p in points})
     if len(sizes) < 3:
         return {"status": "unavailable", "reason": f"{len(sizes)} sizes: a held-out check needs >= 3 (2 to fit)"}
@@ -147,15 +220,18 @@ def holdout_verdict(points: list[dict], confidence: float = 0.95) -> dict:
     rows = []
     for held in (p for p in points if p["size"] == held_size):
         row: dict[str, Any] = {"batch_size": held["batch_size"], "measured_status": held["status"]}
-        forecast = predict(law, held_n, held["batch_size"])
+        forecast = registered_forecast(registration, held_size, held["batch_size"]) or \
+            {**predict(law, held_n, held["batch_size"]), "registered": False}
         row.update(predicted=forecast["lr"], prediction_interval=forecast["pi"], measured=held.get("lr_opt"),
-                   measured_ci=held.get("ci"))
+                   measured_ci=held.get("ci"), registered=forecast["registered"],
+                   refit_now=predict(law, held_n, held["batch_size"])["lr"])
         if held["status"] != "measured" or held.get("var_ln") is None:
             row.update(verdict="undecided", reason=f"the held-out optimum is not a measurement ({held['status']})")
         else:
             ln_r = forecast["ln_lr"] - held["ln_lr_opt"]
             se = math.sqrt(forecast["se_mean"] ** 2 + held["var_ln"])
-            row.update(decide(ln_r, se, law["df"]), power=power(se, law["df"]))
+            df = forecast.get("df", law["df"])
+            row.update(decide(ln_r, se, df), power=power(se, df))
             if row["verdict"] == "undecided":
                 row["decided_by"] = what_decides(fit_points, law, held, ln_r)
         rows.append(row)
@@ -184,8 +260,10 @@ def literature_rows(points: list[dict], law: Optional[dict]) -> list[dict]:
     return rows
 
 
-def analyse_sizes(feasible: list[dict], confidence: float = 0.95, holdout: str = "auto") -> dict:
+def analyse_sizes(feasible: list[dict], confidence: float = 0.95, holdout: str = "auto",
+                  registration: Optional[dict] = None) -> dict:
     """Noise, per-cell optima, the law on every measured cell, its RANSAC sensitivity and the held-out verdict."""
+    machines = sorted({str(r.get("cpu")) for r in feasible if r.get("cpu") not in (None, "", "None")})
     noise = seed_noise(feasible)
     points = size_points(feasible, noise, confidence)
     measured = [p for p in points if p["status"] == "measured"]
@@ -193,10 +271,13 @@ def analyse_sizes(feasible: list[dict], confidence: float = 0.95, holdout: str =
     n_sizes = len({p["size"] for p in points})
     if holdout == "none":
         verdict: dict = {"status": "skipped", "reason": "--holdout none"}
+    elif len(machines) > 1:
+        verdict = {"status": "skipped", "reason": f"the trials ran on {len(machines)} CPUs ({'; '.join(machines)}): "
+                                                  "a verdict never pools machines"}
     elif holdout == "auto" and n_sizes < 3:
         verdict = {"status": "skipped", "reason": f"{n_sizes} sizes: a held-out check needs >= 3 (2 to fit)"}
     else:
-        verdict = holdout_verdict(points, confidence)
+        verdict = holdout_verdict(points, confidence, registration)
     return {"sizes": sorted({p["size"] for p in points}, key=lambda s: next(p["n_params"] for p in points
                                                                             if p["size"] == s)),
             "noise": noise, "points": points, "law": law,

@@ -82,9 +82,18 @@ class SweepConfig:
                                     "seed-mean minimum lies")
     holdout: Literal["auto", "largest", "none"] = opt("auto", "multi-size scans: fit on the smaller sizes and check "
                                                               "the forecast on the largest (auto: when >= 3 sizes)")
+    holdout_lr_points: Optional[int] = opt(None, "multi-size scans: lrs of the held-out size's grid (default "
+                                                 "--lr_points)")
+    holdout_replicates: Optional[int] = opt(None, "multi-size scans: seeds per lr at the held-out size (default "
+                                                  "--replicates)")
+    design_rationale: Optional[str] = opt(None, "multi-size scans: a JSON file (e.g. bench/forecast_design.py's "
+                                                "choice and its simulated error rates) copied into the "
+                                                "pre-registration the scan writes before its held-out trials")
     parametrization: Literal["standard", "mup"] = opt("standard", "minimal model: standard, or muP (maximal update: "
                                                                   "width-scaled init, readout and Adam lr)")
     mup_base_width: int = opt(192, "muP: the width at which muP equals the standard parametrization")
+    head_dim: int = opt(32, "minimal model: width of each attention head; every size's width is a multiple of it "
+                            "(16 allows the widths 48, 80, 112, 144 between the default sizes)")
     micro_batch_size: Optional[int] = opt(None, "largest batch per forward pass; bigger batches use gradient "
                                                 "accumulation (default: lr_bs: the trial's batch, so memory is measured at "
                                                 "every batch size; otherwise the budget's batch size)")
@@ -136,6 +145,8 @@ class SweepConfig:
     def validate(self) -> None:
         if self.mup_base_width < 32 or self.mup_base_width % 32:
             raise UserError(f"--mup_base_width must be a multiple of 32, got {self.mup_base_width}")
+        if self.head_dim < 8 or self.head_dim % 8:
+            raise UserError(f"--head_dim must be a multiple of 8 (rotary positions pair channels), got {self.head_dim}")
         if self.threads_per_worker < 0:
             raise UserError(f"--threads_per_worker must be >= 0 (0 = automatic), got {self.threads_per_worker}")
         if self.replicates is not None and self.replicates < 1:
@@ -185,7 +196,7 @@ class SweepConfig:
         if len(set(self.sizes)) < 2:
             raise UserError("--sizes needs at least two different sizes: the joint fit is across model sizes; "
                             "for one size drop --sizes")
-        shapes = [parse_size(size, self.model) for size in self.sizes]
+        shapes = [parse_size(size, self.model, self.head_dim) for size in self.sizes]
         if self.parametrization == "mup" and len({depth for _, depth in shapes}) > 1:
             raise UserError("--parametrization mup transfers across width only: give --sizes of one depth "
                             "(e.g. 64x2 128x2 256x2)")

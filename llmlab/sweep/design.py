@@ -107,15 +107,16 @@ def lr_bs_design(lrs: list[float], batch_sizes: list[int], sizes: list[str] | No
     return [{**trial, "trial_id": f"{size}_{trial['trial_id']}", "size": size} for size in sizes for trial in grid]
 
 
-def parse_size(size: str, model: str) -> tuple[int, int]:
-    """`WIDTHxDEPTH` (e.g. 192x4) -> (width, layers), checked against the family's head size."""
+def parse_size(size: str, model: str, head_dim: int = 32) -> tuple[int, int]:
+    """`WIDTHxDEPTH` (e.g. 192x4) -> (width, layers), checked against the family's head size (the minimal model's
+    is --head_dim)."""
     match = SIZE_PATTERN.match(str(size))
     if not match:
         family = "minimal Transformer" if model == "minimal" else "GPT-2"
         raise UserError(f"--sizes {size!r} is not WIDTHxDEPTH (e.g. 128x2): every size of one scan is a width and a "
                         f"depth of the {family} family of --model {model}")
     width, depth = int(match.group(1)), int(match.group(2))
-    head = 32 if model == "minimal" else 64
+    head = head_dim if model == "minimal" else 64
     if width < head or width % head or depth < 1:
         raise UserError(f"--sizes {size}: the width must be a multiple of the {head}-wide attention heads of "
                         f"--model {model} and the depth >= 1")
@@ -235,12 +236,12 @@ def reference_id(design: list[dict]) -> str:
     return "control" if "control" in ids else ids[0]
 
 def base_design(grid: str, lrs: list[float] | None = None, batch_sizes: list[int] | None = None,
-                model: str = "minimal", seed: int = 42, sizes: list[str] | None = None
+                model: str = "minimal", seed: int = 42, sizes: list[str] | None = None, head_dim: int = 32
                 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Resolve `--grid` (a registered name or a YAML file) to its trials before replication, plus the
     replication settings a YAML file gave."""
     if grid in GRIDS:
-        return GRIDS[grid](lrs=lrs, batch_sizes=batch_sizes, model=model, seed=seed, sizes=sizes), {}
+        return GRIDS[grid](lrs=lrs, batch_sizes=batch_sizes, model=model, seed=seed, sizes=sizes, head_dim=head_dim), {}
     if grid.endswith((".yaml", ".yml")) or Path(grid).exists():
         return grid_from_yaml(grid)
     raise UserError(f"--grid {grid!r} is neither a known grid ({', '.join(GRIDS)}) nor a .yaml file")
@@ -253,7 +254,7 @@ DEFAULT_REPLICATES = {"doe20": 6}
 def build_design(cfg) -> list[dict[str, Any]]:
     """The full design of a sweep config: its grid, then seed replicates (flags win over the grid file)."""
     design, settings = base_design(cfg.grid, lrs=cfg.lrs, batch_sizes=cfg.batch_sizes, model=cfg.model,
-                                   seed=cfg.seed, sizes=cfg.sizes)
+                                   seed=cfg.seed, sizes=cfg.sizes, head_dim=cfg.head_dim)
     replicates = cfg.replicates or settings.get("replicates") or DEFAULT_REPLICATES.get(cfg.grid, 1)
     replicate_all = cfg.replicate_all or settings.get("replicate_all", False) or cfg.grid == "lr_bs"
     replicated = replicate(design, replicates, replicate_all, cfg.seed)
@@ -265,11 +266,11 @@ def build_design(cfg) -> list[dict[str, Any]]:
     return replicated
 
 
-def _lr_bs(lrs=None, batch_sizes=None, model="minimal", sizes=None, **_) -> list[dict[str, Any]]:
+def _lr_bs(lrs=None, batch_sizes=None, model="minimal", sizes=None, head_dim=32, **_) -> list[dict[str, Any]]:
     family = "minimal" if model == "minimal" else "gpt2"
     if sizes:
         for size in sizes:
-            parse_size(size, model)
+            parse_size(size, model, head_dim)
         return lr_bs_design(list(lrs or SIZED_LRS[family]), list(batch_sizes or SIZED_BATCH_SIZES), list(sizes))
     return lr_bs_design(list(lrs or DEFAULT_LRS[family]), list(batch_sizes or DEFAULT_BATCH_SIZES))
 

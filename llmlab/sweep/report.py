@@ -40,6 +40,7 @@ def flat_row(result: dict) -> dict[str, Any]:
                            "seed": result.get("seed"), "replicate": result.get("replicate", 0),
                            "boundary": result.get("boundary", False), "attempts": result.get("attempts"),
                            "model": result.get("model"), "steps": result.get("steps"), "node": result.get("node"),
+                           "cpu": result.get("cpu"),
                            **hp}
     row["fallback"] = result.get("fallback")
     row.update({k: result.get(k) for k in SCALAR_KEYS})

@@ -34,7 +34,7 @@ from llmlab.sweep.design import base_design, build_design, design_table, parse_s
 from llmlab.sweep.factors import resolve
 from llmlab.sweep.launchers import SPLITS, save_token_arrays
 from llmlab.sweep.launchers.local import TrialLauncher, forkserver_context
-from llmlab.sweep.scan import design_for, load_plan, run_scan
+from llmlab.sweep.scan import design_for, load_plan, read_preregistration, run_scan
 from llmlab.sweep.spec import Hparams, TrialSpec
 from llmlab.train.config import parse_clip
 
@@ -106,14 +106,14 @@ def trial_specs(cfg: SweepConfig, design: list[dict], data_info: dict, out_dir: 
                   retry=cfg.retry, timeout_s=cfg.trial_timeout or budget.trial_timeout, device=device,
                   precision=precision,
                   compile=cfg.budget != "smoke" if cfg.compile is None else cfg.compile,
-                  parametrization=cfg.parametrization, mup_base_width=cfg.mup_base_width)
+                  parametrization=cfg.parametrization, mup_base_width=cfg.mup_base_width, head_dim=cfg.head_dim)
     steps = trial_steps(cfg, data_info)
     specs = []
     for trial in design:
         hp = trial_hparams(cfg, trial)
         run_steps = steps or max(1, budget.epochs * data_info["train_rows"] // hp.batch_size)
         micro = cfg.micro_batch_size or (hp.batch_size if cfg.grid == "lr_bs" else budget.batch_size)
-        width, depth = parse_size(hp.size, cfg.model) if hp.size else (None, None)
+        width, depth = parse_size(hp.size, cfg.model, cfg.head_dim) if hp.size else (None, None)
         spec = TrialSpec(**shared, trial_id=trial["trial_id"], trial_dir=str(out_dir / "trials" / trial["trial_id"]),
                          model_width=width, model_depth=depth, hparams=hp, seed=trial["seed"],
                          replicate=trial["replicate"], steps=run_steps, micro_batch_size=micro,
@@ -362,4 +362,5 @@ def _print_parameters(cfg: SweepConfig) -> None:
 
 def _scaling_hook(out_dir: Path, rows: list[dict], holdout: str = "auto") -> None:
     """Hand lr_bs results to the scaling analysis: fits, the held-out check across sizes, the report."""
-    write_lr_bs_report(out_dir, [report.flat_row(r) for r in rows], ScalingOptions(holdout=holdout))
+    write_lr_bs_report(out_dir, [report.flat_row(r) for r in rows],
+                       ScalingOptions(holdout=holdout, preregistration=read_preregistration(out_dir)))

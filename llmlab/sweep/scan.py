@@ -13,17 +13,20 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 import torch
 
 from llmlab.core.errors import UserError
+from llmlab.core.identity import file_sha256
 from llmlab.core.io import atomic_write_json
+from llmlab.core.runinfo import machine_label
 from llmlab.scaling.fits import ScalingOptions, feasible_region
 from llmlab.scaling.law import fit_law, predict
-from llmlab.scaling.optimum import finite
-from llmlab.scaling.transfer import seed_noise, size_points
+from llmlab.scaling.optimum import cell_optimum, finite, grid_extension
+from llmlab.scaling.optimum import ESTIMATOR
+from llmlab.scaling.transfer import BAND, VERDICT_RULE, seed_noise, sigma_model, size_points
 from llmlab.sweep.design import CONTROL, parse_size, replicate
 from llmlab.sweep.factors import REGISTRY
 from llmlab.sweep.report import flat_row
@@ -31,6 +34,7 @@ from llmlab.sweep.spec import Hparams, TrialSpec
 from llmlab.sweep.trial import build_trial_model, non_embedding_parameters
 
 PLAN_FILE = "scan_plan.json"
+PREREGISTRATION = "preregistration.json"
 DEFAULT_CENTER = {"minimal": 3e-3, "gpt2": 1e-3}
 DEFAULT_SIZES = {"minimal": ["32x2", "64x2", "96x2", "128x2", "160x2", "320x2"],
                  "gpt2": ["64x2", "128x2", "192x2", "256x2", "320x2", "640x2"]}
@@ -53,12 +57,12 @@ def centred_grid(centre: float, points: int, step: float) -> list[float]:
     return [round_lr(centre * step ** (k - (points - 1) / 2)) for k in range(points)]
 
 
-def size_parameters(size: str, model: str) -> int:
+def size_parameters(size: str, model: str, head_dim: int = 32) -> int:
     """Non-embedding N of one scanned size, built on the meta device (no memory, no time)."""
-    width, depth = parse_size(size, model)
+    width, depth = parse_size(size, model, head_dim)
     hp = Hparams(**{**{name: None for name in REGISTRY}, "position_encoding": "rope"})
     spec = TrialSpec(trial_id=size, trial_dir="", data_dir="", hparams=hp, seed=0, steps=1, model=model,
-                     model_width=width, model_depth=depth)
+                     model_width=width, model_depth=depth, head_dim=head_dim)
     with torch.device("meta"):
         return non_embedding_parameters(build_trial_model(spec, hp))
 
@@ -66,7 +70,7 @@ def size_parameters(size: str, model: str) -> int:
 def scan_sizes(cfg) -> list[str]:
     family = "minimal" if cfg.model == "minimal" else "gpt2"
     sizes = DEFAULT_SIZES[family] if cfg.sizes == ["default"] else list(cfg.sizes)
-    return sorted(sizes, key=lambda s: size_parameters(s, cfg.model))
+    return sorted(sizes, key=lambda s: size_parameters(s, cfg.model, cfg.head_dim))
 
 
 def _feasible(rows: list[dict]) -> list[dict]:
@@ -89,7 +93,10 @@ def running_centre(cfg, size: str, batch: int, rows: list[dict], n_of: dict[str,
         if law["status"] == "ok":
             forecast = predict(law, n_of[size], batch)
             return {"centre": forecast["lr"], "source": f"law fitted on {', '.join(law['sizes'])}",
-                    "prediction_interval": forecast["pi"], "alpha": law["alpha"]}
+                    "prediction_interval": forecast["pi"], "alpha": law["alpha"],
+                    "law": {"params": law["params"], "cov": law["cov"], "df": law["df"], "tau2": law["tau2"],
+                            "ln_lr": forecast["ln_lr"], "se_mean": forecast["se_mean"], "se_pred": forecast["se_pred"],
+                            "sizes": law["sizes"]}}
     if len(measured) == 2:  # a line through two optima: a forecast without an interval
         (a, b) = sorted(measured, key=lambda m: m["n_params"])
         slope = (b["ln_lr_opt"] - a["ln_lr_opt"]) / math.log(b["n_params"] / a["n_params"])
@@ -101,32 +108,25 @@ def running_centre(cfg, size: str, batch: int, rows: list[dict], n_of: dict[str,
     return {"centre": lr, "source": "--lr_center" if cfg.lr_center else "default centre"}
 
 
-def extension(trials: list[dict], feasible_ids: set, step: float) -> list[float]:
-    """lrs to add so the seed-mean minimum has two scanned lrs on each side (none past a diverged side)."""
+def extension(trials: list[dict], feasible_ids: set, step: float, status: str = "measured") -> list[float]:
+    """lrs to add to one cell (optimum.grid_extension): a seed-mean minimum with fewer than two scanned lrs on a
+    side, or a side the vertex's bootstrap leaves open (`status` censored_low / censored_high)."""
     lrs = sorted({float(t["lr"]) for t in trials})
-    means = {}
+    means = []
     for lr in lrs:
         losses = [float(t["final_loss"]) for t in trials if float(t["lr"]) == lr and t["trial_id"] in feasible_ids]
-        means[lr] = float(np.mean(losses)) if losses else math.inf
-    if not any(math.isfinite(m) for m in means.values()):
-        return []  # nothing trained: no direction to extend in
-    best = min(lrs, key=lambda lr: means[lr])
-    below, above = [lr for lr in lrs if lr < best], [lr for lr in lrs if lr > best]
-    new = [round_lr(lrs[0] / step ** k) for k in range(1, 3 - len(below))] if len(below) < 2 else []
-    diverged_above = any(not math.isfinite(means[lr]) for lr in above)
-    if len(above) < 2 and not diverged_above:
-        new += [round_lr(lrs[-1] * step ** k) for k in range(1, 3 - len(above))]
-    return new
+        means.append(float(np.mean(losses)) if losses else math.inf)
+    return grid_extension(lrs, means, status, step)
 
 
 def design_for(plan: dict, seeds: int, seed: int) -> list[dict]:
-    """Every planned trial: each (size, batch)'s lrs x seeds, in the plan's order."""
-    base = []
+    """Every planned trial: each (size, batch)'s lrs x its seeds (the cell's own count, else `seeds`), in order."""
+    design = []
     for cell in plan["cells"]:
-        for lr in sorted(cell["lrs"]):
-            base.append({"trial_id": cell_id(cell["size"], lr, cell["batch_size"]), **CONTROL, "lr": lr,
-                         "batch_size": cell["batch_size"], "size": cell["size"]})
-    return replicate(base, seeds, True, seed)
+        base = [{"trial_id": cell_id(cell["size"], lr, cell["batch_size"]), **CONTROL, "lr": lr,
+                 "batch_size": cell["batch_size"], "size": cell["size"]} for lr in sorted(cell["lrs"])]
+        design += replicate(base, cell.get("seeds", seeds), True, seed)
+    return design
 
 
 def load_plan(out_dir: Path) -> dict:
@@ -143,38 +143,111 @@ def load_plan(out_dir: Path) -> dict:
                         "pick a new --output_dir") from None
 
 
+def pin_machine(plan: dict, out_dir: Path) -> None:
+    """One machine per statistic: a scan's seed SD, vertices and verdict come from one CPU, so a resume on another
+    is refused (the lab's losses differ between CPUs by more than its seed noise, docs/findings)."""
+    here = machine_label()
+    if "machine" not in plan and plan["cells"]:  # a scan from before machines were pinned: what its run recorded
+        try:
+            hardware = json.loads((out_dir / "run_info.json").read_text()).get("hardware", {})
+        except (OSError, ValueError):
+            hardware = {}
+        plan["machine"] = hardware.get("machine") or f"{hardware.get('cpu_model') or 'a CPU'} (not fully recorded)"
+    pinned = plan.setdefault("machine", here)
+    if pinned != here:
+        raise UserError(f"{out_dir} is a scan on {pinned}, and this machine is {here}: its statistics would pool two "
+                        "CPUs. Resume it on the same kind of machine, or start a new --output_dir")
+
+
 def run_scan(cfg, out_dir: Path, seeds: int, run_design: Callable[[list[dict]], list[dict]]) -> list[dict]:
     """Run the scan size by size; `run_design(design)` runs what is pending and returns every finished row."""
     sizes = scan_sizes(cfg)
-    n_of = {size: size_parameters(size, cfg.model) for size in sizes}
+    n_of = {size: size_parameters(size, cfg.model, cfg.head_dim) for size in sizes}
     batches = [int(b) for b in (cfg.batch_sizes or [4])]
     plan = load_plan(out_dir)
-    plan.update(sizes=sizes, n_params=n_of, step=cfg.lr_step, points=cfg.lr_points, held_out=sizes[-1])
+    held_out = sizes[-1] if cfg.holdout != "none" and (cfg.holdout == "largest" or len(sizes) >= 3) else None
+    plan.update(sizes=sizes, n_params=n_of, step=cfg.lr_step, points=cfg.lr_points, held_out=held_out)
+    pin_machine(plan, out_dir)
     rows = _flat(run_design(design_for(plan, seeds, cfg.seed))) if plan["cells"] else []
     for size in sizes:
         for batch in batches:
             cell = next((c for c in plan["cells"] if c["size"] == size and c["batch_size"] == batch), None)
             if cell is None:
+                held = size == held_out
                 start = running_centre(cfg, size, batch, rows, n_of)
-                lrs = sorted(round_lr(lr) for lr in cfg.lrs) if cfg.lrs else centred_grid(start["centre"], cfg.lr_points,
+                points = (cfg.holdout_lr_points or cfg.lr_points) if held else cfg.lr_points
+                lrs = sorted(round_lr(lr) for lr in cfg.lrs) if cfg.lrs else centred_grid(start["centre"], points,
                                                                                             cfg.lr_step)
-                cell = {"size": size, "batch_size": batch, **start, "extensions": 0, "lrs": lrs}
+                cell = {"size": size, "batch_size": batch, **start, "extensions": 0, "lrs": lrs,
+                        "seeds": (cfg.holdout_replicates or seeds) if held else seeds}
+                if held:
+                    preregister(cfg, out_dir, plan, cell, rows)
                 plan["cells"].append(cell)
                 atomic_write_json(out_dir / PLAN_FILE, plan)
-                print(f"scan: {size} batch {batch}: {len(cell['lrs'])} lrs centred on {start['centre']:.3g} "
-                      f"({start['source']})", flush=True)
+                print(f"scan: {size} batch {batch}: {len(cell['lrs'])} lrs x {cell['seeds']} seeds centred on "
+                      f"{start['centre']:.3g} ({start['source']})", flush=True)
         rows = _run_size(cfg, out_dir, plan, size, seeds, run_design)
     return run_design(design_for(plan, seeds, cfg.seed))
+
+
+def read_preregistration(out_dir: Path) -> Optional[dict]:
+    """The scan's pre-registration with its sha256 and whether today's estimator and verdict rule are the registered
+    ones; None when the folder has none."""
+    path = out_dir / PREREGISTRATION
+    if not path.is_file():
+        return None
+    try:
+        registration = json.loads(path.read_text())
+        if not isinstance(registration, dict) or "forecast" not in registration:
+            raise ValueError("not a pre-registration")
+    except (ValueError, UnicodeDecodeError):
+        raise UserError(f"{path} is damaged: the held-out verdict has no registered forecast to judge; restore it "
+                        "from version control (a forecast made now would not be a pre-registration)") from None
+    return {**registration, "sha256": file_sha256(path), "file": PREREGISTRATION,
+            "estimator_unchanged": registration.get("estimator") == ESTIMATOR,
+            "rule_unchanged": registration.get("verdict_rule") == VERDICT_RULE}
+
+
+def preregister(cfg, out_dir: Path, plan: dict, cell: dict, rows: list[dict]) -> None:
+    """Before the held-out size's first trial: its forecast and prediction interval, the estimator, the verdict rule
+    and the design, in one file whose sha256 the report prints. The verdict is judged against this forecast."""
+    path = out_dir / PREREGISTRATION
+    if path.exists():
+        return
+    rationale = None
+    if cfg.design_rationale:
+        try:
+            rationale = json.loads(Path(cfg.design_rationale).read_text())
+        except (OSError, ValueError) as err:
+            raise UserError(f"--design_rationale {cfg.design_rationale}: not a readable JSON file ({err})") from None
+    held_rows = [r for r in rows if str(r.get("size")) == cell["size"]]
+    atomic_write_json(path, {
+        "written_before_held_out_trials": not held_rows, "held_out": cell["size"], "batch_size": cell["batch_size"],
+        "n_params": plan["n_params"][cell["size"]],
+        "forecast": {"lr": cell["centre"], "prediction_interval": cell.get("prediction_interval"),
+                     "source": cell["source"], "alpha": cell.get("alpha"), "law": cell.get("law")},
+        "estimator": ESTIMATOR, "verdict_rule": VERDICT_RULE, "band": BAND,
+        "design": {"fit_cells": [{k: c[k] for k in ("size", "batch_size", "lrs", "seeds", "extensions")}
+                                 for c in plan["cells"]],
+                   "held_out_lrs": cell["lrs"], "held_out_seeds": cell["seeds"], "lr_step": cfg.lr_step,
+                   "max_lr_extensions": cfg.max_lr_extensions, "budget": cfg.budget, "steps": cfg.steps,
+                   "head_dim": cfg.head_dim, "parametrization": cfg.parametrization},
+        "machine": plan["machine"], "fit_trials": len(rows), "design_rationale": rationale})
+    print(f"scan: pre-registered the {cell['size']} forecast {cell['centre']:.3g} in {path} "
+          f"(sha256 {file_sha256(path)[:16]})", flush=True)
 
 
 def _run_size(cfg, out_dir: Path, plan: dict, size: str, seeds: int, run_design) -> list[dict]:
     while True:
         rows = _flat(run_design(design_for(plan, seeds, cfg.seed)))
-        feasible_ids = {r["trial_id"] for r in _feasible(rows)}
+        feasible = _feasible(rows)
+        feasible_ids = {r["trial_id"] for r in feasible}
+        sigma = sigma_model(seed_noise(feasible), size)
         grew = False
         for cell in (c for c in plan["cells"] if c["size"] == size):
             trials = [r for r in rows if str(r.get("size")) == size and finite(r.get("batch_size")) == cell["batch_size"]]
-            new = [lr for lr in extension(trials, feasible_ids, cfg.lr_step) if lr not in cell["lrs"]]
+            status = cell_optimum([r for r in trials if r["trial_id"] in feasible_ids], sigma)["status"]
+            new = [lr for lr in extension(trials, feasible_ids, cfg.lr_step, status) if lr not in cell["lrs"]]
             if new and cell["extensions"] < cfg.max_lr_extensions:
                 cell["lrs"] = sorted(cell["lrs"] + new)
                 cell["extensions"] += 1

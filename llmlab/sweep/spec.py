@@ -31,6 +31,7 @@ class TrialSpec:
     embedding: str = "trainable"
     parametrization: str = "standard"
     mup_base_width: int = 192
+    head_dim: int = 32  # the minimal model's attention head width
     gradient_checkpointing: bool = False
     block_size: int = 128
     micro_batch_size: Optional[int] = None  # the largest batch per forward pass (None: the trial's batch)

@@ -56,9 +56,9 @@ def sd_interval(sd: float, df: int) -> tuple[float, float]:
 
 def pure_error(rows: list[dict], metric: str) -> dict:
     """Pooled SD between seed replicates of the same design point, its df and 95 % interval: the noise floor."""
-    groups: dict[str, list[float]] = {}
-    for row in _ok(rows, metric):
-        groups.setdefault(str(row.get("point", row["trial_id"])), []).append(float(row[metric]))
+    groups: dict[tuple, list[float]] = {}
+    for row in _ok(rows, metric):  # replicates on different machines are not replicates of each other
+        groups.setdefault((str(row.get("point", row["trial_id"])), machine_of(row)), []).append(float(row[metric]))
     replicated = [np.array(v) for v in groups.values() if len(v) >= 2]
     df = sum(len(v) - 1 for v in replicated)
     if df == 0:
@@ -82,10 +82,26 @@ def detectable(se: float, df: int) -> float:
     return (sps.t.ppf(1 - ALPHA / 2, df) + sps.t.ppf(POWER, df)) * se
 
 
+def machine_of(row: dict) -> str:
+    """The CPU a run recorded (llmlab.core.runinfo.machine_label); '' for runs from before it was recorded."""
+    value = row.get("cpu")
+    return "" if value in (None, "", "None") or (isinstance(value, float) and math.isnan(value)) else str(value)
+
+
 def _frame(rows: list[dict], metric: str, factors: list[str]) -> tuple[pd.DataFrame, list[str]]:
     ok = _ok(rows, metric)
-    frame = pd.DataFrame({"y": [float(r[metric]) for r in ok], **{f: [str(r.get(f)) for r in ok] for f in factors}})
+    frame = pd.DataFrame({"y": [float(r[metric]) for r in ok], **{f: [str(r.get(f)) for r in ok] for f in factors},
+                          "machine": [machine_of(r) for r in ok]})
     return frame, [f for f in factors if frame[f].nunique() > 1]
+
+
+def _machine_block(frame: pd.DataFrame) -> tuple[str, Optional[str]]:
+    """A fixed machine effect when the runs come from several CPUs (never pooled without one): the formula term and
+    the reference machine (the one with most runs), or no term."""
+    if frame["machine"].nunique() < 2:
+        return "", None
+    reference = frame["machine"].value_counts().index[0]
+    return f" + C(machine, Treatment(reference={reference!r}))", reference
 
 
 def _order_key(factor: str, value: str, order: Optional[dict[str, list]]) -> tuple:
@@ -109,7 +125,8 @@ def fit_effects(rows: list[dict], factors: list[str], reference: dict[str, Any],
     frame, usable = _frame(rows, metric, factors)
     refs = {f: str(reference.get(f)) for f in usable}
     usable = [f for f in usable if refs[f] in set(frame[f])]  # a reference level that never ran cannot anchor
-    n_params = 1 + sum(frame[f].nunique() - 1 for f in usable)
+    block, machine_ref = _machine_block(frame)
+    n_params = 1 + sum(frame[f].nunique() - 1 for f in usable) + (frame["machine"].nunique() - 1 if block else 0)
     empty = {"contrasts": [], "noise": None, "n": len(frame), "params": n_params, "factors": usable,
              "reference": refs, "metric": metric}
     if not usable or len(frame) <= n_params:
@@ -118,7 +135,7 @@ def fit_effects(rows: list[dict], factors: list[str], reference: dict[str, Any],
     typed = frame.assign(**{f: frame[f].astype(pd.CategoricalDtype(levels[f])) for f in usable})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fit = smf.ols("y ~ " + " + ".join(_term(f, refs[f]) for f in usable), data=typed).fit()
+        fit = smf.ols("y ~ " + " + ".join(_term(f, refs[f]) for f in usable) + block, data=typed).fit()
     df = int(fit.df_resid)
     sigma = math.sqrt(fit.ssr / df)
     if not sigma > 0:  # a fit with no residual has no noise estimate: nothing to judge effects against
@@ -137,10 +154,24 @@ def fit_effects(rows: list[dict], factors: list[str], reference: dict[str, Any],
                               "p_value": float(2 * sps.t.sf(abs(effect / se), df)), "mde_80": detectable(se, df)})
     for contrast, adjusted in zip(contrasts, holm([c["p_value"] for c in contrasts])):
         contrast.update(p_holm=adjusted, verdict="resolved" if adjusted < ALPHA else "within noise")
-    noise = {"sd": sigma, "df": df, "source": "residual of the main-effects fit (pure error + lack of fit)",
-             "pure_error": pure_error(rows, metric)}
+    noise = {"sd": sigma, "df": df, "source": "residual of the main-effects fit (pure error + lack of fit)"
+             + (", with a fixed machine effect" if block else ""), "pure_error": pure_error(rows, metric),
+             "machines": _machine_effects(fit, frame, machine_ref, t) if block else None}
     return {**empty, "contrasts": contrasts, "noise": noise, "fit": fit, "frame": typed, "levels": levels,
             "lack_of_fit": lack_of_fit(fit, noise["pure_error"])}
+
+
+def _machine_effects(fit, frame: pd.DataFrame, reference: str, t: float) -> list[dict]:
+    """Each other machine minus the reference machine, at equal settings (a nuisance term: no Holm family)."""
+    effects = []
+    for machine in sorted(set(frame["machine"]) - {reference}):
+        name = f"C(machine, Treatment(reference={reference!r}))[T.{machine}]"
+        effect, se = float(fit.params[name]), float(fit.bse[name])
+        effects.append({"machine": machine or "not recorded", "reference": reference or "not recorded",
+                        "runs": int((frame["machine"] == machine).sum()), "effect": effect,
+                        "ci": [effect - t * se, effect + t * se], "p_value": float(2 * sps.t.sf(abs(effect / se),
+                                                                                              fit.df_resid))})
+    return effects
 
 
 def lack_of_fit(fit, pure: dict) -> Optional[dict]:
@@ -161,7 +192,8 @@ def factor_tests(fitted: dict) -> list[dict]:
         warnings.simplefilter("ignore")
         table = anova_lm(fitted["fit"], typ=2).drop(index="Residual")
     found = [{"factor": name.split("(")[1].split(",")[0], "df": int(row["df"]), "F": float(row["F"]),
-              "p_value": float(row["PR(>F)"])} for name, row in table.iterrows()]
+              "p_value": float(row["PR(>F)"])} for name, row in table.iterrows()
+             if not name.startswith("C(machine")]  # a nuisance block, not a factor of the design
     for test, adjusted in zip(found, holm([t["p_value"] for t in found])):
         test.update(p_holm=adjusted, verdict="resolved" if adjusted < ALPHA else "within noise")
     return found

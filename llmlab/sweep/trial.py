@@ -34,6 +34,7 @@ from accelerate.utils import set_seed
 from llmlab.core.device import peak_rss_mb
 from llmlab.core.io import atomic_write_json
 from llmlab.core.runfolder import process_start_time
+from llmlab.core.runinfo import machine_label
 from llmlab.core.tracking import MetricsLogger, session_records
 from llmlab.models.gpt2 import build_gpt2_model
 from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig
@@ -64,7 +65,7 @@ def build_trial_model(spec: TrialSpec, hp: Hparams) -> torch.nn.Module:
                        parametrization=spec.parametrization,
                        mup_base_width=spec.mup_base_width,
                        gradient_checkpointing=spec.gradient_checkpointing)
-        cfg = (MinimalTransformerConfig.of_size(width, depth, **options) if width
+        cfg = (MinimalTransformerConfig.of_size(width, depth, spec.head_dim, **options) if width
                else MinimalTransformerConfig(**options))
         return MinimalTransformer(cfg)
     shape = {"n_embd": width, "n_layer": depth, "n_head": width // 64} if width else {}
@@ -522,7 +523,8 @@ def run_trial(spec_path: str | Path) -> dict:
     data = load_data(Path(spec.data_dir))
     data_loaded = time.time() - started
     hp = spec.hparams
-    result: dict[str, Any] = {"trial_id": spec.trial_id, "node": socket.gethostname(), "hparams": asdict(spec.hparams),
+    result: dict[str, Any] = {"trial_id": spec.trial_id, "node": socket.gethostname(), "cpu": machine_label(),
+                              "hparams": asdict(spec.hparams),
                               "model": spec.model,
                               "steps": spec.steps, "seed": spec.seed, "replicate": spec.replicate,
                               "attempts": 0, "boundary": False, "failures": [], "fallback": None}

@@ -1,0 +1,139 @@
+"""Choose the held-out forecast's design by simulating the whole pipeline (llmlab.scaling.simulate).
+
+The world the simulation plants:
+- N per size from the model itself (meta device), at the scan's --head_dim;
+- the curvature of the loss bowl, log-linear in N, fitted to the vertices of the shipped standard scan;
+- the seed SD per size: pinned on this machine where a calibration folder gives it (--sigma_from), log-linear in N
+  elsewhere through the shipped scan's per-size values shifted to the pinned level; and a pessimistic world with
+  the shipped scan's pooled sigma at every size;
+- the slope of the seed noise in lr, from the pooled calibration data.
+Every candidate design is run through the same estimator, law fit and verdict rule as the report, at an exact
+forecast and at 1.5x and 2x misses. The cheapest design whose P(95 % CI excludes 1 | 1.5x miss) reaches --target
+in the "as measured" world is chosen; its numbers are written as JSON (--output), which `sweep.py
+--design_rationale` copies into the scan's pre-registration.
+
+    python bench/forecast_design.py --sigma_from docs/findings/lr-forecast-sigma --output design.json
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from llmlab.core.runinfo import machine_label  # noqa: E402
+from llmlab.scaling.simulate import Design, Truth, operating_characteristics  # noqa: E402
+from llmlab.scaling.transfer import seed_noise  # noqa: E402
+from llmlab.sweep.report import flat_row  # noqa: E402
+from llmlab.sweep.scan import size_parameters  # noqa: E402
+
+SHIPPED = Path(__file__).resolve().parents[1] / "docs" / "findings" / "lr-sizes-std"
+FIT_FINE = tuple(f"{w}x2" for w in range(32, 161, 16))
+FIT_COARSE = tuple(f"{w}x2" for w in range(32, 161, 32))
+
+
+def rows_of(folder: Path) -> list[dict]:
+    """Finished trials of a sweep folder (its results.csv, or its trials' result.json while it still runs)."""
+    if (folder / "results.csv").is_file():
+        with open(folder / "results.csv") as handle:
+            rows = list(csv.DictReader(handle))
+    else:
+        rows = [flat_row(json.loads(p.read_text())) for p in sorted(folder.glob("trials/*/result.json"))]
+    rows = [r for r in rows if r["status"] == "ok"]
+    for r in rows:
+        r.update(lr=float(r["lr"]), final_loss=float(r["final_loss"]), batch_size=float(r["batch_size"]))
+    return rows
+
+
+def loglinear(xs, ys):
+    slope, intercept = np.polyfit(np.log(xs), np.log(ys), 1)
+    return lambda n: float(math.exp(intercept + slope * math.log(n)))
+
+
+def worlds(sigma_from: Path, head_dim: int) -> tuple[dict, dict]:
+    shipped = json.loads((SHIPPED / "scaling_fits.json").read_text())["transfer"]
+    measured = [p for p in shipped["points"] if p["status"] == "measured"]
+    curvature = loglinear([p["n_params"] for p in measured], [p["curvature"] for p in measured])
+    per_size = shipped["noise"]["per_size"]
+    n_shipped = {p["size"]: p["n_params"] for p in shipped["points"]}
+    sigma_shape = loglinear([n_shipped[s] for s in per_size], [per_size[s]["sigma"] for s in per_size])
+    pinned = seed_noise(rows_of(sigma_from))
+    anchors = {s: v["sigma"] for s, v in pinned["per_size"].items() if v["sigma"]}
+    shift = float(np.exp(np.mean([math.log(anchors[s] / sigma_shape(n_shipped[s])) for s in anchors])))
+    sizes = sorted(set(FIT_FINE) | {"320x2"}, key=lambda s: int(s.split("x")[0]))
+    n_of = {s: float(size_parameters(s, "minimal", head_dim)) for s in sizes}
+    slope = pinned["lr_trend"].get("slope_ln_var", 0.0) if pinned["lr_trend"].get("used") else 0.0
+    common = dict(n_params=n_of, curvature={s: curvature(n) for s, n in n_of.items()}, noise_lr_slope=slope)
+    as_measured = Truth(**common, sigma={s: anchors.get(s) or shift * sigma_shape(n) for s, n in n_of.items()})
+    pessimistic = Truth(**common, sigma={s: shipped["noise"]["sigma"] for s in n_of})
+    facts = {"pinned": {s: {"sigma": v["sigma"], "df": v["df"]} for s, v in pinned["per_size"].items()},
+             "lr_trend": pinned["lr_trend"], "shift_vs_shipped": shift, "machine": machine_label(),
+             "shipped_pooled_sigma": shipped["noise"]["sigma"]}
+    return {"as measured": as_measured, "sigma 0.071 everywhere": pessimistic}, facts
+
+
+def candidates() -> dict[str, Design]:
+    return {
+        "9 sizes x 5 lrs x 5 seeds, held 7 x 2": Design(FIT_FINE, "320x2", 5, 5, 7, 2),
+        "9 sizes x 5 lrs x 4 seeds, held 7 x 2": Design(FIT_FINE, "320x2", 5, 4, 7, 2),
+        "9 sizes x 5 lrs x 3 seeds, held 7 x 2": Design(FIT_FINE, "320x2", 5, 3, 7, 2),
+        "9 sizes x 5 lrs x 3 seeds, held 7 x 4": Design(FIT_FINE, "320x2", 5, 3, 7, 4),
+        "5 sizes x 5 lrs x 5 seeds, held 7 x 2": Design(FIT_COARSE, "320x2", 5, 5, 7, 2),
+        "5 sizes x 7 lrs x 2 seeds, held 7 x 2 (the shipped design)": Design(FIT_COARSE, "320x2", 7, 2, 7, 2),
+    }
+
+
+def _run(job):
+    name, world, truth, design, reps, seed = job
+    return name, world, operating_characteristics(truth, design, reps, seed)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sigma_from", type=Path, required=True, help="calibration sweep folder (results.csv)")
+    parser.add_argument("--head_dim", type=int, default=16, help="the scan's --head_dim (16: widths 48, 80, ...)")
+    parser.add_argument("--reps", type=int, default=200, help="simulated scans per design, world and miss")
+    parser.add_argument("--target", type=float, default=0.8, help="power the chosen design must reach")
+    parser.add_argument("--workers", type=int, default=2, help="processes")
+    parser.add_argument("--output", type=Path, required=True, help="JSON: every design's rates and the choice")
+    args = parser.parse_args(argv)
+    started = time.time()
+    truths, facts = worlds(args.sigma_from, args.head_dim)
+    designs = candidates()
+    jobs = [(name, world, truth, design, args.reps, i) for i, (name, design) in enumerate(designs.items())
+            for world, truth in truths.items()]
+    with ProcessPoolExecutor(args.workers) as pool:
+        results = list(pool.map(_run, jobs))
+    table = {}
+    for name, world, oc in results:
+        table.setdefault(name, {"trials": oc["trials"], "design": oc["design"]})[world] = oc["summary"]
+    key = "power: P(95 % CI excludes 1 | 1.5x miss)"
+    passing = [n for n, r in table.items() if r["as measured"][key] >= args.target]
+    chosen = min(passing, key=lambda n: table[n]["trials"]) if passing else max(table, key=lambda n: table[n]["as measured"][key])
+    print(f"| design | trials | world | {' | '.join(next(iter(table.values()))['as measured'])} |")
+    print("|---|---|---|" + "---|" * len(next(iter(table.values()))["as measured"]))
+    for name, row in table.items():
+        for world in truths:
+            print(f"| {name}{' **(chosen)**' if name == chosen else ''} | {row['trials']} | {world} | "
+                  + " | ".join(f"{v:.0%}" for v in row[world].values()) + " |")
+    out = {"chosen": chosen, "reached_target": bool(passing), "target": args.target, "reps": args.reps,
+           "summary": table[chosen]["as measured"], "design": table[chosen]["design"], "designs": table,
+           "world": {w: {"sigma": t.sigma, "curvature": t.curvature, "n_params": t.n_params,
+                         "noise_lr_slope": t.noise_lr_slope, "alpha": t.alpha, "centring_sd": t.centring_sd}
+                     for w, t in truths.items()},
+           "facts": facts, "seconds": round(time.time() - started)}
+    args.output.write_text(json.dumps(out, indent=1, default=str))
+    print(f"chosen: {chosen} ({'reaches' if passing else 'misses'} {args.target:.0%}); wrote {args.output} "
+          f"in {out['seconds']} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
