@@ -85,6 +85,9 @@ def candidates() -> dict[str, Design]:
         "9 sizes x 5 lrs x 4 seeds, held 7 x 2": Design(FIT_FINE, "320x2", 5, 4, 7, 2),
         "9 sizes x 5 lrs x 3 seeds, held 7 x 2": Design(FIT_FINE, "320x2", 5, 3, 7, 2),
         "9 sizes x 5 lrs x 3 seeds, held 7 x 4": Design(FIT_FINE, "320x2", 5, 3, 7, 4),
+        "9 sizes x 5 lrs x 3 seeds, held 7 x 6": Design(FIT_FINE, "320x2", 5, 3, 7, 6),
+        "9 sizes x 5 lrs x 3 seeds, held 7 x 8": Design(FIT_FINE, "320x2", 5, 3, 7, 8),
+        "9 sizes x 5 lrs x 4 seeds, held 7 x 6": Design(FIT_FINE, "320x2", 5, 4, 7, 6),
         "5 sizes x 5 lrs x 5 seeds, held 7 x 2": Design(FIT_COARSE, "320x2", 5, 5, 7, 2),
         "5 sizes x 7 lrs x 2 seeds, held 7 x 2 (the shipped design)": Design(FIT_COARSE, "320x2", 7, 2, 7, 2),
     }
@@ -103,15 +106,20 @@ def main(argv=None) -> int:
     parser.add_argument("--target", type=float, default=0.8, help="power the chosen design must reach")
     parser.add_argument("--workers", type=int, default=2, help="processes")
     parser.add_argument("--output", type=Path, required=True, help="JSON: every design's rates and the choice")
+    parser.add_argument("--reuse", type=Path, help="an earlier --output: designs it holds (same reps) are not rerun")
     args = parser.parse_args(argv)
     started = time.time()
     truths, facts = worlds(args.sigma_from, args.head_dim)
     designs = candidates()
+    table = {}
+    if args.reuse:
+        earlier = json.loads(args.reuse.read_text())
+        if earlier["reps"] == args.reps:
+            table = {name: row for name, row in earlier["designs"].items() if name in designs}
     jobs = [(name, world, truth, design, args.reps, i) for i, (name, design) in enumerate(designs.items())
-            for world, truth in truths.items()]
+            for world, truth in truths.items() if name not in table]
     with ProcessPoolExecutor(args.workers) as pool:
         results = list(pool.map(_run, jobs))
-    table = {}
     for name, world, oc in results:
         table.setdefault(name, {"trials": oc["trials"], "design": oc["design"]})[world] = oc["summary"]
     key = "power: P(95 % CI excludes 1 | 1.5x miss)"
@@ -119,6 +127,7 @@ def main(argv=None) -> int:
     chosen = min(passing, key=lambda n: table[n]["trials"]) if passing else max(table, key=lambda n: table[n]["as measured"][key])
     print(f"| design | trials | world | {' | '.join(next(iter(table.values()))['as measured'])} |")
     print("|---|---|---|" + "---|" * len(next(iter(table.values()))["as measured"]))
+    table = {name: table[name] for name in designs}
     for name, row in table.items():
         for world in truths:
             print(f"| {name}{' **(chosen)**' if name == chosen else ''} | {row['trials']} | {world} | "
