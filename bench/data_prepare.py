@@ -28,8 +28,7 @@ from llmlab.data.tokenizer import load_tokenizer  # noqa: E402
 def blocks_digest(prepared) -> str:
     h = hashlib.sha256()
     for split in (prepared.train, prepared.validation):
-        for chunk in split.data.column("input_ids").chunks:
-            h.update(chunk.values.to_numpy().tobytes())
+        h.update(split["input_ids"].tobytes())
     return h.hexdigest()[:16]
 
 

@@ -1,7 +1,7 @@
 """Corpus sources: the builtin Wikipedia sample, a hub dataset, or local .txt/.jsonl/.parquet files.
 
-Each source yields a `datasets.Dataset` with one column, "text", plus a fingerprint that changes
-whenever the source's content may have changed (it keys the prepared-data cache).
+Each source streams its documents one at a time (iter_documents), plus a fingerprint that changes whenever the
+source's content may have changed (it keys the prepared-data cache).
 """
 from __future__ import annotations
 
@@ -76,24 +76,101 @@ def source_fingerprint(source: str, dataset_config: Optional[str], text_field: s
     return {"source": "hub", "name": source, "config": dataset_config, "text_field": text_field}
 
 
-def load_corpus(source: str, dataset_config: Optional[str], text_field: str, max_documents: Optional[int]):
-    """The raw documents of `source` as a Dataset with a "text" column (at most `max_documents` rows),
-    and whether that text is wikitext (to be run through gensim's wiki filter during cleaning)."""
-    from datasets import Dataset
-
+def iter_documents(source: str, dataset_config: Optional[str], text_field: str):
+    """The raw documents of `source` one at a time, in a fixed order, never all in memory: the builtin sample's
+    articles, local files in sorted order (.txt one document, .jsonl one per line, .parquet one per row, each cut
+    at MAX_DOCUMENT_CHARS), or a hub dataset read with streaming=True. Non-UTF-8 input is a one-line error naming
+    the file and line (or row)."""
     if source == BUILTIN_WIKI:
-        return Dataset.from_dict({"text": list(_wiki_article_markup(builtin_wiki_path(), max_documents))}), True
-    if looks_local(source):
-        texts: list[str] = []
-        for path in local_files(source):
-            if max_documents is not None and len(texts) >= max_documents:
-                break
-            texts.extend(_read_local(path, text_field))
-        return Dataset.from_dict({"text": texts[:max_documents] if max_documents else texts}), False
-    ds = _load_hub_corpus(source, dataset_config, text_field)
-    if max_documents is not None:
-        ds = ds.select(range(min(max_documents, len(ds))))
-    return ds, False
+        yield from _wiki_article_markup(builtin_wiki_path(), None)
+        return
+    if not looks_local(source):
+        yield from _stream_hub_corpus(source, dataset_config, text_field)
+        return
+    for path in local_files(source):
+        if path.suffix == ".txt":
+            text = "".join(line for _, line in utf8_lines(path))  # one document per file, strictly UTF-8
+            yield from split_long_document(text)
+        elif path.suffix == ".jsonl":
+            yield from _jsonl_texts(path, text_field)
+        else:
+            yield from _parquet_texts(path, text_field)
+
+
+def _parquet_texts(path: Path, text_field: str):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        handle = pq.ParquetFile(path)
+    except Exception as err:  # pyarrow raises several types for a corrupt file
+        raise UserError(f"{path} is not a readable parquet file ({str(err).splitlines()[0][:120]})") from None
+    if text_field not in handle.schema_arrow.names:
+        raise UserError(f"{path} has no column {text_field!r} (columns: {', '.join(handle.schema_arrow.names)}); "
+                        "pass --text_field NAME")
+    row = 0
+    for batch in handle.iter_batches(columns=[text_field], batch_size=1024):
+        column = batch.column(0)
+        if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+            for offset, value in enumerate(column.to_pylist()):  # bytes: decode strictly, naming the row
+                try:
+                    text = value.decode("utf-8") if value is not None else None
+                except UnicodeDecodeError as err:
+                    raise UserError(f"{path}: row {row + offset + 1} of column {text_field!r} is not UTF-8 text "
+                                    f"(byte 0x{value[err.start]:02x} at position {err.start + 1}); store UTF-8 "
+                                    "strings") from None
+                if text is not None:
+                    yield from split_long_document(text)
+        elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            for text in column.to_pylist():  # Arrow strings are validated UTF-8
+                if text is not None:
+                    yield from split_long_document(text)
+        else:
+            raise UserError(f"{path}: column {text_field!r} holds {column.type}, not text; pass --text_field NAME")
+        row += len(column)
+
+
+def _jsonl_texts(path: Path, text_field: str):
+    for line_no, line in utf8_lines(path):  # streamed; non-UTF-8 bytes are a one-line error naming the line
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise UserError(f"{path}:{line_no} is not valid JSON ({err.msg}); fix or remove that line") from None
+        if not isinstance(record, dict) or text_field not in record:
+            raise UserError(f"{path}:{line_no} has no field {text_field!r}; give every line that field or pass "
+                            "--text_field NAME")
+        value = record[text_field]
+        if not isinstance(value, str):
+            raise UserError(f"{path}:{line_no} field {text_field!r} is {type(value).__name__}, expected a string")
+        yield from split_long_document(value)
+
+
+def _stream_hub_corpus(name: str, dataset_config: Optional[str], text_field: str):
+    import datasets
+
+    try:
+        loaded = datasets.load_dataset(name, dataset_config, streaming=True)
+        split = "train" if "train" in loaded else next(iter(loaded))
+        stream = iter(loaded[split])
+        first = next(stream, None)
+    except Exception as err:  # offline, unknown name, bad config: datasets raises many types
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        config = f" (config {dataset_config})" if dataset_config else ""
+        raise UserError(
+            f"cannot load dataset {name!r}{config} from the Hugging Face hub: {reason}; "
+            "connect to the internet (and unset HF_DATASETS_OFFLINE), or pass local .txt/.jsonl/.parquet files or a folder"
+        ) from None
+    if first is not None and text_field not in first:
+        raise UserError(f"dataset {name!r} has no column {text_field!r} (columns: {', '.join(first)}); "
+                        "pass --text_field NAME")
+    for record in ([first] if first is not None else []):
+        if record[text_field] is not None:
+            yield from split_long_document(record[text_field])
+    for record in stream:
+        if record[text_field] is not None:
+            yield from split_long_document(record[text_field])
 
 
 def _wiki_article_markup(path: Path, max_documents: Optional[int]):
@@ -111,38 +188,9 @@ def _wiki_article_markup(path: Path, max_documents: Optional[int]):
             yield text
 
 
-def _read_local(path: Path, text_field: str) -> list[str]:
-    if path.suffix == ".txt":
-        # A .txt file is one document (cut if huge); put many documents in .jsonl (one per line) instead.
-        return split_long_document(path.read_text(encoding="utf-8", errors="replace"))
-    if path.suffix == ".jsonl":
-        return _read_text_jsonl(path, text_field)
-    return _read_parquet(path, text_field)
-
-
-def _read_text_jsonl(path: Path, text_field: str) -> list[str]:
-    texts = []
-    for line_no, line in utf8_lines(path):  # streamed; non-UTF-8 bytes are a one-line error naming the line
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise UserError(f"{path}:{line_no} is not valid JSON ({err.msg}); fix or remove that line") from None
-        if not isinstance(record, dict) or text_field not in record:
-            raise UserError(f"{path}:{line_no} has no field {text_field!r}; give every line that field or pass "
-                            "--text_field NAME")
-        value = record[text_field]
-        if not isinstance(value, str):
-            raise UserError(f"{path}:{line_no} field {text_field!r} is {type(value).__name__}, expected a string")
-        texts.extend(split_long_document(value))
-    return texts
-
-
 # A document is cleaned, shingled and tokenised in one piece; a 50 MB one-line file done so peaked at 7.6 GB.
 # Longer documents are cut into pieces of at most this many characters (~50k tokens: an eos every 50k tokens costs
-# nothing), at a line break or space when possible; with 16 documents per tokenizer batch (prepare.py) the memory
-# a batch needs no longer grows with the file.
+# nothing), at a line break or space when possible, so the memory a worker's batch needs never grows with the file.
 MAX_DOCUMENT_CHARS = 200_000
 
 
@@ -158,36 +206,3 @@ def split_long_document(text: str, limit: int = MAX_DOCUMENT_CHARS) -> list[str]
         pieces.append(text[start:end])
         start = end
     return pieces
-
-
-def _read_parquet(path: Path, text_field: str) -> list[str]:
-    import pyarrow.parquet as pq
-
-    try:
-        schema = pq.read_schema(path)
-    except Exception as err:  # pyarrow raises several types for a corrupt file
-        raise UserError(f"{path} is not a readable parquet file ({str(err).splitlines()[0][:120]})") from None
-    if text_field not in schema.names:
-        raise UserError(f"{path} has no column {text_field!r} (columns: {', '.join(schema.names)}); pass --text_field NAME")
-    column = pq.read_table(path, columns=[text_field]).column(text_field)
-    return [piece for t in column.to_pylist() if t is not None for piece in split_long_document(t)]
-
-
-def _load_hub_corpus(name: str, dataset_config: Optional[str], text_field: str):
-    import datasets
-
-    try:
-        loaded = datasets.load_dataset(name, dataset_config)
-    except Exception as err:  # offline, unknown name, bad config: datasets raises many types
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
-        config = f" (config {dataset_config})" if dataset_config else ""
-        raise UserError(
-            f"cannot load dataset {name!r}{config} from the Hugging Face hub: {reason}; "
-            "connect to the internet (and unset HF_DATASETS_OFFLINE), or pass local .txt/.jsonl/.parquet files or a folder"
-        ) from None
-    split = "train" if "train" in loaded else next(iter(loaded))
-    ds = loaded[split]
-    if text_field not in ds.column_names:
-        raise UserError(f"dataset {name!r} has no column {text_field!r} (columns: {', '.join(ds.column_names)}); pass --text_field NAME")
-    ds = ds.select_columns([text_field]).filter(lambda t: t is not None, input_columns=text_field)
-    return ds.rename_column(text_field, "text") if text_field != "text" else ds

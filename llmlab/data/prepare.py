@@ -1,39 +1,54 @@
-"""The data pipeline: corpus -> cleaning -> tokenisation -> packed fixed-length blocks -> Arrow cache.
+"""The data pipeline, streaming: source -> cleaning -> exact and near dedup -> tokenisation -> token shards.
 
     cfg = DataConfig(block_size=256)
-    data = prepare_dataset(cfg)          # data.train / data.validation: column "input_ids", rows of 256 ids
+    data = prepare_dataset(cfg)          # data.train / data.validation: blocks of 256 ids over memory-mapped shards
     print(format_prepare_summary(data.report))
 
-The packed splits are saved with `datasets.save_to_disk` under `cache_dir/<name>-<hash>`, where the
-hash covers everything that changes the output (source and file stats, cleaning parameters, tokenizer
-content, block size, split parameters). Later calls load them memory-mapped. A cache folder is built
-under a temp name, gets its COMPLETE marker last, and is renamed into place, so a preparation killed
-half-way never leaves a folder that loads as valid.
+Documents flow one batch at a time, cleaned and tokenised by `num_proc` worker processes in corpus order, so the
+corpus is never held in memory. Two passes, each resumable after a kill:
+1. stage: every kept document's tokens appended to staging shards (cut at a document boundary every
+   `shard_tokens`), each followed by a checkpoint (documents read, token counts, the dedup state);
+2. pack: the seeded whole-document train/validation split (packing.split_documents, on the token counts alone),
+   then each split's documents, in that order, into fixed-size shards (llmlab.data.shards) holding exactly its
+   full blocks.
+The manifest is written last; only a folder with one is used, and a killed preparation resumes where it stopped.
+The output is the same blocks the earlier in-memory pipeline made, so runs on the small builtin corpus are unchanged.
+Memory: a fixed base (the Bloom filter, one batch per worker) plus 24 bytes per document (token counts and the
+split's order), and with near-dup on, the LSH index (bench/data_scale.py measures it per document).
 """
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import math
+import multiprocessing
 import os
 import re
 import shutil
+import sys
 import time
-import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+from filelock import FileLock
+from tqdm.auto import tqdm
 
 from llmlab.core.config import opt
+from llmlab.core.device import available_cores
 from llmlab.core.errors import UserError
-from llmlab.core.io import atomic_write_json, atomic_write_text, llmlab_cache
+from llmlab.core.io import atomic_write_json, llmlab_cache
 from llmlab.data import cleaning, corpus
-from llmlab.data.packing import blocks_dataset, pack_blocks, split_documents, split_within
-from llmlab.data.tokenizer import load_tokenizer
+from llmlab.data.packing import split_documents
+from llmlab.data.shards import MANIFEST, ShardWriter, TokenBlocks, token_dtype, write_manifest
+from llmlab.data.tokenizer import fast_gpt2_encoder, is_builtin_gpt2, load_tokenizer
 
-COMPLETE_MARKER = "COMPLETE"
-PIPELINE_VERSION = 1  # bump when packing/splitting output changes
+PIPELINE_VERSION = 2  # 2: streaming into token shards (same blocks as version 1)
+STATE = "state.json"
+BATCH_DOCUMENTS = 256  # documents per worker task: large enough for the tokenizer's batch speed
 
 
 def default_data_cache() -> str:
@@ -51,11 +66,17 @@ class DataConfig:
     min_doc_chars: int = opt(50, "drop documents shorter than this many characters after cleaning")
     near_dup_threshold: float = opt(0.85, "MinHash Jaccard similarity at or above which a document counts as a "
                                           "near-duplicate of an earlier one and is dropped; 0 disables")
-    num_proc: int = opt(1, "worker processes for cleaning, MinHash and tokenisation")
+    num_proc: int = opt(0, "worker processes for cleaning, MinHash and tokenisation (0: one per available core)")
     val_fraction: float = opt(0.05, "share of tokens held out for validation (whole documents, seeded); 0 = none")
     data_seed: int = opt(1234, "seed of the document shuffle behind the train/validation split")
     cache_dir: str = opt(default_data_cache(), "folder for prepared (packed, tokenised) datasets")
     max_documents: Optional[int] = opt(None, "use only the first N documents of the source (quick runs)")
+    shard_tokens: int = opt(100_000_000, "tokens per token shard (llm.c's size): a killed preparation resumes "
+                                         "from its last complete shard")
+    dedup_memory_mb: int = opt(128, "memory of the exact-duplicate Bloom filter, fixed whatever the corpus size "
+                                    "(128 MB: a unique document is wrongly dropped with p < 1e-6 up to 10M documents)")
+    verify_shards: bool = opt(True, "check every token shard's sha256 before using it (a corrupt shard is named "
+                                    "and refused; about 1 s per GB)")
 
     def validate(self) -> None:
         if self.block_size < 2:
@@ -64,8 +85,12 @@ class DataConfig:
             raise UserError(f"--min_doc_chars must be >= 0, got {self.min_doc_chars}")
         if not 0 <= self.near_dup_threshold <= 1:
             raise UserError(f"--near_dup_threshold must be in [0, 1] (0 disables), got {self.near_dup_threshold}")
-        if self.num_proc < 1:
-            raise UserError(f"--num_proc must be >= 1, got {self.num_proc}")
+        if self.num_proc < 0:
+            raise UserError(f"--num_proc must be >= 0 (0 = one per available core), got {self.num_proc}")
+        if self.shard_tokens < self.block_size:
+            raise UserError(f"--shard_tokens must be at least --block_size {self.block_size}, got {self.shard_tokens}")
+        if self.dedup_memory_mb < 1:
+            raise UserError(f"--dedup_memory_mb must be >= 1, got {self.dedup_memory_mb}")
         if not 0 <= self.val_fraction < 1:
             raise UserError(f"--val_fraction must be in [0, 1), got {self.val_fraction}")
         if self.max_documents is not None and self.max_documents < 1:
@@ -74,16 +99,15 @@ class DataConfig:
 
 @dataclass
 class PreparedData:
-    train: Any  # datasets.Dataset, column "input_ids", each row exactly block_size ids
-    validation: Any  # same layout; zero rows when val_fraction is 0
+    train: Any  # TokenBlocks: len() blocks, [i] -> {"input_ids": tensor of block_size ids}
+    validation: Any  # same; zero blocks when val_fraction is 0
     report: dict
     cache_path: Path
 
 
 def prepare_dataset(cfg: DataConfig, tokenizer=None) -> PreparedData:
-    """Packed train/validation blocks for `cfg`, from the cache when an identical preparation exists."""
-    from datasets import Dataset, load_from_disk
-
+    """Train/validation blocks for `cfg`, prepared once into token shards and reused while nothing they depend on
+    changed; a preparation killed half-way resumes."""
     start = time.perf_counter()
     if tokenizer is None:
         tokenizer = load_tokenizer(cfg.tokenizer)
@@ -93,39 +117,18 @@ def prepare_dataset(cfg: DataConfig, tokenizer=None) -> PreparedData:
     check_tokenizer(tokenizer, cfg.block_size)
     key_inputs = cache_key_inputs(cfg, tokenizer)
     cache_path = Path(cfg.cache_dir).expanduser() / cache_name(cfg, key_inputs)
-
-    if not (cache_path / COMPLETE_MARKER).is_file():
-        if cache_path.exists():  # left by something other than a finished preparation: never trust it
-            shutil.rmtree(cache_path)
-        _build(cfg, tokenizer, tokenizer_label, key_inputs, cache_path, start)
-        cache_hit = False
-    else:
-        cache_hit = True
-    try:
-        _check_cache_files(cache_path)
-        splits = load_from_disk(str(cache_path))
-        report = json.loads((cache_path / "report.json").read_text())
-    except Exception as err:  # a damaged cache would fail the same way on every run: rebuild it once
-        print(f"note: the data cache {cache_path} is damaged ({str(err)[:120]}); preparing it again", flush=True)
-        shutil.rmtree(cache_path, ignore_errors=True)
-        _build(cfg, tokenizer, tokenizer_label, key_inputs, cache_path, start)
-        cache_hit = False
-        splits = load_from_disk(str(cache_path))
-        report = json.loads((cache_path / "report.json").read_text())
-    report.update(cache_hit=cache_hit, cache_path=str(cache_path), seconds=round(time.perf_counter() - start, 3))
-    train = splits["train"]
-    validation = splits["validation"] if "validation" in splits else Dataset.from_dict({"input_ids": []}, features=train.features)
+    cache_hit = (cache_path / MANIFEST).is_file()
+    if not cache_hit:
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(cache_path.with_name(cache_path.name + ".lock"))):  # one builder per corpus; others wait
+            if not (cache_path / MANIFEST).is_file():
+                _build(cfg, tokenizer, tokenizer_label, key_inputs, cache_path, start)
+    manifest = json.loads((cache_path / MANIFEST).read_text())
+    train = TokenBlocks(cache_path, "train", cfg.block_size, cfg.verify_shards, manifest)
+    validation = TokenBlocks(cache_path, "validation", cfg.block_size, cfg.verify_shards, manifest)
+    report = {**manifest["report"], "cache_hit": cache_hit, "cache_path": str(cache_path),
+              "seconds": round(time.perf_counter() - start, 3)}
     return PreparedData(train, validation, report, cache_path)
-
-
-def _check_cache_files(cache_path: Path) -> None:
-    """Every file the COMPLETE marker lists must be there at its recorded size (a truncated Arrow file can load
-    and then fail mid-training)."""
-    marker = json.loads((cache_path / COMPLETE_MARKER).read_text())
-    for name, size in marker["files"].items():
-        path = cache_path / name
-        if not path.is_file() or path.stat().st_size != size:
-            raise ValueError(f"{name} is missing or truncated")
 
 
 def check_tokenizer(tokenizer, block_size: int) -> None:
@@ -178,195 +181,333 @@ def cache_name(cfg: DataConfig, key_inputs: dict) -> str:
 
 
 def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, cache_path: Path, start: float) -> None:
-    """Run the pipeline into a temp folder, mark it complete, then rename it to `cache_path`."""
-    stage_seconds: dict[str, float] = {}
-    lap = _Lap(stage_seconds)
-    docs, wikitext = corpus.load_corpus(cfg.dataset, cfg.dataset_config, cfg.text_field, cfg.max_documents)
-    lap("load")
-    loaded, characters_in = len(docs), int(_text_lengths(docs).sum())
-    docs, steps = _clean_and_deduplicate(cfg, docs, wikitext, lap)
-    docs = docs.select_columns(["text"])
-    num_proc = cfg.num_proc if cfg.num_proc > 1 else None
-    tokenized = docs.map(_tokenize_batch, batched=True, batch_size=16, num_proc=num_proc,
-                         remove_columns=docs.column_names, desc="Tokenizing",
-                         fn_kwargs={"tokenizer": tokenizer, "eos_id": tokenizer.eos_token_id})
-    tokenize_seconds = lap("tokenize")
-    values, offsets = _flat_token_ids(tokenized)
-    train_docs, val_docs = split_documents(np.diff(offsets), cfg.val_fraction, cfg.data_seed)
-    train_blocks = pack_blocks(values, offsets, train_docs, cfg.block_size)
-    val_blocks = pack_blocks(values, offsets, val_docs, cfg.block_size)
-    split = "whole documents"
-    if len(train_blocks) == 0 or (cfg.val_fraction > 0 and len(val_blocks) == 0):
-        # too few documents to split whole (e.g. one .txt file): split the text itself, and say so
-        train_blocks, val_blocks = split_within(values, cfg.block_size, cfg.val_fraction)
-        split = "within the text"
-        print(f"note: {len(offsets) - 1} document(s) cannot fill both splits with whole documents; the last "
-              f"{len(val_blocks)} of {len(train_blocks) + len(val_blocks)} blocks of the text are the validation split",
-              flush=True)
-    if len(train_blocks) == 0:
-        raise UserError(f"{len(values)} tokens make {len(train_blocks) + len(val_blocks)} block(s) of --block_size "
-                        f"{cfg.block_size}: not enough to train on after holding out validation; lower --block_size, "
-                        "add text or lower --val_fraction")
-    lap("pack")
-    report = {
-        "dataset": cfg.dataset, "dataset_config": cfg.dataset_config, "tokenizer": tokenizer_label,
-        "block_size": cfg.block_size, "num_proc": cfg.num_proc, "steps": steps, "documents": len(docs),
-        "characters_loaded": characters_in, "split": split,
-        "train_documents": len(train_docs) if split == "whole documents" else None,
-        "validation_documents": len(val_docs) if split == "whole documents" else None,
-        "tokens": int(len(values)), "train_tokens": int(train_blocks.size), "validation_tokens": int(val_blocks.size),
-        "dropped_tail_tokens": int(len(values) - train_blocks.size - val_blocks.size),
-        "train_blocks": len(train_blocks), "validation_blocks": len(val_blocks), "stage_seconds": stage_seconds,
-        "tokenize_seconds": round(tokenize_seconds, 3),
-        "tokenize_tokens_per_second": round(len(values) / max(tokenize_seconds, 1e-9), 1),
-        "cache_key": key_inputs,
-    }
-    _write_cache(cache_path, train_blocks, val_blocks, report, loaded, start, lap)
-
-
-def _clean_and_deduplicate(cfg: DataConfig, docs, wikitext: bool, lap) -> tuple[Any, list[dict]]:
-    """Markup/NFKC cleaning and the length filter, then exact and near-duplicate removal; each step counted."""
-    num_proc = cfg.num_proc if cfg.num_proc > 1 else None
-    loaded = len(docs)
-    steps = [{"step": "loaded", "in": loaded, "out": loaded}]
-    near_dedup = cfg.near_dup_threshold > 0
-    docs = docs.map(cleaning.clean_batch, batched=True, batch_size=16, num_proc=num_proc, desc="Cleaning",
-                    fn_kwargs={"wikitext": wikitext, "with_minhash": near_dedup})
-    docs = _filter_short(docs, cfg.min_doc_chars)
-    lap("clean")
-    steps.append(_step(f"shorter than {cfg.min_doc_chars} chars", loaded, len(docs)))
-    if len(docs) == 0:
-        raise UserError(
-            f"corpus {cfg.dataset} is empty after cleaning ({loaded} documents loaded, none with "
-            f">= {cfg.min_doc_chars} characters); pass more text or lower --min_doc_chars"
-        )
-    before = len(docs)
-    docs = _drop(docs, cleaning.exact_duplicate_indices(docs["exact_hash"]))
-    steps.append(_step("exact duplicates", before, len(docs)))
-    before = len(docs)
-    if near_dedup:
-        signatures = _fixed_rows(docs, "minhash", cleaning.NUM_PERM)
-        text_of = lambda i: docs[i]["text"]  # noqa: E731 -- only LSH candidates are read back
-        docs = _drop(docs, cleaning.near_duplicate_indices(signatures, cfg.near_dup_threshold, text_of))
-        steps.append(_step(f"near duplicates (Jaccard >= {cfg.near_dup_threshold})", before, len(docs)))
-    else:
-        steps.append(_step("near duplicates (disabled)", before, before))
-    lap("dedup")
-    return docs, steps
-
-
-def _write_cache(cache_path: Path, train_blocks, val_blocks, report: dict, loaded: int, start: float, lap) -> None:
-    """Save both splits under a temp name, seal them with COMPLETE (file sizes), rename into place."""
-    from datasets import DatasetDict
-
-    cache_path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned_temp_dirs(cache_path)
-    tmp = cache_path.with_name(f".{cache_path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    """Stage, then pack, then the manifest (last). Either pass picks up where a killed run left it."""
+    cache_path.mkdir(parents=True, exist_ok=True)
+    stage = cache_path / "stage"
+    stage.mkdir(exist_ok=True)
+    dtype = token_dtype(len(tokenizer))
     try:
-        splits = {"train": blocks_dataset(train_blocks)}
-        if len(val_blocks):  # datasets cannot load a saved zero-row split; an empty one is rebuilt on load
-            splits["validation"] = blocks_dataset(val_blocks)
-        DatasetDict(splits).save_to_disk(str(tmp))
-        lap("save")
+        state = _read_state(stage)
+        if not state.get("staged_all"):
+            state = _stage(cfg, tokenizer, stage, state, dtype)
+        report = _pack(cfg, cache_path, stage, state, dtype)
+        report.update(dataset=cfg.dataset, dataset_config=cfg.dataset_config, tokenizer=tokenizer_label,
+                      block_size=cfg.block_size, num_proc=_workers(cfg), steps=state["steps"],
+                      characters_loaded=state["characters_loaded"], dedup=state["dedup"],
+                      stage_seconds=state["seconds"], tokenize_seconds=state["seconds"]["stage"], cache_key=key_inputs,
+                      dtype=str(dtype), bytes_per_token=dtype.itemsize)
+        report["tokenize_tokens_per_second"] = round(report["tokens"] / max(state["seconds"]["stage"], 1e-9), 1)
         report["prepare_seconds"] = round(time.perf_counter() - start, 3)
-        report["documents_per_second"] = round(loaded / max(report["prepare_seconds"], 1e-9), 2)
+        report["documents_per_second"] = round(state["steps"][0]["in"] / max(report["prepare_seconds"], 1e-9), 2)
         report["tokens_per_second"] = round(report["tokens"] / max(report["prepare_seconds"], 1e-9), 1)
-        atomic_write_json(tmp / "report.json", report)
-        sizes = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
-        # written last: only finished folders carry it
-        atomic_write_text(tmp / COMPLETE_MARKER, json.dumps({"files": sizes}) + "\n")
-        try:
-            os.replace(tmp, cache_path)
-        except OSError:
-            if not (cache_path / COMPLETE_MARKER).is_file():  # not a concurrent finished build of the same key
-                raise
+        pack = json.loads((stage / "pack.json").read_text())
+        write_manifest(cache_path, {"pipeline_version": PIPELINE_VERSION, "dtype": dtype.str, "key": key_inputs,
+                                    "splits": pack["splits"], "report": report})
     except OSError as err:
         full = err.errno == 28 or "No space left" in str(err)
-        raise UserError(f"could not write the data cache {cache_path}: "
-                        f"{'the disk is full' if full else str(err).splitlines()[0][:160]}; free space or pass "
-                        "another --cache_dir") from None
+        raise UserError(f"could not write the token shards in {cache_path}: "
+                        f"{'the disk is full' if full else str(err).splitlines()[0][:160]}; free space (or pass "
+                        "another --cache_dir) and run again: the preparation resumes from its last complete shard"
+                        ) from None
+    shutil.rmtree(stage, ignore_errors=True)
+
+
+def _workers(cfg: DataConfig) -> int:
+    return cfg.num_proc or available_cores()
+
+
+def _read_state(stage: Path) -> dict:
+    path = stage / STATE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+class Dedup:
+    """Exact duplicates by a Bloom filter over the cleaned text's hash (fixed memory whatever the corpus size),
+    near duplicates by MinHash LSH with exact-Jaccard confirmation against the kept documents' texts, which are
+    kept on disk (stage/texts.bin), not in memory. Its state survives a kill: the Bloom bits, the kept texts and
+    their signatures (from which the LSH index is rebuilt) are checkpointed with each staging shard."""
+
+    HASHES = 7
+
+    def __init__(self, cfg: DataConfig, stage: Path, state: dict):
+        self.bits = cfg.dedup_memory_mb * 8 * 2 ** 20
+        self.bloom = np.load(stage / "bloom.npz")["arr_0"] if state else np.zeros(self.bits // 8, dtype=np.uint8)
+        self.threshold, self.stage = cfg.near_dup_threshold, stage
+        self.offsets = list(np.load(stage / "text_offsets.npy")) if state and self.threshold else [0]
+        self.lsh = None
+        if self.threshold:
+            from datasketch import LeanMinHash, MinHashLSH
+
+            self.lean = LeanMinHash
+            self.lsh = MinHashLSH(threshold=self.threshold, num_perm=cleaning.NUM_PERM, weights=cleaning.LSH_WEIGHTS)
+            kept = len(self.offsets) - 1
+            for name, size in (("texts.bin", self.offsets[-1]), ("minhash.bin", kept * cleaning.NUM_PERM * 4)):
+                with open(stage / name, "ab") as handle:  # drop whatever a killed run wrote after its checkpoint
+                    handle.truncate(size)
+            signatures = np.fromfile(stage / "minhash.bin", dtype=np.uint32).reshape(kept, cleaning.NUM_PERM)
+            for i, values in enumerate(signatures):
+                self.lsh.insert(i, self._minhash(values))
+            self.texts, self.signatures = open(stage / "texts.bin", "ab+"), open(stage / "minhash.bin", "ab")
+
+    def _minhash(self, values):
+        return self.lean(seed=cleaning.MINHASH_SEED, hashvalues=np.asarray(values), scheme=cleaning.MINHASH_SCHEME)
+
+    def seen_exact(self, digest: bytes) -> bool:
+        """Whether this hash was (probably) seen before; records it either way."""
+        h1, h2 = int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:16], "little") | 1
+        positions = [(h1 + i * h2) % self.bits for i in range(self.HASHES)]
+        seen = all(self.bloom[p >> 3] & (1 << (p & 7)) for p in positions)
+        for p in positions:
+            self.bloom[p >> 3] |= 1 << (p & 7)
+        return seen
+
+    def near_duplicate(self, text: str, signature: np.ndarray) -> bool:
+        """Jaccard >= threshold with a kept document (exactly, on shingles); a document that is not is kept."""
+        m = self._minhash(signature)
+        mine = cleaning.shingles(text)
+        if any(cleaning.jaccard(mine, cleaning.shingles(self._text(j))) >= self.threshold for j in self.lsh.query(m)):
+            return True
+        data = text.encode("utf-8")
+        self.lsh.insert(len(self.offsets) - 1, m)
+        self.texts.write(data)
+        self.signatures.write(np.asarray(signature, dtype=np.uint32).tobytes())
+        self.offsets.append(self.offsets[-1] + len(data))
+        return False
+
+    def _text(self, j: int) -> str:
+        self.texts.flush()
+        self.texts.seek(self.offsets[j])
+        return self.texts.read(self.offsets[j + 1] - self.offsets[j]).decode("utf-8")
+
+    def checkpoint(self) -> None:
+        _save_npy(self.stage / "bloom.npz", self.bloom, compressed=True)  # nearly all zeros on a small corpus
+        if self.threshold:
+            for handle in (self.texts, self.signatures):
+                handle.flush()
+                os.fsync(handle.fileno())
+            _save_npy(self.stage / "text_offsets.npy", np.asarray(self.offsets, dtype=np.int64))
+
+    def false_positive_rate(self, documents: int) -> float:
+        return (1 - math.exp(-self.HASHES * documents / self.bits)) ** self.HASHES
+
+
+def _save_npy(path: Path, array: np.ndarray, compressed: bool = False) -> None:
+    """Atomically: a temp file, fsync, rename; the temp file is removed if the write fails (a full disk)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as handle:
+            (np.savez_compressed if compressed else np.save)(handle, array)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.unlink(missing_ok=True)
 
 
-class _Lap:
-    """Seconds per pipeline stage, for the report."""
+def _stage(cfg: DataConfig, tokenizer, stage: Path, state: dict, dtype) -> dict:
+    """Pass 1: documents -> clean -> dedup -> tokens in staging shards, checkpointed every `shard_tokens`."""
+    started = time.perf_counter()
+    state = state or {"read": 0, "lengths": 0, "shards": [], "characters_loaded": 0, "loaded": 0, "short": 0,
+                      "exact": 0, "near": 0, "seconds": {}, "min_doc_chars": cfg.min_doc_chars}
+    for orphan in stage.glob("doc_*.bin"):  # written after the last checkpoint by a killed run: redone below
+        if orphan.name not in {r["file"] for r in state["shards"]}:
+            orphan.unlink()
+    lengths = list(np.load(stage / "lengths.npy")) if state["shards"] else []
+    dedup = Dedup(cfg, stage, state if state["shards"] else {})
+    writer = ShardWriter(stage, "doc", dtype, shard_tokens=1 << 62, start_index=len(state["shards"]))
+    source = corpus.iter_documents(cfg.dataset, cfg.dataset_config, cfg.text_field)
+    source = itertools.islice(source, state["read"], cfg.max_documents)
+    wikitext = cfg.dataset == corpus.BUILTIN_WIKI
+    with _progress("documents", state["read"]) as bar, _aborting(writer):  # the bar's line ends before an error
+        for results in _map_batches(cfg, tokenizer, wikitext, source):
+            kept = []
+            for raw_chars, text, digest, signature, tokens in results:
+                state["read"] += 1
+                state["characters_loaded"] += raw_chars
+                if tokens is None:
+                    state["short"] += 1
+                elif dedup.seen_exact(digest):
+                    state["exact"] += 1
+                elif signature is not None and dedup.near_duplicate(text, signature):
+                    state["near"] += 1
+                else:
+                    kept.append(tokens)
+            if kept:  # one write per batch
+                writer.add(np.concatenate(kept))
+                lengths.extend(len(t) for t in kept)
+            if writer.in_shard >= cfg.shard_tokens:  # a checkpoint at this batch's end, a document boundary
+                _checkpoint(stage, state, writer.close(), lengths, dedup)
+            bar.update(len(results))
+    if not lengths and not writer.in_shard:
+        loaded = state["read"]
+        raise UserError(f"corpus {cfg.dataset} is empty after cleaning ({loaded} documents loaded, none with "
+                        f">= {cfg.min_doc_chars} characters); pass more text or lower --min_doc_chars")
+    state["staged_all"] = True
+    state["seconds"]["stage"] = round(state["seconds"].get("stage", 0) + time.perf_counter() - started, 3)
+    _checkpoint(stage, state, writer.close(), lengths, dedup)
+    return state
 
-    def __init__(self, into: dict):
-        self.into, self.last = into, time.perf_counter()
 
-    def __call__(self, stage: str) -> float:
-        now = time.perf_counter()
-        self.into[stage] = round(now - self.last, 3)
-        self.last = now
-        return self.into[stage]
+def _checkpoint(stage: Path, state: dict, sealed: list[dict], lengths: list[int], dedup: Dedup) -> None:
+    """Everything a resume needs, the state file last (it names what is valid)."""
+    state["shards"] += sealed
+    _save_npy(stage / "lengths.npy", np.asarray(lengths, dtype=np.int64))
+    dedup.checkpoint()
+    kept = len(lengths)
+    state["steps"] = [{"step": "loaded", "in": state["read"], "out": state["read"]},
+                      _step(f"shorter than {state['min_doc_chars']} chars", state["read"], state["read"] - state["short"]),
+                      _step("exact duplicates", state["read"] - state["short"], kept + state["near"]),
+                      _step(f"near duplicates (Jaccard >= {dedup.threshold})" if dedup.threshold
+                            else "near duplicates (disabled)", kept + state["near"], kept)]
+    state["dedup"] = {"bloom_mb": dedup.bits / 8 / 2 ** 20, "bloom_false_positive_rate": dedup.false_positive_rate(
+        state["read"] - state["short"]), "near_dup_index_documents": len(dedup.offsets) - 1 if dedup.threshold else 0}
+    atomic_write_json(stage / STATE, state)
+
+
+@contextmanager
+def _aborting(writer: ShardWriter):
+    """A failed or interrupted pass leaves no half-written shard file behind (a full disk, Ctrl-C)."""
+    try:
+        yield
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _progress(unit: str, initial: int):
+    """A bar on a terminal; in a log file or pipe, one line a minute instead of a frame per update."""
+    tty = sys.stderr.isatty()
+    return tqdm(desc="Preparing", unit=unit, initial=initial, mininterval=0.5 if tty else 60, dynamic_ncols=tty)
+
+
+def _map_batches(cfg: DataConfig, tokenizer, wikitext: bool, source):
+    """Per-document results in corpus order, computed by `num_proc` processes (here when 1)."""
+    batches = iter(lambda: list(itertools.islice(source, BATCH_DOCUMENTS)), [])
+    options = (tokenizer, wikitext, cfg.min_doc_chars, cfg.near_dup_threshold > 0)
+    workers = _workers(cfg)
+    if workers == 1:
+        _init_worker(*options)
+        yield from map(_process_batch, batches)
+        return
+    context = multiprocessing.get_context("spawn" if sys.platform != "linux" else "fork")
+    with context.Pool(workers, initializer=_init_worker, initargs=options) as pool:
+        yield from pool.imap(_process_batch, batches, chunksize=1)
+
+
+_WORKER: dict = {}
+
+
+def _init_worker(tokenizer, wikitext: bool, min_chars: int, near: bool) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the processes are the parallelism
+    # A document's text is only text: a literal "<|endoftext|>" in it is never the eos token (split_special_tokens)
+    if is_builtin_gpt2(tokenizer):  # same ids, 5.6x faster: tiktoken over the shipped GPT-2 files
+        fast = fast_gpt2_encoder()
+        encode = lambda texts: fast.encode_ordinary_batch(texts, num_threads=1)  # noqa: E731
+    else:
+        encode = lambda texts: tokenizer(texts, add_special_tokens=False, return_attention_mask=False,  # noqa: E731
+                                         split_special_tokens=True, verbose=False)["input_ids"]
+    _WORKER.update(encode=encode, eos=tokenizer.eos_token_id, wikitext=wikitext, min_chars=max(min_chars, 1),
+                   near=near)
+
+
+def _process_batch(texts: list[str]) -> list[tuple]:
+    """(raw characters, cleaned text if near-dup is on, hash, MinHash signature, tokens + eos or None if short)."""
+    raw = [len(t) for t in texts]
+    if _WORKER["wikitext"]:
+        from gensim.corpora.wikicorpus import filter_wiki  # removes templates, links, tables, refs
+
+        texts = [filter_wiki(t) for t in texts]
+    cleaned = [cleaning.clean_text(t) for t in texts]
+    long = [i for i, t in enumerate(cleaned) if len(t) >= _WORKER["min_chars"]]
+    ids = _WORKER["encode"]([cleaned[i] for i in long]) if long else []
+    tokens: list = [None] * len(texts)
+    for i, doc in zip(long, ids):
+        tokens[i] = np.asarray(doc + [_WORKER["eos"]], dtype=np.uint32)
+    signatures = cleaning.minhash_signatures([cleaned[i] for i in long]) if _WORKER["near"] and long else []
+    signature: list = [None] * len(texts)
+    for i, values in zip(long, signatures):
+        signature[i] = values
+    near = _WORKER["near"]
+    return [(raw[i], cleaned[i] if near else None, hashlib.blake2b(cleaned[i].encode("utf-8"), digest_size=16).digest(),
+             signature[i], tokens[i]) for i in range(len(texts))]
+
+
+def _pack(cfg: DataConfig, cache_path: Path, stage: Path, state: dict, dtype) -> dict:
+    """Pass 2: the seeded document split, then each split's documents into fixed-size shards of its full blocks."""
+    started = time.perf_counter()
+    lengths = np.load(stage / "lengths.npy")
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    staged = TokenBlocks(stage, "staged", 1, manifest={"dtype": dtype.str, "splits": {"staged": state["shards"]}})
+    train_docs, val_docs = split_documents(lengths, cfg.val_fraction, cfg.data_seed)
+    bs = cfg.block_size
+    train_tokens = int(lengths[train_docs].sum()) // bs * bs
+    val_tokens = int(lengths[val_docs].sum()) // bs * bs
+    split = "whole documents"
+    if train_tokens == 0 or (cfg.val_fraction > 0 and val_tokens == 0):
+        # too few documents to split whole (e.g. one .txt file): split the text itself, and say so
+        n_blocks = int(offsets[-1]) // bs
+        n_val = max(1, round(cfg.val_fraction * n_blocks)) if cfg.val_fraction > 0 else 0
+        train_tokens, val_tokens = (n_blocks - n_val) * bs, n_val * bs
+        order = np.arange(len(lengths))
+        plans = {"train": (order, 0, train_tokens), "validation": (order, train_tokens, val_tokens)}
+        split = "within the text"
+        print(f"note: {len(lengths)} document(s) cannot fill both splits with whole documents; the last {n_val} of "
+              f"{n_blocks} blocks of the text are the validation split", flush=True)
+    else:
+        plans = {"train": (train_docs, 0, train_tokens), "validation": (val_docs, 0, val_tokens)}
+    if train_tokens == 0:
+        raise UserError(f"{int(offsets[-1])} tokens make {int(offsets[-1]) // bs} block(s) of --block_size {bs}: not "
+                        "enough to train on after holding out validation; lower --block_size, add text or lower "
+                        "--val_fraction")
+    progress_path = stage / "pack.json"
+    done = json.loads(progress_path.read_text()) if progress_path.is_file() else {"splits": {}}
+    for name, (docs, skip, total) in plans.items():
+        records = done["splits"].setdefault(name, [])
+        for orphan in cache_path.glob(f"{name}_*.bin"):
+            if orphan.name not in {r["file"] for r in records}:
+                orphan.unlink()
+        writer = ShardWriter(cache_path, name, dtype, cfg.shard_tokens, start_index=len(records))
+        written = sum(r["tokens"] for r in records)
+        with _aborting(writer):
+            for chunk in _token_stream(staged, offsets, docs, skip + written, skip + total):
+                for record in writer.add(chunk):
+                    records.append(record)
+                    atomic_write_json(progress_path, done)
+            records += writer.close()
+        atomic_write_json(progress_path, done)
+    state["seconds"]["pack"] = round(time.perf_counter() - started, 3)
+    return {"split": split, "documents": len(lengths),
+            "train_documents": len(train_docs) if split == "whole documents" else None,
+            "validation_documents": len(val_docs) if split == "whole documents" else None,
+            "tokens": int(offsets[-1]), "train_tokens": train_tokens, "validation_tokens": val_tokens,
+            "dropped_tail_tokens": int(offsets[-1]) - train_tokens - val_tokens,
+            "train_blocks": train_tokens // bs, "validation_blocks": val_tokens // bs}
+
+
+def _token_stream(staged: TokenBlocks, offsets: np.ndarray, docs: np.ndarray, start: int, stop: int,
+                  chunk: int = 1 << 22):
+    """Tokens [start, stop) of the documents `docs` concatenated in that order, in chunks of about `chunk`."""
+    doc_lengths = offsets[docs + 1] - offsets[docs]
+    ends = np.cumsum(doc_lengths)
+    position, k = start, int(np.searchsorted(ends, start, side="right"))
+    buffer, size = [], 0
+    while position < stop and k < len(docs):
+        doc_start = int(ends[k] - doc_lengths[k])
+        begin, end = position - doc_start, min(int(doc_lengths[k]), stop - doc_start)
+        piece = staged.window(int(offsets[docs[k]]) + begin, int(offsets[docs[k]]) + end)
+        buffer.append(piece)
+        size += len(piece)
+        position = doc_start + end
+        k += 1
+        if size >= chunk:
+            yield np.concatenate(buffer)
+            buffer, size = [], 0
+    if buffer:
+        yield np.concatenate(buffer)
 
 
 def _step(name: str, before: int, after: int) -> dict:
     return {"step": name, "in": before, "out": after}
-
-
-def _text_lengths(docs) -> np.ndarray:
-    """Characters per document, computed in Arrow without building Python strings."""
-    import pyarrow.compute as pc
-
-    if len(docs) == 0:
-        return np.zeros(0, dtype=np.int64)
-    table = docs.with_format("arrow")[:]  # respects a previous select()
-    return pc.utf8_length(table.column("text")).to_numpy(zero_copy_only=False).astype(np.int64)
-
-
-def _fixed_rows(ds, column: str, width: int) -> np.ndarray:
-    """A list column whose rows all have `width` numbers, as an (n, width) array."""
-    import pyarrow as pa
-
-    chunked = ds.with_format("arrow")[:].column(column)
-    array = pa.concat_arrays(chunked.chunks) if chunked.num_chunks else pa.array([], pa.list_(pa.uint32()))
-    return np.asarray(array.flatten().to_numpy(zero_copy_only=False)).reshape(len(ds), width)
-
-
-def _filter_short(docs, min_chars: int):
-    keep = np.flatnonzero(_text_lengths(docs) >= max(min_chars, 1))
-    return docs.select(keep) if len(keep) < len(docs) else docs
-
-
-def _drop(docs, indices: list[int]):
-    if not indices:
-        return docs
-    drop = set(indices)
-    return docs.select([i for i in range(len(docs)) if i not in drop])
-
-
-def _tokenize_batch(batch: dict, tokenizer, eos_id: int) -> dict:
-    ids = tokenizer(batch["text"], add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
-    return {"input_ids": [doc + [eos_id] for doc in ids]}
-
-
-def _flat_token_ids(tokenized) -> tuple[np.ndarray, np.ndarray]:
-    """All documents' ids as one flat array plus offsets (document i is values[offsets[i]:offsets[i+1]])."""
-    column = tokenized.data.column("input_ids").combine_chunks()
-    offsets = np.asarray(column.offsets, dtype=np.int64)
-    values = np.asarray(column.values, dtype=np.int64)
-    return values[offsets[0] : offsets[-1]], offsets - offsets[0]
-
-
-def _remove_abandoned_temp_dirs(cache_path: Path) -> None:
-    """Delete temp folders left by killed preparations (their process is gone)."""
-    for tmp in cache_path.parent.glob(".*.tmp-*"):
-        pid = tmp.name.rsplit(".tmp-", 1)[1].split("-")[0]
-        if pid.isdigit() and not _pid_alive(int(pid)):
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
 
 def format_prepare_summary(report: dict) -> str:
     """The human-readable summary that `train_pretrain.py --prepare_only` prints."""

@@ -170,7 +170,8 @@ def heldout_token_blocks(source: str, tokenizer, block_size: int, max_tokens: in
     validation = prepared.validation
     if len(validation) == 0:
         raise UserError(f"--eval_data {source} has no validation split at block size {block_size}")
-    return [list(row) for row in validation.select(range(min(n_blocks, len(validation))))["input_ids"]]
+    n = min(n_blocks, len(validation))
+    return validation.window(0, n * block_size).reshape(n, block_size).tolist()
 
 
 def heldout_perplexity(model, blocks: list[list[int]], batch_size: int = 4) -> float:

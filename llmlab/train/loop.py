@@ -99,7 +99,7 @@ class TrainingSession:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", self.accelerator.num_processes))
             set_cpu_threads(cfg.cpu_threads, local, self.accelerator.print)
         self.state, self.bar, self.checkpointer, self._claimed = LoopState(), None, None, False
-        self._window = {"loss": 0.0, "micro": 0, "tokens": 0, "seconds": 0.0}
+        self._window = {"loss": 0.0, "micro": 0, "tokens": 0, "seconds": 0.0, "data_wait": 0.0, "steps": 0}
         self._micro_losses: list[torch.Tensor] = []
         self._micro_tokens = 0
         self._tick = time.perf_counter()
@@ -246,6 +246,7 @@ class TrainingSession:
         """Advance the bar; every `every` steps (and at the end) log the window's mean loss and tokens/s."""
         now = time.perf_counter()
         self._window["seconds"] += now - self._tick
+        self._window["steps"] += 1
         self._tick = now
         self.bar.update(1)
         if not (self.state.step % every == 0 or self.state.step == self.total_steps):
@@ -254,12 +255,19 @@ class TrainingSession:
         tokens_per_sec = window["tokens"] / max(window["seconds"], 1e-9)
         metrics = {"train/loss": window["loss"] / max(window["micro"], 1), "train/lr": result.lr,
                    "train/grad_norm": result.grad_norm, "train/tokens_per_sec": tokens_per_sec,
-                   "train/tokens_seen": self.state.tokens_seen, **(extra or {})}
+                   "train/tokens_seen": self.state.tokens_seen,
+                   # time the step waited for its batches: the loader holds training back when this share grows
+                   "train/data_wait_ms": 1000 * window["data_wait"] / max(window["steps"], 1),
+                   "train/data_wait_share": window["data_wait"] / max(window["seconds"], 1e-9), **(extra or {})}
         if self.flops_per_token and self.peak_flops:
             metrics["train/mfu"] = tokens_per_sec * self.flops_per_token / (self.peak_flops * self.accelerator.num_processes)
         self.log(metrics)
         self.bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{result.lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
-        self._window = {"loss": 0.0, "micro": 0, "tokens": 0, "seconds": 0.0}
+        self._window = {"loss": 0.0, "micro": 0, "tokens": 0, "seconds": 0.0, "data_wait": 0.0, "steps": 0}
+
+    def waited(self, seconds: float) -> None:
+        """Time spent waiting for the data loader inside the current step."""
+        self._window["data_wait"] += seconds
 
     @contextmanager
     def paused(self):
@@ -271,7 +279,7 @@ class TrainingSession:
 
     def discard_window(self) -> None:
         """Forget the steps since the last log (e.g. the steps a rollback undid)."""
-        self._window = {"loss": 0.0, "micro": 0, "tokens": 0, "seconds": 0.0}
+        self._window = {"loss": 0.0, "micro": 0, "tokens": 0, "seconds": 0.0, "data_wait": 0.0, "steps": 0}
         self._tick = time.perf_counter()
 
     def due(self, every: int) -> bool:

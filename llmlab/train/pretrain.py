@@ -120,7 +120,9 @@ class Pretraining:
         acc, session = self.session.accelerator, self.session
         micro_batches = acc.gradient_accumulation_steps
         for index in range(micro_batches):
+            waiting = time.perf_counter()
             input_ids = next(self.batches)["input_ids"]
+            session.waited(time.perf_counter() - waiting)
             with acc.accumulate(self.model):
                 loss = self.model(input_ids)  # the chunked head + cross-entropy (llmlab.train.fused_loss)
                 session.backward(loss * drill_factor, input_ids.numel())

@@ -1,6 +1,7 @@
 """The data pipeline on small real corpora: cleaning, packing, split, cache, bad input."""
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -13,7 +14,9 @@ import pytest
 
 from llmlab.data import prepare as data_mod
 from llmlab.data.cleaning import clean_text
-from llmlab.data.prepare import DataConfig, format_prepare_summary, pack_blocks, prepare_dataset, split_documents
+from llmlab.data.packing import split_documents
+from llmlab.data.prepare import DataConfig, format_prepare_summary, prepare_dataset
+from llmlab.data.shards import MANIFEST
 from llmlab.core.errors import UserError
 
 WORDS = ("river stone garden window market letter engine harbor winter silver forest lantern village "
@@ -113,14 +116,6 @@ def test_packing_conserves_tokens_and_eos(tmp_path, gpt2_tokenizer):
     assert flat.count(eos) == stream[: len(flat)].count(eos) >= len(texts) - 1
 
 
-def test_pack_blocks_unit():
-    values = np.arange(10, dtype=np.int64)
-    offsets = np.array([0, 3, 7, 10])
-    blocks = pack_blocks(values, offsets, np.array([2, 0, 1]), 4)
-    assert blocks.tolist() == [[7, 8, 9, 0], [1, 2, 3, 4]]  # 10 tokens -> 2 full blocks, 2 dropped
-    assert pack_blocks(values, offsets, np.array([], dtype=int), 4).shape == (0, 4)
-
-
 def test_split_is_deterministic_disjoint_and_sized(tmp_path, gpt2_tokenizer):
     rng = random.Random(2)
     texts = [random_doc(rng, 60) for _ in range(40)]
@@ -129,9 +124,10 @@ def test_split_is_deterministic_disjoint_and_sized(tmp_path, gpt2_tokenizer):
     a = prepare_dataset(cfg_for(tmp_path, path, **base, cache_dir=str(tmp_path / "a")), gpt2_tokenizer)
     b = prepare_dataset(cfg_for(tmp_path, path, **base, cache_dir=str(tmp_path / "b")), gpt2_tokenizer)
     assert a.report["cache_hit"] is False and b.report["cache_hit"] is False
-    assert a.train["input_ids"] == b.train["input_ids"] and a.validation["input_ids"] == b.validation["input_ids"]
+    assert np.array_equal(a.train["input_ids"], b.train["input_ids"])
+    assert np.array_equal(a.validation["input_ids"], b.validation["input_ids"])
     c = prepare_dataset(cfg_for(tmp_path, path, **base, data_seed=99), gpt2_tokenizer)
-    assert c.validation["input_ids"] != a.validation["input_ids"]
+    assert not np.array_equal(c.validation["input_ids"], a.validation["input_ids"])
     total = a.report["train_tokens"] + a.report["validation_tokens"] + a.report["dropped_tail_tokens"]
     assert total == a.report["tokens"]
     assert 0.15 < a.report["validation_tokens"] / a.report["tokens"] < 0.3
@@ -144,18 +140,18 @@ def test_cache_reuse_and_invalidation(tmp_path, gpt2_tokenizer, monkeypatch):
     path = write_jsonl(tmp_path / "c.jsonl", [random_doc(rng) for _ in range(5)])
     cfg = cfg_for(tmp_path, path)
     first = prepare_dataset(cfg, gpt2_tokenizer)
-    assert first.report["cache_hit"] is False and (first.cache_path / data_mod.COMPLETE_MARKER).is_file()
+    assert first.report["cache_hit"] is False and (first.cache_path / MANIFEST).is_file()
 
     def forbidden(*a, **k):
         raise AssertionError("a cache hit must not load or tokenise the corpus again")
 
     with monkeypatch.context() as m:
-        m.setattr(data_mod, "_tokenize_batch", forbidden)
-        m.setattr(data_mod.corpus, "load_corpus", forbidden)
+        m.setattr(data_mod, "_process_batch", forbidden)
+        m.setattr(data_mod.corpus, "iter_documents", forbidden)
         again = prepare_dataset(cfg, gpt2_tokenizer)
     assert again.report["cache_hit"] is True and again.cache_path == first.cache_path
-    assert again.train["input_ids"] == first.train["input_ids"]
-    assert again.train.cache_files  # memory-mapped from the Arrow files on disk
+    assert np.array_equal(again.train["input_ids"], first.train["input_ids"])
+    assert again.train.records and again.train.dtype == np.uint16  # GPT-2 ids in 2 bytes, memory-mapped
 
     paths = {first.cache_path}
     for change in (dict(block_size=16), dict(min_doc_chars=10), dict(near_dup_threshold=0.5),
@@ -169,45 +165,61 @@ def test_cache_reuse_and_invalidation(tmp_path, gpt2_tokenizer, monkeypatch):
     assert changed.report["cache_hit"] is False and changed.cache_path not in paths
 
 
-def test_partial_cache_dir_is_rebuilt(tmp_path, gpt2_tokenizer):
+def test_a_truncated_or_corrupt_shard_is_named_and_refused(tmp_path, gpt2_tokenizer):
     rng = random.Random(4)
-    cfg = cfg_for(tmp_path, write_jsonl(tmp_path / "c.jsonl", [random_doc(rng) for _ in range(4)]))
+    cfg = cfg_for(tmp_path, write_jsonl(tmp_path / "c.jsonl", [random_doc(rng) for _ in range(6)]), shard_tokens=64)
     first = prepare_dataset(cfg, gpt2_tokenizer)
-    expected = first.train["input_ids"]
-    (first.cache_path / data_mod.COMPLETE_MARKER).unlink()  # as if the marker was never written
-    arrow = first.cache_path / "train" / "data-00000-of-00001.arrow"
-    arrow.unlink()  # unlink, not truncate in place: `first` still memory-maps the old file
-    arrow.write_bytes(b"truncated")
-    rebuilt = prepare_dataset(cfg, gpt2_tokenizer)
-    assert rebuilt.report["cache_hit"] is False and rebuilt.train["input_ids"] == expected
-    assert (rebuilt.cache_path / data_mod.COMPLETE_MARKER).is_file()
+    shard = first.cache_path / first.train.records[1]["file"]
+    original = shard.read_bytes()
+    shard.write_bytes(original[:-2])
+    with pytest.raises(UserError, match=rf"{shard.name} is {len(original) - 2} bytes.*truncated"):
+        prepare_dataset(cfg, gpt2_tokenizer)
+    shard.write_bytes(original[:10] + bytes([original[10] ^ 1]) + original[11:])  # one bit, same size
+    with pytest.raises(UserError, match=rf"{shard.name} does not match its sha256"):
+        prepare_dataset(cfg, gpt2_tokenizer)
+    shard.write_bytes(original)
+    assert prepare_dataset(cfg, gpt2_tokenizer).report["cache_hit"] is True
 
 
 KILL_SCRIPT = """
 import os, signal, sys
 from llmlab.data import prepare as data
-real_write = data.atomic_write_text
-def die_before_marker(path, text):
-    if str(path).endswith(data.COMPLETE_MARKER):
-        os.kill(os.getpid(), signal.SIGKILL)  # killed after the Arrow files, before the marker
-    real_write(path, text)
-data.atomic_write_text = die_before_marker
-data.prepare_dataset(data.DataConfig(dataset=sys.argv[1], cache_dir=sys.argv[2], block_size=32, val_fraction=0))
+target, seen = sys.argv[3], {"stage": 0, "pack": 0}
+real = {"stage": data._checkpoint, "pack": data.atomic_write_json}
+def dying(name):
+    def call(*args, **kwargs):
+        real[name](*args, **kwargs)
+        if name == "pack" and not str(args[0]).endswith("pack.json"):
+            return
+        seen[name] += 1
+        if name == target and seen[name] == 2:
+            os.kill(os.getpid(), signal.SIGKILL)  # killed after its second checkpoint
+    return call
+data._checkpoint, data.atomic_write_json = dying("stage"), dying("pack")
+data.prepare_dataset(data.DataConfig(dataset=sys.argv[1], cache_dir=sys.argv[2], block_size=32, val_fraction=0.2,
+                                     shard_tokens=256, num_proc=2))
 """
 
 
-def test_killed_preparation_never_loads_as_valid(tmp_path, gpt2_tokenizer, repo_root):
+@pytest.mark.parametrize("stage", ["stage", "pack"])
+def test_killed_preparation_resumes_to_the_same_bytes(tmp_path, gpt2_tokenizer, repo_root, stage):
     rng = random.Random(5)
-    path = write_jsonl(tmp_path / "c.jsonl", [random_doc(rng) for _ in range(4)])
+    path = write_jsonl(tmp_path / "c.jsonl", [random_doc(rng) for _ in range(40)])
     cache = tmp_path / "cache"
-    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(path), str(cache)], cwd=repo_root,
+    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(path), str(cache), stage], cwd=repo_root,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == -9, proc.stderr[-2000:]
-    leftovers = list(cache.iterdir())
-    assert leftovers and all(p.name.startswith(".") and ".tmp-" in p.name for p in leftovers)  # never published
-    prepared = prepare_dataset(cfg_for(tmp_path, path, cache_dir=str(cache)), gpt2_tokenizer)
-    assert prepared.report["cache_hit"] is False and len(prepared.train) > 0
-    assert [p.name for p in cache.iterdir()] == [prepared.cache_path.name]  # the dead run's temp dir is gone
+    [folder] = [p for p in cache.iterdir() if p.is_dir()]
+    assert not (folder / MANIFEST).exists()  # a killed preparation is never used as it is
+    cfg = cfg_for(tmp_path, path, cache_dir=str(cache), val_fraction=0.2, shard_tokens=256, num_proc=2)
+    resumed = prepare_dataset(cfg, gpt2_tokenizer)
+    fresh = prepare_dataset(cfg_for(tmp_path, path, cache_dir=str(tmp_path / "fresh"), val_fraction=0.2,
+                                    shard_tokens=256, num_proc=1), gpt2_tokenizer)
+    names = sorted(p.name for p in fresh.cache_path.glob("*.bin"))
+    assert len(names) > 4 and names == sorted(p.name for p in resumed.cache_path.glob("*.bin"))
+    for name in names:
+        assert (resumed.cache_path / name).read_bytes() == (fresh.cache_path / name).read_bytes(), name
+    assert not (resumed.cache_path / "stage").exists()
 
 
 def test_local_txt_parquet_and_folder(tmp_path, gpt2_tokenizer):
@@ -256,6 +268,27 @@ def test_jsonl_line_without_field_names_file_and_line(tmp_path, gpt2_tokenizer):
         prepare_dataset(cfg_for(tmp_path, path), gpt2_tokenizer)
 
 
+@pytest.mark.parametrize("suffix", [".txt", ".jsonl", ".parquet"])
+def test_non_utf8_input_is_one_line_naming_the_file_and_line_in_every_format(tmp_path, gpt2_tokenizer, suffix):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    good, bad = "fine text " * 10, b"caf\xe9 latin-1 " * 10
+    path = tmp_path / f"c{suffix}"
+    if suffix == ".txt":
+        path.write_bytes(good.encode() + b"\n" + bad + b"\n")
+        where = f"{path}:2 is not UTF-8"
+    elif suffix == ".jsonl":
+        path.write_bytes(json.dumps({"text": good}).encode() + b"\n" + b'{"text": "' + bad + b'"}\n')
+        where = f"{path}:2 is not UTF-8"
+    else:
+        pq.write_table(pa.table({"text": pa.array([good.encode(), bad], type=pa.binary())}), path)
+        where = f"{path}: row 2 of column 'text' is not UTF-8"
+    with pytest.raises(UserError, match=where) as err:
+        prepare_dataset(cfg_for(tmp_path, path), gpt2_tokenizer)
+    assert "\n" not in str(err.value) and not list((tmp_path / "cache").glob("*/manifest.json"))
+
+
 def test_unknown_hub_dataset_offline(tmp_path, gpt2_tokenizer):
     assert os.environ.get("HF_DATASETS_OFFLINE") == "1"
     with pytest.raises(UserError, match="connect to the internet.*local .txt/.jsonl/.parquet") as err:
@@ -284,10 +317,11 @@ def test_hub_dataset_columns_split_and_missing_field(tmp_path, gpt2_tokenizer, m
         "train": datasets.Dataset.from_dict({"body": train_texts, "n": list(range(5))}),
     })
     calls = []
-    monkeypatch.setattr(datasets, "load_dataset", lambda name, config=None: calls.append((name, config)) or fake_hub)
+    monkeypatch.setattr(datasets, "load_dataset",
+                        lambda name, config=None, streaming=False: calls.append((name, config, streaming)) or fake_hub)
     prepared = prepare_dataset(cfg_for(tmp_path, "someorg/somecorpus", dataset_config="v1", text_field="body"),
                                gpt2_tokenizer)
-    assert calls == [("someorg/somecorpus", "v1")]
+    assert calls == [("someorg/somecorpus", "v1", True)]  # streamed, never loaded whole
     assert prepared.report["steps"][0]["out"] == 4  # the train split, None row dropped
     assert prepared.cache_path.name.startswith("somecorpus-b32-")
     with pytest.raises(UserError, match="has no column 'text'"):
@@ -305,6 +339,7 @@ def test_prepare_only_cli_summary_and_one_line_error(tmp_path):
     ok = run_script([*common, "--dataset", str(path)])
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "exact duplicates" in ok.stdout and "blocks of 32: train" in ok.stdout and "tokens/s" in ok.stdout
+    assert ok.stderr.count("\r") <= 2 and ok.stderr.count("Preparing") <= 3  # a pipe gets lines, not frames
     path.write_text(path.read_text() + json.dumps({"content": "x" * 60}) + "\n")
     bad = run_script([*common, "--dataset", str(path)])
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
@@ -364,3 +399,19 @@ def test_one_small_text_file_splits_within_the_text_and_trains(tmp_path, gpt2_to
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert "the last" in proc.stdout and "blocks of the text are the validation split" in proc.stdout
+
+
+def test_the_fast_gpt2_encoder_gives_transformers_ids(gpt2_tokenizer):
+    from llmlab.data.corpus import iter_documents
+    from llmlab.data.tokenizer import fast_gpt2_encoder, is_builtin_gpt2
+
+    assert is_builtin_gpt2(gpt2_tokenizer)
+    tricky = ["Hello  world!\n\n\tTabs", "naïve café — “quotes” ½ ﬁ", "I'm you'll we've they're it's", "    leading",
+              "trailing   ", "数字 123,456.78 and ١٢٣", "emoji 🙂🚀 mixed", "<|endoftext|> is text here", "a\r\nb\u2028c",
+              "".join(chr(c) for c in range(32, 600))]
+    wiki = list(itertools.islice(iter_documents("builtin:wiki", None, "text"), 5))
+    fast = fast_gpt2_encoder()
+    for text in tricky + wiki:
+        expected = gpt2_tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        assert fast.encode_ordinary(text) == expected, text[:40]
+    assert gpt2_tokenizer.eos_token_id not in fast.encode_ordinary(tricky[7])  # text never injects an eos

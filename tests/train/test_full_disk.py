@@ -93,3 +93,22 @@ def test_lora_into_a_full_disk(small_disk, tiny_gpt2_dir, pydoc_cache_dir):
                        "--output_dir", str(small_disk / "lora"), *TINY_RUN, "--max_steps", "2"], timeout=600)
     assert_full_disk_line(proc)
     assert leftovers(small_disk) == []
+
+
+@pytest.mark.slow
+def test_preparing_data_into_a_full_disk_leaves_no_shard_a_later_run_accepts(small_disk, tmp_path):
+    (small_disk / "filler").write_bytes(os.urandom(3 * 2**20 - 200 * 1024))  # ~200 KB free: less than the tokens
+    args = ["train_pretrain.py", "--prepare_only", "--max_documents", "30", "--block_size", "32", "--shard_tokens",
+            "20000", "--num_proc", "2"]
+    proc = run_script([*args, "--cache_dir", str(small_disk / "cache")], timeout=600)
+    assert_full_disk_line(proc)
+    assert leftovers(small_disk) == [] and not list(small_disk.rglob("manifest.json"))
+    (small_disk / "filler").unlink()  # space again: the next run resumes and equals a preparation that never failed
+    again = run_script([*args, "--cache_dir", str(small_disk / "cache")], timeout=600)
+    fresh = run_script([*args, "--cache_dir", str(tmp_path / "fresh")], timeout=600)
+    assert again.returncode == 0 and fresh.returncode == 0, again.stderr[-2000:]
+    [resumed] = [p for p in (small_disk / "cache").iterdir() if p.is_dir()]
+    [clean] = [p for p in (tmp_path / "fresh").iterdir() if p.is_dir()]
+    names = sorted(p.name for p in clean.glob("*.bin"))
+    assert names and names == sorted(p.name for p in resumed.glob("*.bin"))
+    assert all((resumed / n).read_bytes() == (clean / n).read_bytes() for n in names)

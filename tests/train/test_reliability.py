@@ -210,22 +210,6 @@ def test_disk_full_while_checkpointing_is_one_line_and_leaves_no_partial_folder(
     assert "\n" not in str(err.value) and not list((tmp_path / "checkpoints").glob(".tmp-*"))
 
 
-def test_disk_full_while_caching_data_is_one_line(tmp_path, monkeypatch, gpt2_tokenizer):
-    from datasets import DatasetDict
-
-    from llmlab.data.prepare import DataConfig, prepare_dataset
-
-    def full(self, path, *args, **kwargs):
-        Path(path).mkdir(parents=True, exist_ok=True)
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(DatasetDict, "save_to_disk", full)
-    cfg = DataConfig(block_size=32, max_documents=3, cache_dir=str(tmp_path / "cache"))
-    with pytest.raises(UserError, match="the disk is full"):
-        prepare_dataset(cfg, gpt2_tokenizer)
-    assert not [p for p in (tmp_path / "cache").iterdir()]  # no temp folder left, no cache that would load
-
-
 def test_non_utf8_files_are_one_line_errors_naming_file_and_line(tmp_path, gpt2_tokenizer, tiny_gpt2_dir):
     from llmlab.data.instruct import load_records
     from llmlab.data.prepare import DataConfig, prepare_dataset
@@ -251,7 +235,7 @@ def test_generate_output_that_is_a_folder_is_refused_before_generating(tiny_gpt2
     assert_one_line_error(proc, "--output", "is a folder")
 
 
-def test_damaged_tokenizer_and_data_caches_are_rebuilt(tmp_path, monkeypatch, capsys):
+def test_a_damaged_tokenizer_cache_is_rebuilt_and_a_damaged_shard_refused(tmp_path, monkeypatch):
     from llmlab.data.prepare import DataConfig, prepare_dataset
     from llmlab.data.tokenizer import load_tokenizer
 
@@ -263,10 +247,10 @@ def test_damaged_tokenizer_and_data_caches_are_rebuilt(tmp_path, monkeypatch, ca
     assert len(tokenizer) == 50257 and tokenizer("Hello world")["input_ids"] == [15496, 995]
     cfg = DataConfig(block_size=32, max_documents=3, cache_dir=str(tmp_path / "data"))
     first = prepare_dataset(cfg, tokenizer)
-    arrow = next(first.cache_path.rglob("*.arrow"))
-    arrow.write_bytes(arrow.read_bytes()[:100])
-    again = prepare_dataset(cfg, tokenizer)
-    assert "is damaged" in capsys.readouterr().out and len(again.train) == len(first.train)
+    shard = next(first.cache_path.glob("train_*.bin"))
+    shard.write_bytes(shard.read_bytes()[:100])  # token shards are named and refused, never silently rebuilt
+    with pytest.raises(UserError, match=f"{shard.name} is 100 bytes.*truncated"):
+        prepare_dataset(cfg, tokenizer)
 
 
 # ------------------------------------------------------------------ merge never deletes what it did not write
