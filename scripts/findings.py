@@ -21,6 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from llmlab.core.identity import file_sha256  # noqa: E402
 from llmlab.scaling.optimum import cell_optimum, pure_error  # noqa: E402
 from llmlab.sweep import stats  # noqa: E402
 from llmlab.sweep.design import CONTROL, FACTORS  # noqa: E402
@@ -282,6 +283,83 @@ def ray_launcher() -> str:
     return "\n".join(lines)
 
 
+def data_scale() -> str:
+    """bench/data_scale.py's table, slopes and projections, from docs/findings/data-scale/results.json."""
+    path = FINDINGS / "data-scale" / "results.json"
+    if not path.is_file():
+        return "_bench/data_scale.py has not run yet_"
+    data = json.loads(path.read_text())
+    lines = ["| corpus | pipeline | tokens | seconds | tokens/s | peak memory (PSS, MB) | bytes / token |",
+             "|---|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        lines.append(f"| {r['corpus_mb']} MB | {r['pipeline']} | {r['tokens']:,} | {r['seconds']:.1f} | "
+                     f"{r['tokens_per_second']:,.0f} | {r['peak_rss_mb']:,.0f} | {r['bytes_per_token']:.2f} |")
+    s = data["summary"]
+    lines += ["", "| pipeline | memory: base + per 100M tokens (per document) | 1B tokens: hours, disk GB, peak GB | 10B tokens: hours, "
+                  "disk GB, peak GB |", "|---|---|---|---|"]
+    for name, fit in s.items():
+        if name == "ratios":
+            continue
+        p1, p10 = fit["projection"]["1B"], fit["projection"]["10B"]
+        lines.append(f"| {name} | {fit['rss_base_mb']:,.0f} MB + {fit['rss_mb_per_100m_tokens']:,.0f} MB "
+                     f"({fit['rss_kb_per_document']:.1f} KB) | "
+                     f"{p1['hours']:.1f} h, {p1['disk_gb']:.0f} GB, {p1['peak_rss_gb']:.1f} GB | {p10['hours']:.1f} h, "
+                     f"{p10['disk_gb']:.0f} GB, {p10['peak_rss_gb']:.1f} GB |")
+    ratios = "; ".join(f"{k.replace(' tokens/s', '')} = {v:.2f}×" for k, v in s.get("ratios", {}).items())
+    loader = data.get("loader") or {}
+    wait = (f" Training on the {data['sizes_mb'][-1]} MB shards ({loader['steps']} steps of gpt2-tiny): the loader "
+            f"waited {100 * loader['data_wait_share_max']:.3f} % of step time at most." if "steps" in loader else "")
+    return "\n".join(lines) + (f"\n\nSide by side in one run on {data['machine']}, {data['workers']} workers: "
+                               f"tokens/s ratios {ratios}.{wait}")
+
+
+def forecast_design() -> str:
+    """The registered design's simulated error rates against the other candidates (bench/forecast_design.py)."""
+    path = FINDINGS / "lr-forecast" / "design_rationale.json"
+    if not path.is_file():
+        return "_bench/forecast_design.py has not run yet_"
+    data = json.loads(path.read_text())
+    keys = list(data["summary"])
+    lines = ["| design | trials | world | " + " | ".join(keys) + " |", "|---|---|---|" + "---|" * len(keys)]
+    for name, row in data["designs"].items():
+        for world in ("as measured", "sigma 0.071 everywhere"):
+            lines.append(f"| {name}{' **(registered)**' if name == data['chosen'] else ''} | {row['trials']} | {world} | "
+                         + " | ".join(f"{row[world][k]:.0%}" for k in keys) + " |")
+    pinned = ", ".join(f"{size} {v['sigma']:.4f} ({v['df']} df)" for size, v in data["facts"]["pinned"].items())
+    return "\n".join(lines) + (f"\n\n{data['reps']} simulated scans per design, world and miss. Seed SD pinned on "
+                               f"{data['facts']['machine']}: {pinned}.")
+
+
+def lr_forecast() -> str:
+    """The pre-registered forecast and its verdict, or how far the scan got."""
+    folder = FINDINGS / "lr-forecast"
+    registration = folder / "preregistration.json"
+    fits = folder / "scaling_fits.json"
+    if not registration.is_file():
+        return ("_The registered scan has not reached its held-out size yet: no forecast is registered, so there is no "
+                "verdict to report._")
+    reg = json.loads(registration.read_text())
+    forecast = reg["forecast"]
+    head = (f"Pre-registered before any held-out trial (`lr-forecast/preregistration.json`, sha256 "
+            f"`{file_sha256(registration)[:16]}…`): the law fitted on {', '.join(forecast['law']['sizes'])} forecast "
+            f"lr_opt({reg['held_out']}) = **{forecast['lr']:.3g}** (95 % prediction interval "
+            f"[{forecast['prediction_interval'][0]:.3g}, {forecast['prediction_interval'][1]:.3g}]).")
+    if not fits.is_file():
+        return head + " The held-out trials have not finished: no verdict yet."
+    holdout = json.loads(fits.read_text())["transfer"]["holdout"]
+    if holdout.get("status") != "ok":
+        return head + f" Verdict: not available ({holdout.get('reason')})."
+    row = holdout["rows"][0]
+    if "ratio" not in row:
+        return head + f" **Verdict: {row['verdict']}** ({row.get('reason')})."
+    rates = reg.get("design_rationale", {}).get("summary", {})
+    rate_text = "; ".join(f"{k} {v:.0%}" for k, v in rates.items())
+    return head + (f" Measured lr_opt = {row['measured']:.3g} [{row['measured_ci'][0]:.3g}, {row['measured_ci'][1]:.3g}]; "
+                   f"forecast / measured = **{row['ratio']:.2f}** (90 % CI [{row['ci90'][0]:.2f}, {row['ci90'][1]:.2f}], "
+                   f"95 % CI [{row['ci95'][0]:.2f}, {row['ci95'][1]:.2f}], {row['df']} df): **held-out: {row['verdict']}**. "
+                   f"The rule's error rates for this design, simulated before the data: {rate_text}.")
+
+
 BLOCKS = {
     "doe20-summary": lambda: doe20_summary(doe20()),
     "doe20-calibration": lambda: doe20_calibration(doe20()),
@@ -294,6 +372,9 @@ BLOCKS = {
     "lora-default": lambda: lora_default_table(lora_results()),
     "lora-default-summary": lora_default_summary,
     "ray-launcher": ray_launcher,
+    "data-scale": data_scale,
+    "forecast-design": forecast_design,
+    "lr-forecast": lr_forecast,
 }
 PATTERN = re.compile(r"(<!-- findings:([\w-]+) -->\n)(.*?)(<!-- /findings:\2 -->)", re.S)
 
