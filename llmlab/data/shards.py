@@ -17,6 +17,7 @@ from typing import Optional
 import numpy as np
 
 from llmlab.core.errors import UserError
+from llmlab.core.identity import file_sha256
 from llmlab.core.io import atomic_write_json
 
 MANIFEST = "manifest.json"
@@ -24,14 +25,6 @@ MANIFEST = "manifest.json"
 
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
-
-
-def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class ShardWriter:
@@ -110,7 +103,7 @@ def check_shards(folder: Path, records: list[dict], dtype: np.dtype, verify: boo
         if path.stat().st_size != expected:
             raise UserError(f"token shard {path} is {path.stat().st_size} bytes, its manifest says {expected}: it is "
                             f"truncated or was replaced; delete {folder} and prepare the data again")
-        if verify and file_digest(path) != record["sha256"]:
+        if verify and file_sha256(path) != record["sha256"]:
             raise UserError(f"token shard {path} does not match its sha256 in {folder / MANIFEST}: it is corrupt; "
                             f"delete {folder} and prepare the data again")
 

@@ -11,7 +11,6 @@ schedule's length and lr, cadences, logging) are honoured; any other change is r
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -23,6 +22,7 @@ from typing import Callable, Iterable
 import torch
 
 from llmlab.core.errors import UserError, write_failure
+from llmlab.core.identity import file_sha256
 from llmlab.core.io import atomic_write_json, publish_dir
 
 STATE_FILE = "trainer_state.json"
@@ -55,16 +55,8 @@ def remove_partial_saves(output_dir: str | os.PathLike) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _manifest(folder: Path) -> dict[str, dict]:
-    return {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": sha256_of(p)}
+    return {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": file_sha256(p)}
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
@@ -90,7 +82,7 @@ def read_trainer_state(path: str | os.PathLike) -> dict:
         if not file.is_file() or file.stat().st_size != expected["size"]:
             raise UserError(f"checkpoint {path} is damaged ({rel} missing or truncated); resume from an "
                             "older checkpoint folder")
-        if sha256_of(file) != expected["sha256"]:
+        if file_sha256(file) != expected["sha256"]:
             raise UserError(f"checkpoint {path} is damaged and unreadable ({rel} does not match its sha256); "
                             "resume from an older checkpoint folder")
     return state
