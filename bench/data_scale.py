@@ -153,6 +153,8 @@ def main(argv=None) -> int:
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "llmlab-data-scale")
     parser.add_argument("--train_steps", type=int, default=30, help="steps of the loader check (0: skip it)")
     parser.add_argument("--output", type=Path, required=True, help="results JSON")
+    parser.add_argument("--pipelines", nargs="+", help="run only these (e.g. llmlab nanogpt); rows of the others are "
+                                                       "kept from an existing --output")
     args = parser.parse_args(argv)
     workers = args.num_proc or len(os.sched_getaffinity(0))
     args.work.mkdir(parents=True, exist_ok=True)
@@ -171,7 +173,7 @@ def main(argv=None) -> int:
             runs.append(("previous", [sys.executable, "-c", LLMLAB.replace(", num_proc=int(sys.argv[3])", "")
                                       .replace("near_dup_threshold=float(sys.argv[4])", "near_dup_threshold=0.85"),
                                       str(corpus), "{out}", "1", "0.85"], "*.arrow"))
-        for name, command, pattern in runs:
+        for name, command, pattern in [r for r in runs if not args.pipelines or r[0].split(",")[0] in args.pipelines]:
             out = args.work / f"out-{size}-{name.split(',')[0]}-{len(rows)}"
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir()
@@ -188,6 +190,9 @@ def main(argv=None) -> int:
                   f"{result['bytes_per_token']:.2f} B/token", flush=True)
             if name != "llmlab":
                 shutil.rmtree(out, ignore_errors=True)
+    if args.pipelines and args.output.is_file():  # keep the rows of the pipelines not rerun
+        kept = [r for r in json.loads(args.output.read_text())["rows"] if r["pipeline"].split(",")[0] not in args.pipelines]
+        rows = sorted(kept + rows, key=lambda r: (r["corpus_mb"], r["pipeline"] == "previous"))
     summary = summarise(rows, workers)
     loader = loader_check(args, env) if args.train_steps else None
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,7 @@ _WORD = re.compile(r"\w+")
 
 
 # Each markup pass runs only when the text (as it is at that point) holds what the pass needs: plain prose, most of
-# a web corpus, then costs the whitespace passes alone, with the same output (1.2x faster on plain text).
+# a web corpus, then costs the whitespace passes alone, with the same output (bench/data_scale.py).
 _MARKUP_PASSES = (
     ("<", lambda t: _HTML_TAG.sub(" ", _HTML_COMMENT.sub(" ", _SCRIPT_STYLE.sub(" ", t)))),
     ("&", html.unescape),  # after tag removal, so an escaped "&lt;b&gt;" stays literal text
@@ -58,9 +58,12 @@ def clean_text(text: str) -> str:
     for needed, markup_pass in _MARKUP_PASSES:
         if needed in text:
             text = markup_pass(text)
-    text = _SPACES.sub(" ", text)
-    text = _SPACE_AROUND_NEWLINE.sub("\n", text)
-    text = _MANY_NEWLINES.sub("\n\n", text)
+    if "  " in text or "\t" in text or "\u00a0" in text:  # a lone space is already what _SPACES makes
+        text = _SPACES.sub(" ", text)
+    if " \n" in text or "\n " in text:
+        text = _SPACE_AROUND_NEWLINE.sub("\n", text)
+    if "\n\n\n" in text:
+        text = _MANY_NEWLINES.sub("\n\n", text)
     return text.strip()
 
 

@@ -415,3 +415,27 @@ def test_the_fast_gpt2_encoder_gives_transformers_ids(gpt2_tokenizer):
         expected = gpt2_tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         assert fast.encode_ordinary(text) == expected, text[:40]
     assert gpt2_tokenizer.eos_token_id not in fast.encode_ordinary(tricky[7])  # text never injects an eos
+
+
+def test_skipping_passes_the_text_does_not_need_changes_nothing():
+    """clean_text runs a markup or whitespace pass only when its trigger is in the text; every pass always run
+    must give the same text on markup-heavy and plain input."""
+    import unicodedata
+
+    from gensim.corpora.wikicorpus import filter_wiki
+
+    from llmlab.data import cleaning
+    from llmlab.data.corpus import iter_documents
+
+    def every_pass(text: str) -> str:
+        text = unicodedata.normalize("NFKC", text)
+        for _needed, markup_pass in cleaning._MARKUP_PASSES:
+            text = markup_pass(text)
+        text = cleaning._SPACE_AROUND_NEWLINE.sub("\n", cleaning._SPACES.sub(" ", text))
+        return cleaning._MANY_NEWLINES.sub("\n\n", text).strip()
+
+    wiki = list(itertools.islice(iter_documents("builtin:wiki", None, "text"), 8))
+    tricky = ["<b>&lt;b&gt;</b> &amp;#123;&amp;#123;x}} [[a|b]] ==H== ''i'' File:x.jpg|c |alt=d",
+              "a \t b\u00a0 c \n d\n\n\n\ne  ", "plain prose. one space each.", "&#60;script&#62;x&#60;/script&#62;"]
+    for text in wiki + [filter_wiki(t) for t in wiki] + tricky:
+        assert cleaning.clean_text(text) == every_pass(text), text[:60]
