@@ -191,7 +191,8 @@ def main(argv=None) -> int:
             if name != "llmlab":
                 shutil.rmtree(out, ignore_errors=True)
     if args.pipelines and args.output.is_file():  # keep the rows of the pipelines not rerun
-        kept = [r for r in json.loads(args.output.read_text())["rows"] if r["pipeline"].split(",")[0] not in args.pipelines]
+        kept = [{**r, "earlier_run": True} for r in json.loads(args.output.read_text())["rows"]
+                if r["pipeline"].split(",")[0] not in args.pipelines]
         rows = sorted(kept + rows, key=lambda r: (r["corpus_mb"], r["pipeline"] == "previous"))
     summary = summarise(rows, workers)
     loader = loader_check(args, env) if args.train_steps else None
@@ -222,10 +223,11 @@ def summarise(rows: list[dict], workers: int) -> dict:
                                     for label, n in (("1B", 1e9), ("10B", 1e10))}}
     for size in dict.fromkeys(r["corpus_mb"] for r in rows):
         at = {r["pipeline"]: r for r in rows if r["corpus_mb"] == size}
-        for other in ("nanogpt", "previous"):
-            if other in at and "llmlab" in at:
-                out.setdefault("ratios", {})[f"{size} MB llmlab / {other} tokens/s"] = (
-                    at["llmlab"]["tokens_per_second"] / at[other]["tokens_per_second"])
+        for mine in ("llmlab", "llmlab, near-dup off"):
+            for other in ("nanogpt", "previous"):
+                if other in at and mine in at and not at[other].get("earlier_run"):  # side by side only
+                    out.setdefault("ratios", {})[f"{size} MB {mine} / {other} tokens/s"] = (
+                        at[mine]["tokens_per_second"] / at[other]["tokens_per_second"])
     return out
 
 

@@ -306,6 +306,11 @@ def data_scale() -> str:
                      f"{p1['hours']:.1f} h, {p1['disk_gb']:.0f} GB, {p1['peak_rss_gb']:.1f} GB | {p10['hours']:.1f} h, "
                      f"{p10['disk_gb']:.0f} GB, {p10['peak_rss_gb']:.1f} GB |")
     ratios = "; ".join(f"{k.replace(' tokens/s', '')} = {v:.2f}×" for k, v in s.get("ratios", {}).items())
+    earlier = FINDINGS / "data-scale" / "results-run1.json"
+    if earlier.is_file():  # the previous pipeline ran side by side with llmlab only in the bench's first run
+        first = json.loads(earlier.read_text())["summary"].get("ratios", {})
+        pairs = [f"{k.split(' llmlab')[0]} {v:.2f}×" for k, v in first.items() if "previous" in k]
+        ratios += f"; llmlab / previous, side by side in the first run (before the faster cleaner): {', '.join(pairs)}"
     loader = data.get("loader") or {}
     wait = (f" Training on the {data['sizes_mb'][-1]} MB shards ({loader['steps']} steps of gpt2-tiny): the loader "
             f"waited {100 * loader['data_wait_share_max']:.3f} % of step time at most." if "steps" in loader else "")

@@ -28,6 +28,7 @@ import re
 import shutil
 import sys
 import time
+from array import array
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -233,7 +234,7 @@ class Dedup:
         self.bits = cfg.dedup_memory_mb * 8 * 2 ** 20
         self.bloom = np.load(stage / "bloom.npz")["arr_0"] if state else np.zeros(self.bits // 8, dtype=np.uint8)
         self.threshold, self.stage = cfg.near_dup_threshold, stage
-        self.offsets = list(np.load(stage / "text_offsets.npy")) if state and self.threshold else [0]
+        self.offsets = array("q", np.load(stage / "text_offsets.npy") if state and self.threshold else [0])
         self.lsh = None
         if self.threshold:
             from datasketch import LeanMinHash, MinHashLSH
@@ -312,7 +313,7 @@ def _stage(cfg: DataConfig, tokenizer, stage: Path, state: dict, dtype) -> dict:
     for orphan in stage.glob("doc_*.bin"):  # written after the last checkpoint by a killed run: redone below
         if orphan.name not in {r["file"] for r in state["shards"]}:
             orphan.unlink()
-    lengths = list(np.load(stage / "lengths.npy")) if state["shards"] else []
+    lengths = array("q", np.load(stage / "lengths.npy") if state["shards"] else [])  # 8 bytes a document
     dedup = Dedup(cfg, stage, state if state["shards"] else {})
     writer = ShardWriter(stage, "doc", dtype, shard_tokens=1 << 62, start_index=len(state["shards"]))
     source = corpus.iter_documents(cfg.dataset, cfg.dataset_config, cfg.text_field)
@@ -348,7 +349,7 @@ def _stage(cfg: DataConfig, tokenizer, stage: Path, state: dict, dtype) -> dict:
     return state
 
 
-def _checkpoint(stage: Path, state: dict, sealed: list[dict], lengths: list[int], dedup: Dedup) -> None:
+def _checkpoint(stage: Path, state: dict, sealed: list[dict], lengths: array, dedup: Dedup) -> None:
     """Everything a resume needs, the state file last (it names what is valid)."""
     state["shards"] += sealed
     _save_npy(stage / "lengths.npy", np.asarray(lengths, dtype=np.int64))
