@@ -341,8 +341,16 @@ def lr_forecast() -> str:
     registration = folder / "preregistration.json"
     fits = folder / "scaling_fits.json"
     if not registration.is_file():
+        plan = folder / "scan_plan.json"
+        done = len(list(folder.glob("trials/*/result.json")))
+        progress = ""
+        if plan.is_file():
+            cells = json.loads(plan.read_text())["cells"]
+            progress = (f" So far {done} trials have finished, over {', '.join(c['size'] for c in cells)} "
+                        f"(its grids in `lr-forecast/scan_plan.json`); the rerun of `lr-forecast/command.txt` resumes it "
+                        "on the same kind of machine.")
         return ("_The registered scan has not reached its held-out size yet: no forecast is registered, so there is no "
-                "verdict to report._")
+                "verdict to report._" + progress)
     reg = json.loads(registration.read_text())
     forecast = reg["forecast"]
     head = (f"Pre-registered before any held-out trial (`lr-forecast/preregistration.json`, sha256 "

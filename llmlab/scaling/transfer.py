@@ -206,6 +206,14 @@ def registered_forecast(registration: Optional[dict], size: str, batch: float) -
             "registered": True}
 
 
+def _registered_trials(registration: Optional[dict], size: str) -> int:
+    """Held-out trials the pre-registered design planned (its grid x seeds; 0 without a registration)."""
+    if not registration or registration.get("held_out") != size:
+        return 0
+    design = registration.get("design") or {}
+    return len(design.get("held_out_lrs") or []) * int(design.get("held_out_seeds") or 0)
+
+
 def holdout_verdict(points: list[dict], confidence: float = 0.95, registration: Optional[dict] = None) -> dict:
     """Fit the law on every size but the largest, forecast the largest, and judge the forecast: the pre-registered
     one (llmlab.sweep.scan.preregister) when there is one, else the law refitted now (exploratory)."""
@@ -225,7 +233,11 @@ def holdout_verdict(points: list[dict], confidence: float = 0.95, registration: 
         row.update(predicted=forecast["lr"], prediction_interval=forecast["pi"], measured=held.get("lr_opt"),
                    measured_ci=held.get("ci"), registered=forecast["registered"],
                    refit_now=predict(law, held_n, held["batch_size"])["lr"])
-        if held["status"] != "measured" or held.get("var_ln") is None:
+        planned = _registered_trials(registration, held_size)
+        if forecast["registered"] and held.get("n_trials", 0) < planned:
+            row.update(verdict="undecided", reason=f"{held.get('n_trials', 0)} of the {planned} registered held-out "
+                                                   "trials have finished: no verdict before they all have")
+        elif held["status"] != "measured" or held.get("var_ln") is None:
             row.update(verdict="undecided", reason=f"the held-out optimum is not a measurement ({held['status']})")
         else:
             ln_r = forecast["ln_lr"] - held["ln_lr_opt"]

@@ -79,6 +79,9 @@ def test_the_registered_forecast_is_the_one_judged():
     law = {"ln_lr": math.log(refit["predicted"] * 2), "se_mean": 0.05, "se_pred": 0.05, "df": 1}
     registration = {"held_out": "128x2", "batch_size": 4.0, "forecast": {"law": law}}
     judged = holdout_verdict(points, registration=registration)["rows"][0]
+    early = {**registration, "design": {"held_out_lrs": [1.0] * 7, "held_out_seeds": 6}}  # 42 planned, 21 ran
+    waiting = holdout_verdict(points, registration=early)["rows"][0]
+    assert waiting["verdict"] == "undecided" and "21 of the 42 registered" in waiting["reason"]
     assert not refit["registered"] and judged["registered"]
     assert judged["predicted"] == pytest.approx(2 * refit["predicted"]) and judged["df"] == 1
     assert judged["ratio"] == pytest.approx(2 * refit["ratio"])
