@@ -189,8 +189,7 @@ def power(se: float, df: int) -> dict:
     return {"detect_1.5x_miss": beyond(t95 * se, math.log(1.5)),
             "failed_at_1.5x": beyond(max(t95 * se, band), math.log(1.5)),
             "failed_at_2x": beyond(max(t95 * se, band), math.log(2.0)),
-            "failed_at_exact": beyond(max(t95 * se, band), 0.0), "within_at_exact": within(0.0),
-            "confirm_exact": within(0.0)}
+            "failed_at_exact": beyond(max(t95 * se, band), 0.0), "within_at_exact": within(0.0)}
 
 
 def registered_forecast(registration: Optional[dict], size: str, batch: float) -> Optional[dict]:
