@@ -21,6 +21,8 @@ check() {  # check NAME TIMEOUT_S COMMAND... : run, time, record pass/fail with 
   local last; last=$(grep -v '^\s*$' "$log" | tail -n 1 | cut -c1-90)
   if [ $rc -eq 0 ]; then RESULTS+=("$(printf '%-26s %-5s %5ss  %s' "$name" ok "$took" "$last")")
   else RESULTS+=("$(printf '%-26s %-5s %5ss  rc=%s %s' "$name" FAIL "$took" "$rc" "$last")"); tail -n 30 "$log"; fi
+  # each row is written the moment it exists, so a smoke cut short by an outer time limit still leaves its table
+  echo "${RESULTS[-1]}" | tee -a "$WORK/results.txt"
 }
 
 check cuda_info 120 $PY -c "

@@ -195,7 +195,13 @@ class TrainingSession:
         losses = torch.stack(self._micro_losses)
         finite = bool(torch.isfinite(losses).all()) and (grad_norm is None or math.isfinite(grad_norm))
         lr = optimizer.param_groups[0]["lr"]
-        if finite:
+        if self.accelerator.scaler is not None:
+            # fp16: the loss scaler owns overflow. Its step skips a non-finite gradient and lowers the scale (the
+            # first steps overflow by design); skipping its step here would leave it unscaled but not updated, and
+            # the next step's unscale_ would fail
+            optimizer.step()
+            finite = finite and not optimizer.step_was_skipped
+        elif finite:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()

@@ -63,6 +63,31 @@ def test_optimizer_step_clips_and_never_applies_a_non_finite_update(tmp_path, fr
         assert session.state.step == 2  # counted, and the schedule moved on
 
 
+def test_fp16_overflow_goes_to_the_loss_scaler_and_the_next_step_runs(tmp_path, fresh_state, monkeypatch):
+    """The GPU smoke's fp16 failure, on CPU: accelerate's own fp16 path (backward scales, clipping unscales, the
+    wrapped optimizer's step skips an overflow and lowers the scale), with torch's CPU GradScaler standing in for
+    the CUDA one. An overflowed first step is the scaler's to skip; skipping its step ourselves broke the next one."""
+    cfg = Cfg(output_dir=str(tmp_path / "run"))
+    session = TrainingSession(cfg, "unit", run_files=("checkpoints", "config.yaml"), resumable=(),
+                              mixed_precision="no")  # fp16 is refused on CPU: set up its scaler path by hand
+    monkeypatch.setattr(type(session.accelerator), "mixed_precision", property(lambda self: "fp16"))
+    session.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 126)  # 4 x 2^126 overflows fp32
+    session.accelerator.native_amp = True
+    model = torch.nn.Linear(2, 1, bias=False)
+    model, optimizer = session.prepare(model, torch.optim.SGD(model.parameters(), lr=cfg.learning_rate))
+    scheduler = scaled_schedule(torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0), session.state)
+    clipper = GradClipper("0.5")
+    with session:
+        session.begin(cfg, 10, {}, save_every=100, keep_last=1)
+        before = model.weight.detach().clone()
+        result = step(session, model, optimizer, scheduler, clipper, [[3.0, 4.0]])
+        assert not result.stepped and math.isfinite(result.loss) and torch.equal(model.weight.detach(), before)
+        assert session.accelerator.scaler.get_scale() == 2.0 ** 125  # the scaler saw the overflow
+        result = step(session, model, optimizer, scheduler, clipper, [[3.0, 4.0]])  # 4 x 2^125 fits
+        assert result.stepped and result.grad_norm == pytest.approx(5.0)
+        assert torch.allclose(before - model.weight.detach(), 0.1 * torch.tensor([[0.3, 0.4]]))
+
+
 def test_value_clipping_clamps_each_element(tmp_path, fresh_state):
     cfg, session, model, optimizer, scheduler, _ = make(tmp_path)
     with session:
