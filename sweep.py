@@ -19,7 +19,7 @@ from llmlab.core.errors import cli_entry
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "recommend":
-        from llmlab.scaling import recommend_main
+        from llmlab.sweep.recommend import recommend_main
 
         return recommend_main(argv[1:])
     from llmlab.core.config import parse_config

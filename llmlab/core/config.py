@@ -45,7 +45,8 @@ def check_report_to(report_to: list[str]) -> list[str]:
 
 
 def opt(default: Any, help: str, **kwargs: Any) -> Any:
-    """A dataclass field with a help line; `opt([...], ...)` works for mutable defaults too."""
+    """A dataclass field with a help line; `opt([...], ...)` works for mutable defaults too. `choices=` a registry
+    (a mapping whose keys are the names) is read when a config is parsed, so an entry registered later is a choice."""
     if isinstance(default, (list, dict)):
         value = default
         return dataclasses.field(default_factory=lambda: type(value)(value), metadata={"help": help, **kwargs})
@@ -60,15 +61,15 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def _converter(tp: Any, name: str):
+def _converter(tp: Any, name: str, registry: Any = None):
     """A function turning a CLI string or a YAML value into the field's type, or raising UserError."""
     tp, optional = _unwrap_optional(tp)
 
     def convert(value: Any) -> Any:
         if optional and (value is None or (isinstance(value, str) and value.lower() in ("none", "null", ""))):
             return None
-        if get_origin(tp) is Literal:
-            choices = get_args(tp)
+        if registry is not None or get_origin(tp) is Literal:
+            choices = list(registry) if registry is not None else get_args(tp)
             if value not in choices:
                 raise UserError(f"--{name}: {value!r} is not one of {', '.join(map(str, choices))}")
             return value
@@ -119,6 +120,8 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
             continue
         if get_origin(tp) is list:
             kwargs["nargs"] = "+"
+        elif f.metadata.get("choices") is not None:
+            kwargs["choices"] = list(f.metadata["choices"])
         elif get_origin(tp) is Literal:
             kwargs["choices"] = list(get_args(tp))
         parser.add_argument(f"--{f.name}", metavar=f.metadata.get("metavar", f.name.upper()), **kwargs)
@@ -144,7 +147,8 @@ def build_config(cls: type[T], values: dict[str, Any], source: str = "config") -
     unknown = sorted(set(values) - names)
     if unknown:
         raise UserError(f"unknown option(s) {', '.join(unknown)} in {source}; see --help for valid names")
-    converted = {k: _converter(hints[k], k)(v) for k, v in values.items()}
+    registries = {f.name: f.metadata.get("choices") for f in dataclasses.fields(cls)}
+    converted = {k: _converter(hints[k], k, registries[k])(v) for k, v in values.items()}
     cfg = cls(**converted)
     if callable(getattr(cfg, "resolved", None)):  # checked, with derived defaults: a new config, nothing mutated
         return cfg.resolved()

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from llmlab.core.errors import UserError
+from llmlab.train.components import OPTIMIZERS
 
 GIB = 2 ** 30
-OPTIMIZER_STATE_BYTES = {"adamw": 8.0, "lion": 4.0, "adafactor": 0.0}
 CONTEXT_BYTES = 1 * GIB
 VOCAB = 50257
 
@@ -58,7 +58,7 @@ def shape_for(params: float, seq_len: int, n_layer: Optional[int] = None, n_embd
 
 
 def state_bytes_per_param(optimizer: str, zero_stage: int, offload: bool, precision: str) -> float:
-    states = OPTIMIZER_STATE_BYTES[optimizer]
+    states = OPTIMIZERS[optimizer].state_bytes
     if zero_stage == 0:
         return 4.0 + 4.0 + states
     if precision == "no":

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from llmlab.core.errors import UserError
-from llmlab.train.config import CLIP_MODES, OPTIMIZERS, SCHEDULERS, parse_clip
+from llmlab.train.config import CLIP_MODES, OPTIMIZERS, SCHEDULES, parse_clip
 
 POSITION_ENCODINGS = ("sinusoidal", "learned", "rope")
 LOSS_MASKS = ("full", "padding")  # every next-token position, or none predicting padding (per-document rows)
@@ -41,11 +41,13 @@ class Factor:
     applies: str  # how a trial applies it (documentation; the trial reads hp.<name>)
 
 
-def one_of(*choices: str, aliases: dict[str, str] | None = None) -> Callable[[Any], Any]:
+def one_of(*choices: str, aliases: dict[str, str] | None = None, registry=None) -> Callable[[Any], Any]:
+    """A level among `choices`, or among a registry's names when it is checked (a later registration counts)."""
     def check(value):
+        choices_now = tuple(registry) if registry is not None else choices
         value = (aliases or {}).get(str(value).lower(), str(value).lower()) if isinstance(value, str) else value
-        if value not in choices:
-            raise BadLevel(f"one of {', '.join(choices)}")
+        if value not in choices_now:
+            raise BadLevel(f"one of {', '.join(choices_now)}")
         return value
     return check
 
@@ -93,12 +95,12 @@ def _clip_default(cfg) -> Any:
 
 
 REGISTRY: dict[str, Factor] = {f.name: f for f in (
-    Factor("scheduler", one_of(*SCHEDULERS, aliases={"constant_with_warmup": "constant"}), _control("scheduler"),
+    Factor("scheduler", one_of(aliases={"constant_with_warmup": "constant"}, registry=SCHEDULES), _control("scheduler"),
            "lr schedule after warmup (llmlab.train.optim)"),
     Factor("clip", clip_level, _clip_default, "clip bound (0 = off, adaptive = 1.5 x recent mean norm)"),
     Factor("warmup", number(integer=True), _control("warmup"), "warmup steps of the full protocol, scaled to the budget"),
     Factor("weight_decay", number(), _control("weight_decay"), "weight decay on matrices"),
-    Factor("optimizer", one_of(*OPTIMIZERS), _control("optimizer"), "optimizer (llmlab.train.optim)"),
+    Factor("optimizer", one_of(registry=OPTIMIZERS), _control("optimizer"), "optimizer (llmlab.train.optim)"),
     Factor("lr", number(), lambda cfg: cfg.default_lr(), "peak learning rate (0 freezes the model: a flat-loss drill)"),
     Factor("batch_size", number(1, integer=True), lambda cfg: cfg.batch_size or cfg.budget_spec.batch_size,
            "sequences per optimizer step"),

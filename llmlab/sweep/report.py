@@ -17,7 +17,7 @@ from llmlab.sweep import stats
 from llmlab.sweep.design import FACTORS, design_table, reference_id
 from llmlab.sweep.factors import EXTRA_FACTORS
 from llmlab.sweep.metrics import reference_lines
-from llmlab.train.config import LION_LR_DIVISOR
+from llmlab.train.components import OPTIMIZERS
 from llmlab.train.schedules import mean_lr_share
 
 GAIN_DELTA, GAIN_STABILITY, GAIN_SPEEDUP = -0.05, 0.8, 0.9
@@ -317,10 +317,14 @@ def effects_section(fitted: dict, plots: Path) -> list[str]:
 def caveats(fitted: dict) -> list[str]:
     """What a contrast also carries: the optimizer's own step size and each schedule's mean lr (computed)."""
     notes = []
-    if "optimizer" in fitted["factors"] and "lion" in fitted["levels"]["optimizer"]:
-        notes.append(f"- **optimizer is confounded with step size:** Lion runs at lr / {LION_LR_DIVISOR:g} with weight "
-                     f"decay x {LION_LR_DIVISOR:g} (its authors' advice), AdamW and Adafactor at the lr itself, so the "
-                     "Lion contrast is Lion-at-that-step-size, not Lion at its own best lr.")
+    levels = [OPTIMIZERS[name] for name in fitted["levels"].get("optimizer", []) if name in OPTIMIZERS]
+    scaled = [entry for entry in levels if entry.lr_divisor != 1.0]
+    if "optimizer" in fitted["factors"] and scaled:
+        plain = " and ".join(entry.label for entry in levels if entry.lr_divisor == 1.0)
+        notes += [f"- **optimizer is confounded with step size:** {entry.label} runs at lr / {entry.lr_divisor:g} with "
+                  f"weight decay x {entry.lr_divisor:g} (its authors' advice), {plain} at the lr itself, so the "
+                  f"{entry.label} contrast is {entry.label}-at-that-step-size, not {entry.label} at its own best lr."
+                  for entry in scaled]
     if "scheduler" in fitted["factors"]:
         shares = {name: mean_lr_share(name) for name in fitted["levels"]["scheduler"]}
         notes.append("- **scheduler is confounded with the mean lr:** over a run (warmup excluded) the schedules "

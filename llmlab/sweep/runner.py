@@ -34,7 +34,7 @@ from llmlab.sweep.design import base_design, build_design, design_table, parse_s
 from llmlab.sweep.factors import resolve
 from llmlab.sweep.launchers import SPLITS, save_token_arrays
 from llmlab.sweep.launchers.local import TrialLauncher, forkserver_context
-from llmlab.sweep.scan import design_for, load_plan, read_preregistration, run_scan
+from llmlab.sweep.scan import check_machine, design_for, load_plan, read_preregistration, run_scan
 from llmlab.sweep.spec import Hparams, TrialSpec
 from llmlab.train.config import parse_clip
 
@@ -231,6 +231,8 @@ def run_sweep(cfg: SweepConfig) -> list[dict]:
         from llmlab.sweep.launchers.ray import connect  # only when asked for: Ray's import takes seconds
 
         connect(cfg.ray_address)  # no cluster: one line, before anything is written
+    if is_size_scan(cfg) and not cfg.report_only:
+        check_machine(out_dir)  # a scan from another CPU: refused before this run writes anything
     # one driver per folder (a second would run every trial twice), and never in another kind of run's folder
     _, note = claim_run_folder(out_dir, (), resume=True, overwrite=False, what="sweep")
     try:

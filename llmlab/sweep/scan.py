@@ -143,6 +143,11 @@ def load_plan(out_dir: Path) -> dict:
                         "pick a new --output_dir") from None
 
 
+def check_machine(out_dir: Path) -> None:
+    """pin_machine's refusal alone, before a resume writes its run record or prepares data: changes nothing."""
+    pin_machine(load_plan(out_dir), out_dir)
+
+
 def pin_machine(plan: dict, out_dir: Path) -> None:
     """One machine per statistic: a scan's seed SD, vertices and verdict come from one CPU, so a resume on another
     is refused (the lab's losses differ between CPUs by more than its seed noise, docs/findings)."""

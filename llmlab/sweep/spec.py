@@ -12,6 +12,8 @@ from typing import Any, Optional
 
 from llmlab.sweep.factors import REGISTRY
 
+SPLITS = ("train", "validation")  # the token arrays (data/<split>.npy) every trial memory-maps
+
 Hparams = make_dataclass("Hparams", [(name, Any) for name in REGISTRY], frozen=True,
                          namespace={"__doc__": "One trial's level of every factor (llmlab.sweep.factors.REGISTRY)."})
 

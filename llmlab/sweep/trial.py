@@ -39,8 +39,7 @@ from llmlab.core.tracking import MetricsLogger, session_records
 from llmlab.models.gpt2 import build_gpt2_model
 from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig
 from llmlab.sweep import metrics as M
-from llmlab.sweep.launchers import SPLITS
-from llmlab.sweep.spec import Hparams, TrialSpec
+from llmlab.sweep.spec import SPLITS, Hparams, TrialSpec
 from llmlab.train.common import GradClipper, causal_lm_loss, perplexity
 from llmlab.train.optim import build_optimizer, build_schedule
 

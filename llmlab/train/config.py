@@ -19,12 +19,8 @@ from typing import Literal, Optional
 
 from llmlab.core.config import check_report_to, opt
 from llmlab.core.errors import UserError
+from llmlab.train.components import OPTIMIZERS, SCHEDULES  # noqa: F401 (the registries configs choose from)
 
-# The optimizer and schedule vocabulary (train/optim.py builds them and states Lion's convention); here so that
-# configs and the lab's factor checks name them without loading torch.
-OPTIMIZERS = ("adamw", "lion", "adafactor")
-SCHEDULERS = ("linear", "cosine", "polynomial", "constant")
-LION_LR_DIVISOR = 3.0  # lion-pytorch README: lr 3-10x smaller than AdamW, weight decay 3-10x larger
 CLIP_MODES = ("norm", "value")  # rescale the global gradient norm, or clamp every element to [-clip, clip]
 
 
@@ -67,9 +63,8 @@ class RunGroup:
 
 @dataclass
 class OptimGroup:
-    optimizer: Literal["adamw", "lion", "adafactor"] = opt("adamw", "adamw, lion (takes lr / 3 and weight decay x 3 "
-                                                                   "of the values given: llmlab.train.optim) or "
-                                                                   "adafactor (fixed lr)")
+    optimizer: str = opt("adamw", "a registered optimizer (llmlab.train.components): adamw, lion (takes lr / 3 and "
+                                  "weight decay x 3 of the values given) or adafactor (fixed lr)", choices=OPTIMIZERS)
     weight_decay: float = opt(0.1, "weight decay (matrices only: never biases or LayerNorm weights)")
     max_steps: Optional[int] = opt(None, "optimizer steps to train (upper bound)")
     clip: str = opt("1.0", "max grad norm, 0 = off, or 'adaptive' (1.5 x mean of the last 50 norms)")

@@ -3,12 +3,13 @@ evaluation, early stopping). Light on purpose (no torch): a bad flag is answered
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Optional
 
 from llmlab.core.config import opt
 from llmlab.core.io import llmlab_cache
 from llmlab.data.instruct import DEFAULT_PROMPT, DEFAULT_PROMPT_NO_INPUT, check_templates
-from llmlab.train.config import CheckpointGroup, EvalGroup, LoggingGroup, OptimGroup, RunGroup, require
+from llmlab.train.config import (SCHEDULES, CheckpointGroup, EvalGroup, LoggingGroup, OptimGroup, RunGroup,
+                                 require)
 
 DEFAULT_BASE_MODEL = "runs/pretrain/final"
 # peft's shorthand (peft.utils.INCLUDE_LINEAR_LAYERS_SHORTHAND) for every Linear/Conv1D layer but the output head. The
@@ -55,8 +56,8 @@ class LoraTrainConfig(RunGroup, OptimGroup, CheckpointGroup, EvalGroup, LoggingG
     weight_decay: float = opt(0.01, "weight decay (LoRA's A and B matrices)")
     batch_size: int = opt(8, "examples per device per micro-batch")
     gradient_accumulation_steps: int = opt(2, "micro-batches per optimizer step")
-    lr_scheduler: Literal["linear", "cosine", "polynomial", "constant"] = opt("linear", "decay after the linear warmup "
-                                                                                       "(to 0; polynomial: power 2)")
+    lr_scheduler: str = opt("linear", "a registered schedule (llmlab.train.components) after the linear warmup "
+                                      "(to 0; polynomial: power 2)", choices=SCHEDULES)
     warmup_steps: int = opt(25, "linear warmup optimizer steps")
     epochs: int = opt(3, "passes over the training split (upper bound)")
     # evaluation and logging

@@ -13,7 +13,8 @@ from llmlab.models.gpt2 import (
     GPT2_PRESETS,
     context_length_of,  # transformers' AutoConfig: only for --init_from
 )
-from llmlab.train.config import CheckpointGroup, EvalGroup, LoggingGroup, OptimGroup, RunGroup, require
+from llmlab.train.config import (SCHEDULES, CheckpointGroup, EvalGroup, LoggingGroup, OptimGroup, RunGroup,
+                                 require)
 from llmlab.train.spikes import check_drill, parse_inject_spike
 
 # gpt2-tiny's recipe: about four minutes on two CPU cores (bench/quickstart.py measures it against the old one).
@@ -49,8 +50,8 @@ class PretrainConfig(DataConfig, RunGroup, OptimGroup, CheckpointGroup, EvalGrou
     # optimisation (OptimGroup, with pretraining's defaults)
     learning_rate: Optional[float] = opt(None, f"peak learning rate; default 6e-4, for gpt2-tiny "
                                                f"{TINY_LEARNING_RATE:g}")
-    lr_scheduler: Literal["linear", "cosine", "polynomial", "constant"] = opt(
-        "cosine", "decay after the linear warmup, down to --min_lr (polynomial: power 2)")
+    lr_scheduler: str = opt("cosine", "a registered schedule (llmlab.train.components) after the linear warmup, "
+                                      "decaying to --min_lr (polynomial: power 2)", choices=SCHEDULES)
     min_lr: float = opt(1e-5, "floor of the decay")
     adam_beta1: float = opt(0.9, "beta1 of AdamW and Lion")
     adam_beta2: float = opt(0.98, "beta2 of AdamW and Lion")

@@ -53,6 +53,25 @@ def test_no_import_cycles():
             visit(name, [name])
 
 
+LAYERS = {"core": 0, "data": 1, "models": 1, "train": 2, "infer": 2, "scaling": 3, "sweep": 4}
+LAUNCHED = {"llmlab.sweep.trial": ("llmlab.sweep.runner", "llmlab.sweep.launchers")}  # never imports what starts it
+
+
+def test_imports_run_down_the_layers_only():
+    assert set(LAYERS) == PACKAGES
+    modules, upward = _modules(), []
+    for name, path in modules.items():
+        if name.count(".") < 1:
+            continue
+        for imported in _imports(path, name):
+            if imported in modules and imported.count(".") >= 1:
+                if LAYERS[imported.split(".")[1]] > LAYERS[name.split(".")[1]]:
+                    upward.append(f"{name} -> {imported}")
+                if any(imported == up or imported.startswith(up + ".") for up in LAUNCHED.get(name, ())):
+                    upward.append(f"{name} -> {imported} (its launcher)")
+    assert upward == [], f"imports that run back up the layers: {upward}"
+
+
 def test_scripts_stay_thin():
     for script in ("train_pretrain.py", "train_lora.py", "sweep.py", "merge_and_infer.py"):
         assert len((REPO / script).read_text().splitlines()) < 60, script
@@ -79,7 +98,7 @@ def test_no_function_is_long_without_a_reason():
 DEFERRING = ("llmlab.core.", "llmlab.data.", "llmlab.models.", "llmlab.scaling.", "llmlab.infer.config",
              "llmlab.sweep.config", "llmlab.sweep.design", "llmlab.sweep.factors", "llmlab.sweep.spec",
              "llmlab.train.config", "llmlab.train.pretrain_config", "llmlab.train.lora_config",
-             "llmlab.train.schedules")
+             "llmlab.train.schedules", "llmlab.train.components")
 # 2. Optional or slow extras that most runs never touch, imported where used in any module.
 OPTIONAL = {
     "deepspeed": "ZeRO runs only; its import probes the accelerator and takes seconds",

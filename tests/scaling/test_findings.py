@@ -50,3 +50,22 @@ def test_lora_defaults_are_the_benchmarked_recipe_the_findings_quote():
     assert {k: v for k, v in benched.items() if k not in ignored} == {k: v for k, v in defaults.items()
                                                                      if k not in ignored}
     assert f"Defaults = {best}" in (REPO / "README.md").read_text()
+
+
+def test_readme_data_scale_numbers_equal_a_recomputation_from_the_rows():
+    """The memory slope and the nanoGPT ratio the README states, recomputed from the bench's raw rows."""
+    import json
+
+    import numpy as np
+
+    data = json.loads((REPO / "docs" / "findings" / "data-scale" / "results.json").read_text())
+    rows = [r for r in data["rows"] if r["pipeline"] == "llmlab, near-dup off"]
+    slope, base = np.polyfit([r["tokens"] for r in rows], [r["peak_rss_mb"] for r in rows], 1)
+    largest = max(r["corpus_mb"] for r in rows)
+    at = {r["pipeline"]: r for r in data["rows"] if r["corpus_mb"] == largest}
+    ratio = (at["llmlab, near-dup off"]["tokens"] / at["llmlab, near-dup off"]["seconds"]) / (
+        at["nanogpt"]["tokens"] / at["nanogpt"]["seconds"])
+    readme = (REPO / "README.md").read_text()
+    assert f"({base:,.0f} MB + {slope * 1e8:.0f} MB per 100M tokens)" in readme
+    assert f"at {ratio:.2f}× the tokens/s of nanoGPT's recipe ({largest} MB)" in readme
+    assert slope * 1e8 <= 10  # issue 25's target: at most 10 MB more per 100M tokens

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import math
 
 import numpy as np
@@ -10,9 +11,9 @@ import yaml
 
 from llmlab.core.errors import UserError
 from llmlab.core.identity import file_sha256
-from llmlab.scaling import (ScalingOptions, analyse, feasible_region, lr_optimum, recommend_main,
-                            write_lr_bs_report)
+from llmlab.scaling import ScalingOptions, analyse, feasible_region, lr_optimum, write_lr_bs_report
 from llmlab.scaling.law import predict
+from llmlab.sweep.recommend import recommend_main
 from llmlab.scaling.transfer import analyse_sizes
 
 TRUE_A, TRUE_B = 1e-4, 0.5  # lr_opt = a * batch^b
@@ -484,7 +485,8 @@ def test_smoke_multi_size_scan_end_to_end_plans_grids_and_resumes(tmp_path):
     assert "to run" not in again.stdout.replace("; 0 to run", "")
     plan["machine"] = "another CPU"  # one machine per statistic: a resume elsewhere is refused and changes nothing
     (out / "scan_plan.json").write_text(json.dumps(plan))
-    before = sorted(p.name for p in out.rglob("*"))
+    shutil.rmtree(out / "data")  # as a committed scan folder ships: the refusal must not prepare data into it
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     moved = run_script(args, timeout=300)
     assert moved.returncode != 0 and "another CPU" in moved.stderr and "new --output_dir" in moved.stderr
-    assert sorted(p.name for p in out.rglob("*")) == before
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # run_info and config too

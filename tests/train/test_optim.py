@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from llmlab.train.optim import (LION_LR_DIVISOR, OPTIMIZERS, SCHEDULERS, build_optimizer, build_schedule,
+from llmlab.train.optim import (OPTIMIZERS, SCHEDULES, build_optimizer, build_schedule,
                                 lr_multiplier, mean_lr_share)
 
 
@@ -20,7 +20,8 @@ def test_every_optimizer_decays_matrices_only_and_steps(name):
     decayed = [g for g in optimizer.param_groups if g["weight_decay"] > 0]
     assert [p.ndim for g in decayed for p in g["params"]] == [2, 2]
     assert all(p.ndim == 1 for g in optimizer.param_groups if g["weight_decay"] == 0 for p in g["params"])
-    expected_lr, expected_wd = (1e-2 / LION_LR_DIVISOR, 0.1 * LION_LR_DIVISOR) if name == "lion" else (1e-2, 0.1)
+    divisor = OPTIMIZERS[name].lr_divisor
+    expected_lr, expected_wd = 1e-2 / divisor, 0.1 * divisor
     assert optimizer.param_groups[0]["lr"] == pytest.approx(expected_lr)
     assert decayed[0]["weight_decay"] == pytest.approx(expected_wd)
     before = [p.detach().clone() for p in model.parameters()]
@@ -30,7 +31,7 @@ def test_every_optimizer_decays_matrices_only_and_steps(name):
 
 
 def test_schedules_warm_up_then_decay_to_the_floor():
-    for name in SCHEDULERS:
+    for name in SCHEDULES:
         values = [lr_multiplier(s, name, 10, 100, 0.1) for s in range(101)]
         assert values[0] == 0 and values[5] == pytest.approx(0.5) and values[10] == pytest.approx(1.0)
         assert min(values[10:]) >= 0.1 - 1e-12

@@ -249,8 +249,8 @@ def test_recommended_yaml_drives_a_real_run_with_its_optimizer_and_schedule(data
     import yaml
 
     from llmlab.scaling.report import write_lr_bs_report
-    from llmlab.scaling import recommend_main
-    from llmlab.train.optim import LION_LR_DIVISOR, lr_multiplier
+    from llmlab.sweep.recommend import recommend_main
+    from llmlab.train.optim import OPTIMIZERS, lr_multiplier
     from tests.scaling.test_scaling import SYNTHETIC_OPTIONS, planted_scan
 
     scan = tmp_path / "scan"
@@ -274,5 +274,5 @@ def test_recommended_yaml_drives_a_real_run_with_its_optimizer_and_schedule(data
     logged = last_by_step(out, "train/lr")
     ratio = resolved["min_lr"] / resolved["learning_rate"]
     for step, lr in logged.items():  # the lr of step s is the schedule's at s - 1; Lion's is lr / 3
-        expected = resolved["learning_rate"] / LION_LR_DIVISOR * lr_multiplier(step - 1, "cosine", 2, 6, ratio)
+        expected = resolved["learning_rate"] / OPTIMIZERS["lion"].lr_divisor * lr_multiplier(step - 1, "cosine", 2, 6, ratio)
         assert lr == pytest.approx(expected, rel=1e-6), step

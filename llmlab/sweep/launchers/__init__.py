@@ -17,9 +17,8 @@ import numpy as np
 
 from llmlab.core.errors import writing
 from llmlab.core.io import atomic_write_json
-from llmlab.sweep.spec import TrialSpec
+from llmlab.sweep.spec import SPLITS, TrialSpec  # noqa: F401 (SPLITS: part of this module's API)
 
-SPLITS = ("train", "validation")  # the token arrays (data/<split>.npy) every trial memory-maps
 LOG_TAIL_LINES = 30
 
 

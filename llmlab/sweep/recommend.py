@@ -25,6 +25,7 @@ import yaml
 import llmlab.scaling.memory as memory
 from llmlab.core.config import Parser, add_dataclass_args, config_from_namespace, load_yaml, opt
 from llmlab.core.errors import UserError
+from llmlab.train.components import OPTIMIZERS
 from llmlab.core.io import atomic_write_text
 from llmlab.scaling.fits import ScalingOptions, predict_band
 from llmlab.scaling.law import predict
@@ -56,8 +57,8 @@ class RecommendConfig(ScalingOptions):
     zero_stage: int = opt(0, "0: plain accelerate; 2: DeepSpeed ZeRO-2")
     offload: bool = opt(False, "ZeRO-2 with the optimizer states and step on the CPU (one_gpu_zero2_offload.yaml)")
     gradient_checkpointing: bool = opt(False, "plan with activation recomputation (less memory, ~30 %% slower)")
-    optimizer: Optional[Literal["adamw", "lion", "adafactor"]] = opt(None, "optimizer (unset: the best the --doe "
-                                                                         "sweep resolved, else adamw)")
+    optimizer: Optional[str] = opt(None, "a registered optimizer (unset: the best the --doe sweep resolved, else "
+                                         "adamw)", choices=OPTIMIZERS)
     doe: Optional[str] = opt(None, "a doe20 / YAML-grid sweep folder whose resolved contrasts pick the optimizer and "
                                    "schedule (unset: the defaults)")
     output: Optional[str] = opt(None, "YAML file to write; unset = FROM/recommended_config.yaml")

@@ -1,0 +1,105 @@
+"""The optimizers and lr schedules a run can use, one entry each, with what the rest of the project needs to know.
+
+An optimizer entry holds its builder, its state in bytes per parameter (for recommend's memory model), whether
+DeepSpeed's ZeRO path runs it, and its lr convention. A schedule entry holds its shape (the factor on the peak lr
+as training progresses), from which its mean-lr share follows. The trainers' `--optimizer` / `--lr_scheduler`
+choices, the lab's factor levels, recommend and the memory model all read these tables, so adding an optimizer or
+a schedule is one `register_*` call plus its test.
+
+Lion's convention, stated once: a run gives every optimizer the same --learning_rate and --weight_decay; Lion takes
+lr / 3 and weight decay x 3 of them (its authors: an lr 3-10x smaller than AdamW's and a weight decay 3-10x larger,
+which keeps lr x wd, the decay per step), so one setting means a comparable step for all.
+
+Torch-free at import (configs read it before the training stack loads): each builder imports its library.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+
+
+@dataclass(frozen=True)
+class OptimizerEntry:
+    build: Callable[..., Any]  # (param_groups, lr, betas, eps) -> a torch optimizer; lr already follows lr_divisor
+    state_bytes: float  # optimizer state per parameter at fp32, for the memory model
+    deepspeed: bool  # DeepSpeed's ZeRO path (accelerate hands it this optimizer; offload swaps in its CPU Adam) runs it
+    lr_divisor: float = 1.0  # it takes lr / lr_divisor and weight decay x lr_divisor of the run's settings
+    label: str = ""  # its name in prose (reports)
+    about: str = ""
+
+
+@dataclass(frozen=True)
+class ScheduleEntry:
+    shape: Callable[[float], float]  # progress in [0, 1] after warmup -> the factor on the peak lr, before the floor
+    about: str = ""
+
+    def mean_lr_share(self, steps: int = 1000) -> float:
+        """Mean factor over a run without warmup and floor: how much of the peak lr the schedule spends."""
+        return sum(self.shape(min(1.0, s / max(1, steps))) for s in range(steps)) / steps
+
+
+OPTIMIZERS: dict[str, OptimizerEntry] = {}
+SCHEDULES: dict[str, ScheduleEntry] = {}
+
+
+def register_optimizer(name: str, entry: OptimizerEntry) -> None:
+    OPTIMIZERS[name] = entry
+
+
+def register_schedule(name: str, entry: ScheduleEntry) -> None:
+    SCHEDULES[name] = entry
+
+
+def _adamw(groups, lr: float, betas: Optional[tuple], eps: Optional[float]):
+    import torch
+
+    extra = {k: v for k, v in (("betas", betas), ("eps", eps)) if v is not None}
+    return torch.optim.AdamW(groups, lr=lr, fused=True, **extra)  # one kernel for all tensors, CPU and GPU
+
+
+def _lion(groups, lr: float, betas: Optional[tuple], eps: Optional[float]):
+    from lion_pytorch import Lion
+
+    return Lion(groups, lr=lr, **({"betas": betas} if betas is not None else {}))
+
+
+def _adafactor(groups, lr: float, betas: Optional[tuple], eps: Optional[float]):
+    from transformers.optimization import Adafactor  # loads Trainer utilities and peft: 2.4 s, so only when chosen
+
+    # a fixed lr (no relative step, no parameter scaling), so a schedule applies to it like to the others
+    return Adafactor(groups, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
+
+
+register_optimizer("adamw", OptimizerEntry(_adamw, state_bytes=8.0, deepspeed=True, label="AdamW",
+                                           about="torch, fused kernel"))
+register_optimizer("lion", OptimizerEntry(_lion, state_bytes=4.0, deepspeed=False, lr_divisor=3.0, label="Lion",
+                                          about="lion-pytorch; takes lr / 3 and weight decay x 3"))
+register_optimizer("adafactor", OptimizerEntry(_adafactor, state_bytes=0.0, deepspeed=False, label="Adafactor",
+                                               about="transformers, at a fixed lr"))
+
+# transformers' formulas, written out once so every schedule has the same warmup and floor
+POLYNOMIAL_POWER = 2.0  # power 1 would equal linear
+register_schedule("linear", ScheduleEntry(lambda progress: 1.0 - progress, "linear decay"))
+register_schedule("cosine", ScheduleEntry(lambda progress: 0.5 * (1.0 + math.cos(math.pi * progress)), "cosine"))
+register_schedule("polynomial", ScheduleEntry(lambda progress: (1.0 - progress) ** POLYNOMIAL_POWER, "power 2"))
+register_schedule("constant", ScheduleEntry(lambda progress: 1.0, "constant after warmup"))
+
+
+def load_plugins() -> None:
+    """LLMLAB_PLUGINS=pkg.mod,other: modules that register components of their own when imported (`register_*`
+    calls at their top level), so a new optimizer or schedule needs no edit here. Read in every process that imports
+    this module: the trainers, `accelerate launch` ranks and the lab's trial processes alike (like torchtitan's
+    --experimental.custom_import)."""
+    for name in filter(None, (part.strip() for part in os.environ.get("LLMLAB_PLUGINS", "").split(","))):
+        try:
+            importlib.import_module(name)
+        except ImportError as err:  # at import time, before any script's error handler: exit with the one line
+            raise SystemExit(f"error: LLMLAB_PLUGINS: cannot import {name!r} ({err}); put it on PYTHONPATH, or "
+                             "unset LLMLAB_PLUGINS") from None
+
+
+load_plugins()
