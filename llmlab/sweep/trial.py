@@ -41,6 +41,7 @@ from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig
 from llmlab.sweep import metrics as M
 from llmlab.sweep.spec import SPLITS, Hparams, TrialSpec
 from llmlab.train.common import GradClipper, causal_lm_loss, perplexity
+from llmlab.train.engine import Engine, TorchBackend
 from llmlab.train.optim import build_optimizer, build_schedule
 
 RESULT_NAME = "result.json"
@@ -173,8 +174,7 @@ class TrialSetup:
     optimizer: Any
     scheduler: Any
     clipper: GradClipper
-    clip_mode: str
-    scaler: torch.amp.GradScaler
+    engine: Engine  # the trainers' step (llmlab.train.engine), on plain torch with the trial's GradScaler
     loss_fn: Callable
     autocast: Callable[[], Any]
     batch: int
@@ -203,10 +203,10 @@ def build_setup(spec: TrialSpec, hp: Hparams, device: torch.device) -> TrialSetu
 
     batch = hp.batch_size
     micro = batch // hp.accumulation if hp.accumulation > 1 else min(spec.micro_batch_size or batch, batch)
+    scaler = torch.amp.GradScaler(device.type, init_scale=1024, enabled=dtype is torch.float16)
     return TrialSetup(model=model, params=params, optimizer=optimizer, scheduler=scheduler,
-                      clipper=GradClipper(hp.clip, warmup_steps=warmup), clip_mode=hp.clip_mode,
-                      scaler=torch.amp.GradScaler(device.type, init_scale=1024, enabled=dtype is torch.float16),
-                      loss_fn=torch.compile(loss_of) if spec.compile else loss_of, autocast=autocast,
+                      clipper=GradClipper(hp.clip, warmup_steps=warmup, clip_mode=hp.clip_mode),
+                      engine=Engine(TorchBackend(scaler)), loss_fn=torch.compile(loss_of) if spec.compile else loss_of, autocast=autocast,
                       batch=batch, micro=micro, warmup=warmup)
 
 
@@ -223,37 +223,28 @@ class StepOutcome:
 
 
 def train_step(s: TrialSetup, ids: torch.Tensor, labels: torch.Tensor, step: int, measure: bool) -> StepOutcome:
-    """One optimizer step: backward over the micro batches (gradient accumulation), clip, update, schedule.
-    `measure` also records both update ratios (a parameter snapshot costs a copy, so only on logged steps)."""
-    started, loss_sum = time.perf_counter(), 0.0
+    """One optimizer step through the engine: backward over the micro batches (gradient accumulation), clip, update,
+    schedule. `measure` also records both update ratios (a parameter snapshot costs a copy, so only on logged
+    steps), from a hook that sees the clipped gradients before the update; its time is not the step's."""
+    started, probes = time.perf_counter(), {}
+    rows = [len(chunk) for chunk in ids.split(s.micro)]
     for chunk, chunk_labels in zip(ids.split(s.micro), labels.split(s.micro)):
-        loss = s.loss_fn(chunk, chunk_labels)
-        s.scaler.scale(loss * len(chunk) / s.batch).backward()
-        loss_sum += float(loss.detach()) * len(chunk) / s.batch
-    s.scaler.unscale_(s.optimizer)
-    bound = s.clipper.max_norm(step)
-    if s.clip_mode == "value" and bound:  # per-element clamp; the norm is measured first for the record
-        norm = float(torch.nn.utils.get_total_norm([p.grad for p in s.params if p.grad is not None]))
-        torch.nn.utils.clip_grad_value_(s.params, bound)
-        clipped = any(bool((p.grad.abs() >= bound).any()) for p in s.params if p.grad is not None)
-    else:
-        norm = float(torch.nn.utils.clip_grad_norm_(s.params, bound if bound else float("inf")))
-        clipped = bound is not None and norm > bound
-    s.clipper.observe(norm)
-    measuring = time.perf_counter()
-    grad_ratio = grad_param_ratios(s.model) if measure else None
-    snapshot = {n: p.detach().clone() for n, p in s.model.named_parameters() if p.requires_grad} if measure else None
-    resumed = time.perf_counter()
-    lr = s.scheduler.get_last_lr()[0]
-    scale_before = s.scaler.get_scale() if s.scaler.is_enabled() else None
-    s.scaler.step(s.optimizer)
-    s.scaler.update()
-    s.scheduler.step()
-    s.optimizer.zero_grad(set_to_none=True)
-    skipped = scale_before is not None and s.scaler.get_scale() < scale_before
-    seconds = time.perf_counter() - started - (resumed - measuring)
-    update = update_ratios(s.model, snapshot) if measure and not skipped else None
-    return StepOutcome(loss_sum, norm, clipped, lr, skipped, seconds, update, grad_ratio if not skipped else None)
+        s.engine.backward(s.loss_fn(chunk, chunk_labels), len(chunk), s.batch)
+
+    def inspect():
+        measuring = time.perf_counter()
+        probes["grad"] = grad_param_ratios(s.model)
+        probes["snapshot"] = {n: p.detach().clone() for n, p in s.model.named_parameters() if p.requires_grad}
+        probes["seconds"] = time.perf_counter() - measuring
+
+    out = s.engine.step(s.params, s.optimizer, s.scheduler, s.clipper, step, inspect if measure else None)
+    loss_sum = 0.0
+    for value, count in zip(out.losses, rows):
+        loss_sum += value * count / s.batch
+    seconds = time.perf_counter() - started - probes.get("seconds", 0.0)
+    update = update_ratios(s.model, probes["snapshot"]) if measure and not out.overflow else None
+    grad_ratio = probes.get("grad") if not out.overflow else None
+    return StepOutcome(loss_sum, out.grad_norm, out.clipped, out.lr, out.overflow, seconds, update, grad_ratio)
 
 
 class FailSafes:

@@ -22,7 +22,6 @@ out), and the checkpoint cadence (`Checkpointer`).
 """
 from __future__ import annotations
 
-import math
 import os
 import time
 from contextlib import contextmanager
@@ -44,6 +43,7 @@ from llmlab.core.tracking import make_trackers, tracker_config
 from llmlab.train import checkpointing as ckpt
 from llmlab.train.common import accelerator_placement, process_group_handlers
 from llmlab.train.config import RunGroup
+from llmlab.train.engine import AccelerateBackend, Engine
 
 ALWAYS_RESUMABLE = ("output_dir", "resume_from_checkpoint", "overwrite_output_dir", "report_to", "cache_dir",
                     "num_proc", "prepare_only", "cpu_threads")
@@ -100,7 +100,7 @@ class TrainingSession:
             set_cpu_threads(cfg.cpu_threads, local, self.accelerator.print)
         self.state, self.bar, self.checkpointer, self._claimed = LoopState(), None, None, False
         self._window = {"loss": 0.0, "micro": 0, "tokens": 0, "seconds": 0.0, "data_wait": 0.0, "steps": 0}
-        self._micro_losses: list[torch.Tensor] = []
+        self.engine = Engine(AccelerateBackend(self.accelerator))
         self._micro_tokens = 0
         self._tick = time.perf_counter()
         self.flops_per_token = self.peak_flops = None
@@ -177,46 +177,24 @@ class TrainingSession:
 
     # ------------------------------------------------------------------ the step
     def backward(self, loss: torch.Tensor, tokens: int) -> None:
-        self.accelerator.backward(loss)
-        self._micro_losses.append(loss.detach().float())
+        self.engine.backward(loss)
         self._micro_tokens += tokens
         self.state.micro_batches += 1
 
     def optimizer_step(self, params, optimizer, scheduler, clipper) -> StepResult:
-        """Clip, then update -- unless the loss or the gradient is not finite: a NaN must never reach the weights
-        (it is reported as the step's loss, so the trainer can react). Steps the schedule either way."""
-        params, bound = list(params), clipper.max_norm(self.state.step)
-        if clipper.clip_mode == "value" and bound:  # measure the norm first, for the record, then clamp elements
-            grad_norm = self.accelerator.clip_grad_norm_(params, float("inf"))
-            self.accelerator.clip_grad_value_(params, bound)
-        else:
-            grad_norm = self.accelerator.clip_grad_norm_(params, bound or float("inf"))
-        grad_norm = float(grad_norm) if grad_norm is not None else None  # DeepSpeed clips inside its own step
-        losses = torch.stack(self._micro_losses)
-        finite = bool(torch.isfinite(losses).all()) and (grad_norm is None or math.isfinite(grad_norm))
-        lr = optimizer.param_groups[0]["lr"]
-        if self.accelerator.scaler is not None:
-            # fp16: the loss scaler owns overflow. Its step skips a non-finite gradient and lowers the scale (the
-            # first steps overflow by design); skipping its step here would leave it unscaled but not updated, and
-            # the next step's unscale_ would fail
-            optimizer.step()
-            finite = finite and not optimizer.step_was_skipped
-        elif finite:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
-        if grad_norm is not None and math.isfinite(grad_norm):
-            clipper.observe(grad_norm)
-        count = torch.tensor([losses.sum().item(), len(losses), self._micro_tokens], dtype=torch.float64,
+        """The engine's step (clip; never a non-finite update: it is reported as the step's loss, so the trainer can
+        react; the schedule steps either way), then the step's loss and tokens summed over the processes."""
+        out = self.engine.step(params, optimizer, scheduler, clipper, self.state.step)
+        count = torch.tensor([out.loss_sum, len(out.losses), self._micro_tokens], dtype=torch.float64,
                              device=self.accelerator.device)
         loss_sum, micro, tokens = self.accelerator.reduce(count, reduction="sum").tolist()
-        self._micro_losses, self._micro_tokens = [], 0
+        self._micro_tokens = 0
         self.state.step += 1
         self.state.tokens_seen += int(tokens)
         window = self._window
         window["loss"], window["micro"], window["tokens"] = window["loss"] + loss_sum, window["micro"] + micro, \
             window["tokens"] + tokens
-        return StepResult(loss_sum / micro, grad_norm, lr, finite)
+        return StepResult(loss_sum / micro, out.grad_norm, out.lr, out.stepped)
 
     def refresh_lr(self, scheduler, learning_rate: Optional[float] = None) -> None:
         """Apply the schedule's current factor now (after a rollback or a resume), through LambdaLR's public

@@ -1,0 +1,129 @@
+"""The one training step, for both trainers and the lab's trials (torchtitan's train_step, nanoGPT's loop): backward
+over the step's micro-batches, then clip, the finite guard, the optimizer step and the schedule step.
+
+Two thin backends say how each piece runs:
+- `AccelerateBackend`, for the trainers: accelerate scales the loss (1 / accumulation, fp16's loss scale), syncs
+  DDP on the last micro-batch, and DeepSpeed clips and steps inside its own engine;
+- `TorchBackend`, for a trial's process: plain torch, with a GradScaler when the trial runs fp16.
+
+What stays with the callers: the run folder, resume and logging (`loop.TrainingSession`); a trial's fail-safes,
+retry and measurements, the last as an `inspect` hook that sees the clipped gradients before the update.
+
+Host syncs per step: one for the micro-batch losses (all at once, at the end of the step), one for the gradient
+norm, and one for whether any element was clipped under value clipping; a trial's fp16 scaler reads its scale.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+
+@dataclass
+class StepOutput:
+    losses: list[float]  # each micro-batch's loss, in order (one host sync for all of them)
+    loss_sum: float  # their sum as the device adds them (the trainers' statistic)
+    grad_norm: Optional[float]  # before clipping; None when DeepSpeed clips inside its own step
+    lr: float  # the lr this step used (the first param group's)
+    stepped: bool  # False when a non-finite loss or gradient kept the update off the weights
+    clipped: bool  # whether the clip bound was active
+    overflow: bool  # fp16: the loss scaler found an inf/NaN gradient and skipped the update
+
+
+class AccelerateBackend:
+    def __init__(self, accelerator):
+        self.accelerator = accelerator
+
+    def backward(self, loss: torch.Tensor, rows: int, of_rows: int) -> None:
+        self.accelerator.backward(loss)  # accelerate divides by the accumulation steps itself
+
+    def clip_grad_norm_(self, params, optimizer, max_norm: float):
+        return self.accelerator.clip_grad_norm_(params, max_norm)  # unscales fp16 gradients first
+
+    def clip_grad_value_(self, params, bound: float) -> None:
+        self.accelerator.clip_grad_value_(params, bound)
+
+    def update(self, optimizer, finite: bool) -> tuple[bool, bool]:
+        """(stepped, overflow). With a loss scaler (fp16) every step goes to it: it skips a non-finite gradient and
+        lowers the scale (the first steps overflow by design), and skipping its step here would leave it unscaled
+        but not updated, so the next unscale_ would fail."""
+        if self.accelerator.scaler is not None:
+            optimizer.step()
+            return finite and not optimizer.step_was_skipped, optimizer.step_was_skipped
+        if finite:
+            optimizer.step()
+        return finite, False
+
+
+class TorchBackend:
+    def __init__(self, scaler: torch.amp.GradScaler):
+        self.scaler = scaler
+
+    def backward(self, loss: torch.Tensor, rows: int, of_rows: int) -> None:
+        self.scaler.scale(loss * rows / of_rows).backward()  # micro-batches may differ in size: weight by rows
+
+    def clip_grad_norm_(self, params, optimizer, max_norm: float):
+        self.scaler.unscale_(optimizer)
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+    def clip_grad_value_(self, params, bound: float) -> None:
+        torch.nn.utils.clip_grad_value_(params, bound)
+
+    def update(self, optimizer, finite: bool) -> tuple[bool, bool]:
+        if self.scaler.is_enabled():  # as above: the scaler owns fp16 overflow
+            before = self.scaler.get_scale()
+            self.scaler.step(optimizer)
+            self.scaler.update()
+            overflow = self.scaler.get_scale() < before
+            return finite and not overflow, overflow
+        if finite:
+            optimizer.step()
+        return finite, False
+
+
+class Engine:
+    """Micro-batches go in with `backward`; `step` clips, guards, updates and steps the schedule."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self._losses: list[torch.Tensor] = []
+
+    def backward(self, loss: torch.Tensor, rows: int = 1, of_rows: int = 1) -> None:
+        self.backend.backward(loss, rows, of_rows)
+        self._losses.append(loss.detach().float())
+
+    def step(self, params, optimizer, scheduler, clipper, step: int,
+             inspect: Optional[Callable[[], None]] = None) -> StepOutput:
+        """`inspect()` runs after clipping and before the update (a trial's gradient and update-ratio probes)."""
+        params = list(params)
+        norm, clipped = self._clip(params, optimizer, clipper, step)
+        losses = torch.stack(self._losses)
+        self._losses = []
+        *values, loss_sum = torch.cat([losses, losses.sum()[None]]).tolist()
+        finite = all(math.isfinite(v) for v in values) and (norm is None or math.isfinite(norm))
+        if inspect is not None:
+            inspect()
+        lr = optimizer.param_groups[0]["lr"]
+        stepped, overflow = self.backend.update(optimizer, finite)
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        if norm is not None:
+            clipper.observe(norm)  # it ignores a non-finite norm
+        return StepOutput(values, loss_sum, norm, lr, stepped, clipped, overflow)
+
+    def _clip(self, params, optimizer, clipper, step: int) -> tuple[Optional[float], bool]:
+        bound = clipper.max_norm(step)
+        if clipper.clip_mode == "value" and bound:  # measure the norm first, for the record, then clamp elements
+            norm = self.backend.clip_grad_norm_(params, optimizer, float("inf"))
+            self.backend.clip_grad_value_(params, bound)
+            grads = [p.grad for p in params if p.grad is not None]
+            clipped = bool(torch.stack([(g.abs() >= bound).any() for g in grads]).any()) if grads else False
+        else:
+            norm = self.backend.clip_grad_norm_(params, optimizer, bound or float("inf"))
+            clipped = False
+        norm = float(norm) if norm is not None else None  # DeepSpeed clips inside its own step
+        if clipper.clip_mode != "value" or not bound:
+            clipped = bound is not None and norm is not None and norm > bound
+        return norm, clipped
