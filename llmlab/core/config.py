@@ -46,7 +46,9 @@ def check_report_to(report_to: list[str]) -> list[str]:
 
 def opt(default: Any, help: str, **kwargs: Any) -> Any:
     """A dataclass field with a help line; `opt([...], ...)` works for mutable defaults too. `choices=` a registry
-    (a mapping whose keys are the names) is read when a config is parsed, so an entry registered later is a choice."""
+    (a mapping whose keys are the names) is read when a config is parsed, so an entry registered later is a choice.
+    `outcome=False` marks an option that changes no result (where and how work runs, what is reported): a sweep
+    resumes across a change of it."""
     if isinstance(default, (list, dict)):
         value = default
         return dataclasses.field(default_factory=lambda: type(value)(value), metadata={"help": help, **kwargs})

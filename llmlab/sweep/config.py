@@ -47,11 +47,11 @@ BUDGETS: dict[str, Budget] = {
 class SweepConfig:
     grid: str = opt("doe20", "doe20 (control + 19 balanced Latin-hypercube points), lr_bs (learning rate x "
                              "batch size), or a YAML file with `trials:` or `factorial:`")
-    output_dir: str = opt("runs/sweep", "sweep folder: design, trials/, results.csv, report.md, plots/")
+    output_dir: str = opt("runs/sweep", "sweep folder: design, trials/, results.csv, report.md, plots/", outcome=False)
     budget: Literal["smoke", "cpu", "full"] = opt("cpu", "smoke: seconds per trial (tests); cpu: doe20 in ~1 h "
                                                          "on 2 cores; full: ~10 MB text, seq 512, 3 epochs (GPU)")
     workers: int = opt(1, "trials run at once, each in its own subprocess (one GPU each when GPUs exist); "
-                          "--launcher ray: the cluster's CPUs / --cpus_per_trial instead")
+                          "--launcher ray: the cluster's CPUs / --cpus_per_trial instead", outcome=False)
     model: str = opt("minimal", "minimal (the lab's minimal Transformer) or a GPT-2 preset: gpt2-tiny, gpt2, ...")
     position_encoding: Literal["sinusoidal", "learned", "rope"] = opt("rope", "minimal model's positions (YAML grids "
                                                                       "may vary it per trial); sinusoidal is the "
@@ -107,22 +107,22 @@ class SweepConfig:
     replicates: Optional[int] = opt(None, "runs of the reference trial (the control) with seeds seed, seed+1, ... "
                                           "(model init and data order; the data split stays fixed): the noise floor "
                                           "every effect is judged against; default 6 for doe20, 2 seeds at every lr of a "
-                                          "multi-size lr_bs scan, else 1; a YAML grid may set `replicates:`")
-    replicate_all: bool = opt(False, "replicate every design point, not only the reference")
+                                          "multi-size lr_bs scan, else 1; a YAML grid may set `replicates:`", outcome=False)
+    replicate_all: bool = opt(False, "replicate every design point, not only the reference", outcome=False)
     launcher: Literal["auto", "forkserver", "spawn", "ray"] = opt("auto", "forkserver: fork trials from a server "
                                                                     "that imported torch once (fast; CPU default); "
                                                                     "spawn: a fresh `python -m llmlab.sweep.trial` per "
                                                                     "trial (CUDA default); ray: each trial a task on "
-                                                                    "a Ray cluster's nodes (--ray_address)")
+                                                                    "a Ray cluster's nodes (--ray_address)", outcome=False)
     ray_address: str = opt("auto", "--launcher ray: the cluster to join, auto (the one `ray start` runs on this "
-                                   "machine) or HEAD_IP:PORT")
-    cpus_per_trial: float = opt(1.0, "--launcher ray: CPUs each trial reserves (and its torch threads)")
-    gpus_per_trial: float = opt(0.0, "--launcher ray: GPUs each trial reserves (fractions share a GPU)")
+                                   "machine) or HEAD_IP:PORT", outcome=False)
+    cpus_per_trial: float = opt(1.0, "--launcher ray: CPUs each trial reserves (and its torch threads)", outcome=False)
+    gpus_per_trial: float = opt(0.0, "--launcher ray: GPUs each trial reserves (fractions share a GPU)", outcome=False)
     node_retries: int = opt(2, "--launcher ray: times a trial whose node or Ray worker died is started again on "
-                               "another node")
-    threads_per_worker: int = opt(0, "CPU threads per trial; 0 = cores / workers (on a busy machine 1 is often faster)")
-    trial_timeout: Optional[int] = opt(None, "seconds before a trial is killed (default: the budget's)")
-    rerun_crashed: bool = opt(True, "on resume, rerun trials recorded as crashed or timed out")
+                               "another node", outcome=False)
+    threads_per_worker: int = opt(0, "CPU threads per trial; 0 = cores / workers (on a busy machine 1 is often faster)", outcome=False)
+    trial_timeout: Optional[int] = opt(None, "seconds before a trial is killed (default: the budget's)", outcome=False)
+    rerun_crashed: bool = opt(True, "on resume, rerun trials recorded as crashed or timed out", outcome=False)
     fail_loss: Optional[float] = opt(None, "fail-safe: stop when the 10-step moving average of the loss exceeds "
                                            "this; unset = the first step's loss + 1 (worse than untrained)")
     fail_margin: float = opt(1.0, "fail-safe: stop when the 10-step moving average of the loss rises more than "
@@ -132,15 +132,15 @@ class SweepConfig:
     flat_window: int = opt(100, "... over this many steps")
     precheck_steps: int = opt(10, "steps of the pre-check (finite loss/gradients, projected time within timeout)")
     retry: bool = opt(True, "retry a failed trial once with a fallback (clip - 0.1 or warmup 100)")
-    target_loss: Optional[float] = opt(None, "loss for 'steps to target' (default: 90 percent of the control's loss drop)")
+    target_loss: Optional[float] = opt(None, "loss for 'steps to target' (default: 90 percent of the control's loss drop)", outcome=False)
     dataset: str = opt("builtin:wiki", "corpus (see llmlab.data.prepare): builtin:wiki, local files or a hub dataset "
                                        "(the full protocol: --dataset wikitext --dataset_config wikitext-103-raw-v1)")
     dataset_config: Optional[str] = opt(None, "hub dataset configuration name, e.g. wikitext-103-raw-v1")
     text_field: str = opt("text", "field holding the text in .jsonl files and hub datasets")
     max_documents: Optional[int] = opt(None, "use only the first N documents (default: the budget's)")
-    data_cache_dir: Optional[str] = opt(None, "prepared-data cache folder (default: llmlab's cache)")
-    device: Literal["auto", "cpu", "cuda"] = opt("auto", "where trials run; auto = CUDA when available")
-    report_only: bool = opt(False, "only rebuild report.md, results.csv and plots from finished trials")
+    data_cache_dir: Optional[str] = opt(None, "prepared-data cache folder (default: llmlab's cache)", outcome=False)
+    device: Literal["auto", "cpu", "cuda"] = opt("auto", "where trials run; auto = CUDA when available", outcome=False)
+    report_only: bool = opt(False, "only rebuild report.md, results.csv and plots from finished trials", outcome=False)
 
     def validate(self) -> None:
         if self.mup_base_width < 32 or self.mup_base_width % 32:

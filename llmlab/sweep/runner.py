@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Optional
 
@@ -168,9 +168,8 @@ def trial_hparams(cfg: SweepConfig, trial: dict) -> Hparams:
 def settings_fingerprint(cfg: SweepConfig) -> str:
     """What must match for a rerun to resume rather than mix two different sweeps in one folder. Replication is
     left out: adding replicates to a finished sweep runs only the new ones."""
-    ignore = {"output_dir", "workers", "trial_timeout", "device", "rerun_crashed", "report_only", "data_cache_dir",
-              "threads_per_worker", "launcher", "target_loss", "replicates", "replicate_all", "ray_address",
-              "cpus_per_trial", "gpus_per_trial", "node_retries"}
+    # options declared with outcome=False (where and how trials run, what is reported) change no trial's numbers
+    ignore = {f.name for f in fields(SweepConfig) if f.metadata.get("outcome") is False}
     defaults = asdict(SweepConfig())
     # Options at their default are left out, so a new option added to llmlab never orphans an existing sweep.
     settings = {k: v for k, v in asdict(cfg).items() if k not in ignore and v != defaults.get(k)}

@@ -193,3 +193,19 @@ def test_bad_replication_settings_are_one_line_errors(tmp_path, data_cache):
         proc = run_script(smoke_args(tmp_path / "out", data_cache, grid))
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr[-2000:]
+
+
+def test_the_resume_fingerprint_ignores_exactly_the_options_declared_outcome_false():
+    """A new option says itself whether it changes results (opt(..., outcome=False)); no list elsewhere to edit."""
+    from dataclasses import fields, replace
+
+    from llmlab.sweep.config import SweepConfig
+    from llmlab.sweep.runner import settings_fingerprint
+
+    base = SweepConfig()
+    neutral = {"workers": 2, "launcher": "spawn", "ray_address": "10.0.0.1:6379", "node_retries": 5,
+               "trial_timeout": 99, "threads_per_worker": 1, "output_dir": "elsewhere"}
+    assert {f.name for f in fields(SweepConfig) if f.metadata.get("outcome") is False} >= set(neutral)
+    assert settings_fingerprint(replace(base, **neutral)) == settings_fingerprint(base)
+    for changed in ({"seed": 7}, {"label_smoothing": 0.1}, {"budget": "smoke"}):
+        assert settings_fingerprint(replace(base, **changed)) != settings_fingerprint(base), changed
