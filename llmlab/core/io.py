@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -99,3 +100,12 @@ def utf8_lines(path: str | os.PathLike):
             except UnicodeDecodeError as err:
                 raise UserError(f"{path}:{number} is not UTF-8 text (byte 0x{raw[err.start]:02x} at column "
                                 f"{err.start + 1}); save the file as UTF-8") from None
+
+
+def progress_bar(**kwargs):
+    """tqdm on a terminal; in a log file or pipe one line a minute instead of a carriage-return frame per update,
+    so a day-long run's log stays readable."""
+    from tqdm.auto import tqdm
+
+    tty = sys.stderr.isatty()
+    return tqdm(mininterval=0.5 if tty else 60, dynamic_ncols=tty, **kwargs)

@@ -36,12 +36,11 @@ from typing import Any, Optional
 
 import numpy as np
 from filelock import FileLock
-from tqdm.auto import tqdm
 
 from llmlab.core.config import opt
 from llmlab.core.device import available_cores
 from llmlab.core.errors import UserError
-from llmlab.core.io import atomic_write_json, llmlab_cache
+from llmlab.core.io import atomic_write_json, llmlab_cache, progress_bar
 from llmlab.data import cleaning, corpus
 from llmlab.data.packing import split_documents
 from llmlab.data.shards import MANIFEST, ShardWriter, TokenBlocks, token_dtype, write_manifest
@@ -376,9 +375,7 @@ def _aborting(writer: ShardWriter):
 
 
 def _progress(unit: str, initial: int):
-    """A bar on a terminal; in a log file or pipe, one line a minute instead of a frame per update."""
-    tty = sys.stderr.isatty()
-    return tqdm(desc="Preparing", unit=unit, initial=initial, mininterval=0.5 if tty else 60, dynamic_ncols=tty)
+    return progress_bar(desc="Preparing", unit=unit, initial=initial)
 
 
 def _map_batches(cfg: DataConfig, tokenizer, wikitext: bool, source):

@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from llmlab.core.device import resolve_device, resolve_precision
 from llmlab.core.errors import Interrupted, UserError
-from llmlab.core.io import atomic_write_json, atomic_write_text
+from llmlab.core.io import atomic_write_json, atomic_write_text, progress_bar
 from llmlab.core.runfolder import check_output_dir, claim_run_folder, process_start_time, release_lock
 from llmlab.core.runinfo import write_run_info
 from llmlab.data.prepare import DataConfig, prepare_dataset
@@ -302,7 +301,7 @@ def _run_trials(cfg: SweepConfig, design: list[dict], out_dir: Path, fingerprint
 def _launch_all(launch, pending: list[dict], total: int, done: int) -> None:
     slots = list(range(launch.workers))
     slot_lock = threading.Lock()
-    bar = tqdm(total=total, initial=done, desc="trials", unit="trial")
+    bar = progress_bar(total=total, initial=done, desc="trials", unit="trial")
 
     def work(spec: TrialSpec) -> dict:
         with slot_lock:

@@ -32,11 +32,11 @@ from typing import Any, Iterable, Optional
 import torch
 from accelerate import Accelerator
 from torch.optim.lr_scheduler import LambdaLR
-from tqdm.auto import tqdm
 
 from llmlab.core.config import to_dict
 from llmlab.core.device import resolve_device, resolve_precision, set_cpu_threads
 from llmlab.core.errors import Interrupted, UserError, write_failure
+from llmlab.core.io import progress_bar
 from llmlab.core.runfolder import abandon_claim, check_output_dir, claim_run_folder, record_claim, release_lock
 from llmlab.core.runinfo import write_run_info
 from llmlab.core.tracking import make_trackers, tracker_config
@@ -142,8 +142,8 @@ class TrainingSession:
         self.accelerator.init_trackers(f"llmlab-{self.kind}", config=tracker_config(to_dict(self.cfg)))
         self.checkpointer = Checkpointer(self, save_every, keep_last, model, extra_manifest, write_extra)
         manifest = self._resume(saved) if saved is not None else None
-        self.bar = tqdm(total=total_steps, initial=self.state.step, desc=desc or self.kind, dynamic_ncols=True,
-                        disable=not self.accelerator.is_local_main_process)
+        self.bar = progress_bar(total=total_steps, initial=self.state.step, desc=desc or self.kind,
+                                disable=not self.accelerator.is_local_main_process)
         self._tick = time.perf_counter()
         return manifest
 
