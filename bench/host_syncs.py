@@ -7,6 +7,7 @@ trial's step and the trainers' step (TrainingSession, 2 micro-batches), in which
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import tempfile
@@ -17,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-if not any("llmlab" in p for p in sys.path[:1]):
-    sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+if importlib.util.find_spec("llmlab") is None:  # PYTHONPATH picks the tree to count; else this one
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SYNCS = ("item", "__float__", "__int__", "__bool__", "tolist")
 COUNTS: Counter = Counter()
