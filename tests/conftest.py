@@ -74,7 +74,10 @@ def kill_when_ready(args: list[str], ready: Path, timeout: float = 300) -> None:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + timeout
     while not ready.exists():
-        assert proc.poll() is None and time.time() < deadline, f"the run ended before {ready.name} appeared"
+        assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before {ready.name} appeared"
+        if time.time() > deadline:
+            os.killpg(proc.pid, 9)  # its own session: the launcher and its workers
+            raise AssertionError(f"{ready.name} did not appear within {timeout:.0f} s")
         time.sleep(0.05)
     root = psutil.Process(proc.pid)
     tree = [root, *root.children(recursive=True)]
