@@ -206,7 +206,8 @@ def build_setup(spec: TrialSpec, hp: Hparams, device: torch.device) -> TrialSetu
     scaler = torch.amp.GradScaler(device.type, init_scale=1024, enabled=dtype is torch.float16)
     return TrialSetup(model=model, params=params, optimizer=optimizer, scheduler=scheduler,
                       clipper=GradClipper(hp.clip, warmup_steps=warmup, clip_mode=hp.clip_mode),
-                      engine=Engine(TorchBackend(scaler)), loss_fn=torch.compile(loss_of) if spec.compile else loss_of, autocast=autocast,
+                      engine=Engine(TorchBackend(scaler)),
+                      loss_fn=torch.compile(loss_of) if spec.compile else loss_of, autocast=autocast,
                       batch=batch, micro=micro, warmup=warmup)
 
 
@@ -227,8 +228,8 @@ def train_step(s: TrialSetup, ids: torch.Tensor, labels: torch.Tensor, step: int
     schedule. `measure` also records both update ratios (a parameter snapshot costs a copy, so only on logged
     steps), from a hook that sees the clipped gradients before the update; its time is not the step's."""
     started, probes = time.perf_counter(), {}
-    rows = [len(chunk) for chunk in ids.split(s.micro)]
-    for chunk, chunk_labels in zip(ids.split(s.micro), labels.split(s.micro)):
+    chunks = list(zip(ids.split(s.micro), labels.split(s.micro)))
+    for chunk, chunk_labels in chunks:
         s.engine.backward(s.loss_fn(chunk, chunk_labels), len(chunk), s.batch)
 
     def inspect():
@@ -239,8 +240,8 @@ def train_step(s: TrialSetup, ids: torch.Tensor, labels: torch.Tensor, step: int
 
     out = s.engine.step(s.params, s.optimizer, s.scheduler, s.clipper, step, inspect if measure else None)
     loss_sum = 0.0
-    for value, count in zip(out.losses, rows):
-        loss_sum += value * count / s.batch
+    for value, (chunk, _) in zip(out.losses, chunks):
+        loss_sum += value * len(chunk) / s.batch
     seconds = time.perf_counter() - started - probes.get("seconds", 0.0)
     update = update_ratios(s.model, probes["snapshot"]) if measure and not out.overflow else None
     grad_ratio = probes.get("grad") if not out.overflow else None

@@ -115,15 +115,12 @@ class Engine:
 
     def _clip(self, params, optimizer, clipper, step: int) -> tuple[Optional[float], bool]:
         bound = clipper.max_norm(step)
-        if clipper.clip_mode == "value" and bound:  # measure the norm first, for the record, then clamp elements
-            norm = self.backend.clip_grad_norm_(params, optimizer, float("inf"))
-            self.backend.clip_grad_value_(params, bound)
-            grads = [p.grad for p in params if p.grad is not None]
-            clipped = bool(torch.stack([(g.abs() >= bound).any() for g in grads]).any()) if grads else False
-        else:
-            norm = self.backend.clip_grad_norm_(params, optimizer, bound or float("inf"))
-            clipped = False
+        by_value = clipper.clip_mode == "value" and bound
+        # value clipping measures the norm first, for the record (an inf bound leaves the gradients as they are)
+        norm = self.backend.clip_grad_norm_(params, optimizer, float("inf") if by_value else bound or float("inf"))
         norm = float(norm) if norm is not None else None  # DeepSpeed clips inside its own step
-        if clipper.clip_mode != "value" or not bound:
-            clipped = bound is not None and norm is not None and norm > bound
-        return norm, clipped
+        if not by_value:
+            return norm, bound is not None and norm is not None and norm > bound
+        self.backend.clip_grad_value_(params, bound)
+        grads = [p.grad for p in params if p.grad is not None]
+        return norm, bool(torch.stack([(g.abs() >= bound).any() for g in grads]).any()) if grads else False
