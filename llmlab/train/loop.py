@@ -246,7 +246,8 @@ class TrainingSession:
         if self.flops_per_token and self.peak_flops:
             metrics["train/mfu"] = tokens_per_sec * self.flops_per_token / (self.peak_flops * self.accelerator.num_processes)
         self.log(metrics)
-        self.bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{result.lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
+        self.bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{result.lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}",
+                             refresh=False)  # shown with the next update: a log file gets no extra frame
         self._window = {"loss": 0.0, "micro": 0, "tokens": 0, "seconds": 0.0, "data_wait": 0.0, "steps": 0}
 
     def waited(self, seconds: float) -> None:
