@@ -55,3 +55,18 @@ def test_measuring_the_cpu_peak_leaves_the_global_rng_alone():
     torch.manual_seed(0)
     assert flops.measure_cpu_peak_flops("fp32", size=64, repeats=1) > 0
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_measuring_the_cpu_peak_keeps_to_its_time_budget_in_every_precision():
+    """Where bf16 is emulated (no bf16 units) one 2048 x 2048 bf16 matmul takes tens of seconds: the measurement
+    held every bf16 run's start for minutes. It now stops growing the matrix when the next size would not fit."""
+    import time
+
+    from llmlab.models import flops
+
+    for precision in ("fp32", "bf16"):
+        flops._CPU_PEAKS.clear()
+        start = time.perf_counter()
+        peak = flops.measure_cpu_peak_flops(precision, budget_s=0.5)
+        # the last size may take up to its share of the budget, and the one before it was below it
+        assert peak > 0 and time.perf_counter() - start < 5, precision

@@ -62,58 +62,64 @@ def test_all_four_setups_are_shipped():
     assert {"num_machines", "machine_rank", "main_process_ip", "main_process_port"} <= set(multi)
 
 
-def launch_args(out: Path, cache: Path, *extra: str) -> list[str]:
+def launch_args(out: Path, cache: Path, *extra: str, precision: str = "bf16") -> list[str]:
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
             str(REPO / "accelerate_configs" / "one_gpu_zero2_offload.yaml"), "--main_process_port", str(free_port()),
             "train_pretrain.py", "--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--block_size", "32",
             "--batch_size", "2", "--effective_batch_size", "4", "--max_documents", "2", "--learning_rate", "1e-2",
-            "--eval_batches", "2", "--eval_every", "2", "--save_every", "2", "--mixed_precision", "bf16",
+            "--eval_batches", "2", "--eval_every", "2", "--save_every", "2", "--mixed_precision", precision,
             "--sample_tokens", "0", "--cache_dir", str(cache), "--output_dir", str(out), *extra]
 
 
-def launch(out: Path, cache: Path, *extra: str):
-    return subprocess.run(launch_args(out, cache, *extra), cwd=REPO, capture_output=True, text=True, timeout=900)
+def launch(out: Path, cache: Path, *extra: str, precision: str = "bf16"):
+    return subprocess.run(launch_args(out, cache, *extra, precision=precision), cwd=REPO, capture_output=True,
+                          text=True, timeout=900)
 
 
-# DeepSpeed's CPU kernels do not promise bit-identical reductions: a resumed run's state is exact (the losses after a
-# one-off difference return to identical), and its per-step losses agree to this (measured: at most 1.9e-6).
-DEEPSPEED_RESUME_TOLERANCE = 1e-4
+def killed_and_resumed(out: Path, cache: Path, precision: str) -> dict[int, float]:
+    """A 12-step run SIGKILLed once its step-6 checkpoint exists, then resumed: its per-step training losses."""
+    from tests.conftest import kill_when_ready
+
+    kill_when_ready(launch_args(out, cache, "--max_steps", "12", precision=precision)[1:],
+                    out / "checkpoints" / "step_6", timeout=900)
+    resumed = launch(out, cache, "--max_steps", "12", "--resume_from_checkpoint", "latest", precision=precision)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout
+    return train_losses(out)
+
+
+def train_losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["train/loss"] for r in read_jsonl(run / "metrics.jsonl") if "train/loss" in r}
+
+
+# DeepSpeed's bf16 restore is close, not bit-exact: measured on an AMD EPYC without bf16 units, the two steps after a
+# resume are identical and the next four drift to 1.4e-4 (1.9e-6 on one with bf16 units); in fp32 it is exact.
+DEEPSPEED_BF16_RESUME_TOLERANCE = 1e-3
 
 
 @pytest.mark.slow
-def test_zero2_cpu_offload_resumes_after_sigkill_within_the_stated_tolerance(tmp_path):
+def test_zero2_cpu_offload_resumes_after_sigkill_exactly_in_fp32(tmp_path):
     """Real DeepSpeed ZeRO-2 with the optimizer on CPU (DeepSpeedCPUAdam; first use JIT-compiles it): an
-    uninterrupted run against one SIGKILLed after its step-6 checkpoint and resumed, step by step."""
-    from tests.conftest import kill_when_ready
-
+    uninterrupted run against one SIGKILLed after its step-6 checkpoint and resumed, step by step, bit for bit."""
     whole = tmp_path / "whole"
-    first = launch(whole, tmp_path / "cache", "--max_steps", "12")
+    first = launch(whole, tmp_path / "cache", "--max_steps", "12", precision="no")
     assert first.returncode == 0, first.stderr[-3000:]
     assert "optimizer DeepSpeedCPUAdam" in first.stdout and "DEEPSPEED" in first.stdout
     assert (whole / "checkpoints" / "step_12" / "pytorch_model").is_dir()  # ZeRO's own checkpoint layout
-    out = tmp_path / "killed"
-    # a loaded 2-core box took over 300 s to reach step 6 under DeepSpeed's launcher (the suite beside other work)
-    kill_when_ready(launch_args(out, tmp_path / "cache", "--max_steps", "12")[1:], out / "checkpoints" / "step_6",
-                    timeout=900)
-    resumed = launch(out, tmp_path / "cache", "--max_steps", "12", "--resume_from_checkpoint", "latest")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stdout
-    want, got = ({r["step"]: r["train/loss"] for r in read_jsonl(run / "metrics.jsonl") if "train/loss" in r}
-                 for run in (whole, out))
-    assert sorted(got) == list(range(1, 13))
-    for step in range(1, 13):
-        assert abs(got[step] - want[step]) <= DEEPSPEED_RESUME_TOLERANCE, step
+    got = killed_and_resumed(tmp_path / "killed", tmp_path / "cache", "no")
+    assert got == train_losses(whole)
 
 
 @pytest.mark.slow
-def test_zero2_final_model_is_the_fp32_master_copy(tmp_path):
-    """final/ under DeepSpeed bf16 holds what the plain path holds: fp32, the tied matrix once, loadable as is."""
+def test_zero2_bf16_final_model_is_the_fp32_master_copy_and_resume_stays_close(tmp_path):
+    """final/ under DeepSpeed bf16 holds what the plain path holds: fp32, the tied matrix once, loadable as is; and
+    a SIGKILLed bf16 run resumes to within the stated tolerance."""
     import torch
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "ds"
-    proc = launch(out, tmp_path / "cache", "--max_steps", "4")
+    proc = launch(out, tmp_path / "cache", "--max_steps", "12")
     assert proc.returncode == 0, proc.stderr[-3000:]
     with safe_open(str(out / "final" / "model.safetensors"), "pt") as f:
         keys = list(f.keys())
@@ -123,6 +129,9 @@ def test_zero2_final_model_is_the_fp32_master_copy(tmp_path):
     # fp32 masters, not a bf16 copy cast up: most values carry bits bf16 cannot hold
     assert float((wte.to(torch.bfloat16).float() != wte).float().mean()) > 0.9
     assert AutoModelForCausalLM.from_pretrained(out / "final").config.n_embd == 32
+    want, got = train_losses(out), killed_and_resumed(tmp_path / "killed", tmp_path / "cache", "bf16")
+    assert sorted(got) == list(range(1, 13))
+    assert all(abs(got[step] - want[step]) <= DEEPSPEED_BF16_RESUME_TOLERANCE for step in want), (got, want)
 
 
 def test_fp16_on_cpu_is_refused_clearly(tmp_path):
