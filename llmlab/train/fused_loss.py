@@ -20,24 +20,37 @@ DEFAULT_CHUNK_TOKENS = 1024  # one chunk's fp32 logits: 1024 x 50257 x 4 B = 206
 
 
 def _chunk(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, smoothing: float, scale: float,
-           want_grads: bool):
-    """Loss sum of one chunk; with `want_grads`, also d(loss * scale) / d(logits) for the chunk."""
-    logits = F.linear(hidden, weight).float()
+           want_grads: bool, logits: torch.Tensor):
+    """Loss sum of one chunk; with `want_grads`, also d(loss * scale) / d(logits) for the chunk, written over
+    `logits` (a reused buffer of the chunk's shape, float32 or wider). One exp per logit and no tensor of the
+    logits' size allocated: on a CPU each pass over [chunk x 50257], and each fresh allocation of it (returned to
+    the OS and page-faulted back in), is time next to the three matmuls (bench/head_passes.py: head forward and
+    backward 1.20x the full-logits path, where the two-exp version with a new softmax per chunk ran 0.99x)."""
+    if logits.dtype == weight.dtype:
+        torch.mm(hidden, weight.t(), out=logits)
+    else:  # bf16/fp16 matmul under autocast; softmax and loss in float32
+        logits.copy_(hidden @ weight.t())
     valid = labels != -100
     safe = labels.clamp_min(0)
-    logsumexp = logits.logsumexp(dim=-1)
-    nll = logsumexp - logits.gather(1, safe[:, None]).squeeze(1)
+    rows = torch.arange(len(safe), device=logits.device)
+    target = logits[rows, safe]
+    mean = logits.mean(dim=-1) if smoothing else None
+    peak = logits.amax(dim=-1, keepdim=True)
+    probs = logits.sub_(peak).exp_()  # softmax numerators, in place of the logits
+    total = probs.sum(dim=-1, keepdim=True)
+    logsumexp = (peak + total.log()).squeeze(1)
+    nll = logsumexp - target
     if smoothing:
-        nll = (1 - smoothing) * nll + smoothing * (logsumexp - logits.mean(dim=-1))
+        nll = (1 - smoothing) * nll + smoothing * (logsumexp - mean)
     loss_sum = (nll * valid).sum()
     if not want_grads:
         return loss_sum, None
-    grad = torch.softmax(logits, dim=-1)
+    weights = valid * scale
+    probs.mul_((weights / total.squeeze(1))[:, None])  # softmax x the token's weight in the mean
     if smoothing:
-        grad -= smoothing / logits.size(-1)
-    grad[torch.arange(len(safe), device=grad.device), safe] -= 1 - smoothing
-    grad *= (valid * scale)[:, None]
-    return loss_sum, grad
+        probs.sub_((weights * smoothing / logits.size(-1))[:, None])
+    probs[rows, safe] -= weights * (1 - smoothing)
+    return loss_sum, probs
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -49,14 +62,20 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if want else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want else None
         total = hidden.new_zeros((), dtype=torch.float32)
+        buffer = hidden.new_empty((min(chunk, hidden.size(0)), weight.size(0)),
+                                 dtype=torch.promote_types(weight.dtype, torch.float32))
         for start in range(0, hidden.size(0), chunk):
             part = slice(start, start + chunk)
-            loss_sum, grad = _chunk(hidden[part], weight, labels[part], smoothing, scale, want)
+            rows = hidden[part].size(0)
+            loss_sum, grad = _chunk(hidden[part], weight, labels[part], smoothing, scale, want, buffer[:rows])
             total += loss_sum
             if want:  # the two backward matmuls of the head, in the matmul dtype (bf16 under autocast)
                 grad = grad.to(weight.dtype)
-                grad_hidden[part] = grad @ weight
-                grad_weight += grad.t() @ hidden[part]
+                torch.mm(grad, weight, out=grad_hidden[part])
+                if grad.dtype == grad_weight.dtype:
+                    grad_weight.addmm_(grad.t(), hidden[part])
+                else:  # bf16 products, accumulated in float32
+                    grad_weight += grad.t() @ hidden[part]
         if want:
             ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
         return total * scale
