@@ -22,22 +22,26 @@ T = TypeVar("T")
 
 
 TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "aim": "aim", "comet_ml": "comet_ml"}
-REPORT_TO_CHOICES = (*TRACKERS, "all", "none")
 
 
 def check_report_to(report_to: list[str]) -> list[str]:
-    """The tracker names to use; unknown or missing ones are one-line errors naming the fix."""
+    """The tracker names to use; unknown or missing ones are one-line errors naming the fix. The names are
+    accelerate's trackers (`TRACKERS`), plus any a plugin registered with accelerate's `register_tracker_class`."""
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+
+    registered = [n for n, kind in LOGGER_TYPE_TO_CLASS.items() if kind.__module__ != "accelerate.tracking"]
+    choices = (*TRACKERS, *registered, "all", "none")
     names = list(dict.fromkeys(report_to or ["none"]))
-    unknown = [n for n in names if n not in REPORT_TO_CHOICES]
+    unknown = [n for n in names if n not in choices]
     if unknown:
-        raise UserError(f"--report_to {unknown[0]!r} is unknown; choose from {', '.join(REPORT_TO_CHOICES)}")
+        raise UserError(f"--report_to {unknown[0]!r} is unknown; choose from {', '.join(choices)}")
     if "none" in names:
         if len(names) > 1:
             raise UserError("--report_to none cannot be combined with other trackers")
         return []
     if "all" in names:
-        return [n for n, package in TRACKERS.items() if importlib.util.find_spec(package)]
-    missing = [n for n in names if not importlib.util.find_spec(TRACKERS[n])]
+        return [n for n, package in TRACKERS.items() if importlib.util.find_spec(package)] + registered
+    missing = [n for n in names if n in TRACKERS and not importlib.util.find_spec(TRACKERS[n])]
     if missing:
         raise UserError(f"--report_to {missing[0]}: the {TRACKERS[missing[0]]} package is not installed; "
                         f"pip install {TRACKERS[missing[0]]}, or drop it from --report_to")

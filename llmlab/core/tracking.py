@@ -2,9 +2,11 @@
 
 Trainers pass `make_trackers(cfg.report_to, output_dir)` to `Accelerator(log_with=...)` and log with
 `accelerator.log(...)`, as the Hugging Face examples do. `--report_to` takes tensorboard (default), wandb, mlflow,
-aim, comet_ml, all (every one installed) or none; a named tracker that is not installed is a one-line error
+aim, comet_ml, a tracker a plugin registered with accelerate's `register_tracker_class`, all (every one
+installed) or none; a named tracker that is not installed is a one-line error
 (accelerate would skip it silently). metrics.jsonl is always written: one line per log call, numbers only, the
-record tests and tools read without a tracker. Sweep trials run outside accelerate and use `MetricsLogger`.
+record tests and tools read without a tracker. Sweep trials run outside an Accelerator and use `MetricsLogger`: the
+same trackers, started the way `Accelerator.init_trackers` starts them.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from accelerate.tracking import GeneralTracker, TensorBoardTracker, on_main_process
+from accelerate import PartialState
+from accelerate.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, TensorBoardTracker, on_main_process
 
 from llmlab.core.config import check_report_to
 from llmlab.core.io import append_jsonl
@@ -82,23 +85,41 @@ class JsonlTracker(GeneralTracker):
 
 
 class MetricsLogger:
-    """Sweep trials: `log({"train/loss": 2.3}, step)` writes TensorBoard scalars and one metrics.jsonl line."""
+    """A sweep trial's trackers: the trainers' `--report_to` names and metrics.jsonl, without an Accelerator (a trial
+    is its own process), started as `Accelerator.init_trackers` starts them. `log({"train/loss": 2.3}, step)` sends
+    every finite value to the trackers and every value to metrics.jsonl; `log_summary` the end-of-run metrics to
+    the trackers only (metrics.jsonl holds per-step rows)."""
 
-    def __init__(self, output_dir: str | os.PathLike):
-        from torch.utils.tensorboard import SummaryWriter
-
+    def __init__(self, output_dir: str | os.PathLike, report_to: list[str] = ("tensorboard",),
+                 config: Optional[dict[str, Any]] = None, project: str = "llmlab-trial"):
+        PartialState(cpu=True)  # accelerate's trackers log through its logger, which refuses to run before a state
         self.output_dir = Path(output_dir)
         self.jsonl_path = self.output_dir / "metrics.jsonl"
-        self.writer = SummaryWriter(log_dir=str(self.output_dir / "tensorboard"))
+        self.trackers: list[GeneralTracker] = []
+        for item in make_trackers(list(report_to), self.output_dir)[1:]:
+            if not isinstance(item, GeneralTracker):
+                kind = LOGGER_TYPE_TO_CLASS[item]
+                item = kind(project, self.output_dir) if kind.requires_logging_directory else kind(project)
+            item.main_process_only = False  # one process per trial: no accelerate state to ask
+            item.start()
+            if config is not None:
+                item.store_init_configuration(tracker_config(config))
+            self.trackers.append(item)
 
     def log(self, scalars: dict[str, float], step: int) -> None:
-        for key, value in scalars.items():
-            if value is not None and math.isfinite(float(value)):
-                self.writer.add_scalar(key, float(value), step)
+        self.log_summary(scalars, step)
         append_jsonl(self.jsonl_path, {"step": step, "time": time.time(), **scalars})
 
+    def log_summary(self, scalars: dict[str, float], step: Optional[int] = None) -> None:
+        finite = {k: float(v) for k, v in scalars.items() if v is not None and math.isfinite(float(v))}
+        for tracker in self.trackers:
+            tracker.log(finite, step=step)
+
     def flush(self) -> None:
-        self.writer.flush()
+        for tracker in self.trackers:
+            if hasattr(tracker, "writer"):  # TensorBoard buffers its events; the others send as they go
+                tracker.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        for tracker in self.trackers:
+            tracker.finish()

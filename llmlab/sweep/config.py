@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from llmlab.core.config import opt
+from llmlab.core.config import check_report_to, opt
 from llmlab.core.errors import UserError
 from llmlab.models.gpt2 import GPT2_PRESETS
 from llmlab.sweep.design import parse_size
@@ -140,9 +140,13 @@ class SweepConfig:
     max_documents: Optional[int] = opt(None, "use only the first N documents (default: the budget's)")
     data_cache_dir: Optional[str] = opt(None, "prepared-data cache folder (default: llmlab's cache)", outcome=False)
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "where trials run; auto = CUDA when available", outcome=False)
+    report_to: list[str] = opt(["tensorboard"], "each trial's trackers, as the trainers' --report_to: tensorboard, "
+                                                "wandb, mlflow, aim, comet_ml, all or none (metrics.jsonl is always "
+                                                "written)", outcome=False)
     report_only: bool = opt(False, "only rebuild report.md, results.csv and plots from finished trials", outcome=False)
 
     def validate(self) -> None:
+        check_report_to(self.report_to)  # an unknown or missing tracker fails before any trial starts
         if self.mup_base_width < 32 or self.mup_base_width % 32:
             raise UserError(f"--mup_base_width must be a multiple of 32, got {self.mup_base_width}")
         if self.head_dim < 8 or self.head_dim % 8:

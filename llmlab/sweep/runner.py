@@ -105,7 +105,8 @@ def trial_specs(cfg: SweepConfig, design: list[dict], data_info: dict, out_dir: 
                   retry=cfg.retry, timeout_s=cfg.trial_timeout or budget.trial_timeout, device=device,
                   precision=precision,
                   compile=cfg.budget != "smoke" if cfg.compile is None else cfg.compile,
-                  parametrization=cfg.parametrization, mup_base_width=cfg.mup_base_width, head_dim=cfg.head_dim)
+                  parametrization=cfg.parametrization, mup_base_width=cfg.mup_base_width, head_dim=cfg.head_dim,
+                  report_to=cfg.report_to)
     steps = trial_steps(cfg, data_info)
     specs = []
     for trial in design:

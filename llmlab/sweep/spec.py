@@ -53,6 +53,7 @@ class TrialSpec:
     precision: str = "fp32"
     compile: bool = False
     threads: int = 0  # set by the launcher: CPU threads of this trial
+    report_to: list = field(default_factory=lambda: ["tensorboard"])  # the trackers, as the trainers' --report_to
     driver: Optional[list] = field(default=None)  # [pid, start time] of the sweep driver the trial dies with
 
     def to_json(self) -> dict:

@@ -35,7 +35,7 @@ from llmlab.core.device import peak_rss_mb
 from llmlab.core.io import atomic_write_json
 from llmlab.core.runfolder import process_start_time
 from llmlab.core.runinfo import machine_label
-from llmlab.core.tracking import MetricsLogger, session_records
+from llmlab.core.tracking import MetricsLogger
 from llmlab.models.gpt2 import build_gpt2_model
 from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig
 from llmlab.sweep import metrics as M
@@ -302,7 +302,7 @@ def train_attempt(spec: TrialSpec, hp: Hparams, data: dict, device: torch.device
     s = build_setup(spec, hp, device)
     batches = Batches(data["train"], spec.seed, hp, spec.block_size)
     probe = torch.from_numpy(np.asarray(data["validation"][: min(4, len(data["validation"]))], dtype=np.int64)).to(device)
-    logger = MetricsLogger(log_dir)
+    logger = MetricsLogger(log_dir, spec.report_to, {k: v for k, v in asdict(hp).items() if v is not None})
     safes = FailSafes(spec, lambda: probe_loss(s, probe))
     curves: dict[str, list] = {"loss": [], "grad_norm": [], "lr": [], "attention_entropy": []}
     ratios: dict[str, dict[str, list[float]]] = {"update": {}, "grad": {}}
@@ -342,7 +342,7 @@ def train_attempt(spec: TrialSpec, hp: Hparams, data: dict, device: torch.device
     finally:
         logger.flush()
     summary = summarise(spec, s, curves, ratios, step_times, counts, evaluation, device)
-    write_hparams(logger, hp, summary)
+    write_hparams(logger, summary)
     logger.close()
     return {"summary": summary, "curves": curves}
 
@@ -458,15 +458,11 @@ def evaluate_trial(model, validation: np.ndarray, spec: TrialSpec, device, autoc
     }
 
 
-def write_hparams(logger: MetricsLogger, hp: Hparams, summary: dict) -> None:
-    """Record this run in TensorBoard's HParams tab: its levels, in the same run folder as its curves (whose scalars,
-    hparam/final_loss included, are the metrics TensorBoard shows)."""
-    metric_values = {f"hparam/{k}": summary[k] for k in ("final_loss", "stability_index", "grad_norm_mean",
-                                                         "time_per_step_s") if summary.get(k) is not None}
-    for key, value in metric_values.items():
-        logger.writer.add_scalar(key, value)
-    for record in session_records({k: v for k, v in asdict(hp).items() if v is not None}):
-        logger.writer.file_writer.add_summary(record)
+def write_hparams(logger: MetricsLogger, summary: dict) -> None:
+    """The run's entry in TensorBoard's HParams tab (its levels were recorded when the logger started, in the same
+    run folder as its curves): these scalars, hparam/final_loss included, are the metrics TensorBoard shows."""
+    logger.log_summary({f"hparam/{k}": summary[k] for k in ("final_loss", "stability_index", "grad_norm_mean",
+                                                             "time_per_step_s") if summary.get(k) is not None})
 
 
 def fallback(hp: Hparams, stop: TrialStop) -> tuple[Hparams, str] | None:

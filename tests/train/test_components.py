@@ -12,7 +12,9 @@ from tests.train.test_lora import TINY_RUN
 from tests.train.test_pretrain import SMALL
 
 PLUGIN = '''
+import json, os
 import torch
+from accelerate.tracking import GeneralTracker, register_tracker_class
 from llmlab.train.components import OptimizerEntry, ScheduleEntry, register_optimizer, register_schedule
 
 def build(groups, lr, betas, eps):
@@ -21,6 +23,30 @@ def build(groups, lr, betas, eps):
 
 register_optimizer("plugin_sgd", OptimizerEntry(build, state_bytes=4.0, deepspeed=False, label="SGD"))
 register_schedule("plugin_step", ScheduleEntry(lambda progress: 1.0 if progress < 0.5 else 0.1, "a step decay"))
+
+
+class PluginTracker(GeneralTracker):  # accelerate's own tracker registry: a --report_to name for every script
+    name = "plugin_tracker"
+    requires_logging_directory = True
+    main_process_only = True
+
+    def __init__(self, project, logging_dir, **kwargs):
+        super().__init__()
+        self.path = os.path.join(logging_dir, "plugin_tracker.jsonl")
+
+    @property
+    def tracker(self):
+        return self.path
+
+    def store_init_configuration(self, values):
+        self.log({"config_keys": len(values)})
+
+    def log(self, values, step=None, **kwargs):
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": step, **values}) + "\\n")
+
+
+register_tracker_class(PluginTracker)
 '''
 
 
@@ -41,12 +67,12 @@ def test_a_plugin_that_cannot_be_imported_is_one_line(tmp_path):
 
 def test_an_optimizer_and_schedule_registered_in_one_place_train_everywhere(tmp_path, tiny_gpt2_dir,
                                                                           pydoc_cache_dir):
-    """One plugin module (LLMLAB_PLUGINS) registers SGD and a step schedule: pretraining, LoRA and a sweep trial
-    build them, recommend and the memory model know the optimizer. Real processes: each imports the plugin itself."""
+    """One plugin module (LLMLAB_PLUGINS) registers SGD, a step schedule and a tracker: pretraining, LoRA and a sweep
+    trial build and log to them. Real processes: each imports the plugin itself."""
     (tmp_path / "llmlab_test_plugin.py").write_text(PLUGIN)
     env = {"LLMLAB_PLUGINS": "llmlab_test_plugin",
            "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")])}
-    chosen = ["--optimizer", "plugin_sgd", "--lr_scheduler", "plugin_step"]
+    chosen = ["--optimizer", "plugin_sgd", "--lr_scheduler", "plugin_step", "--report_to", "plugin_tracker"]
     pre = run_script(["train_pretrain.py", *SMALL, "--cache_dir", str(tmp_path / "cache"), "--max_steps", "3",
                       "--output_dir", str(tmp_path / "pre"), *chosen], env=env, timeout=600)
     assert pre.returncode == 0 and "PLUGIN SGD BUILT" in pre.stdout, pre.stderr[-2000:]
@@ -56,7 +82,8 @@ def test_an_optimizer_and_schedule_registered_in_one_place_train_everywhere(tmp_
     assert lora.returncode == 0 and "PLUGIN SGD BUILT" in lora.stdout, lora.stderr[-2000:]
     (tmp_path / "grid.yaml").write_text("trials:\n  - {optimizer: plugin_sgd, scheduler: plugin_step}\n")
     sweep = run_script(["sweep.py", "--grid", str(tmp_path / "grid.yaml"), "--budget", "smoke", "--workers", "1",
-                        "--output_dir", str(tmp_path / "sweep"), "--data_cache_dir", str(tmp_path / "cache")],
+                        "--output_dir", str(tmp_path / "sweep"), "--data_cache_dir", str(tmp_path / "cache"),
+                        "--report_to", "plugin_tracker"],
                        env=env, timeout=600)
     assert sweep.returncode == 0, sweep.stderr[-2000:]
     (trial,) = [p for p in (tmp_path / "sweep" / "trials").iterdir() if p.is_dir()]
@@ -65,6 +92,10 @@ def test_an_optimizer_and_schedule_registered_in_one_place_train_everywhere(tmp_
     for run in ("pre", "lora"):
         config = (tmp_path / run / "config.yaml").read_text()
         assert "optimizer: plugin_sgd" in config and "lr_scheduler: plugin_step" in config
+    for folder in (tmp_path / "pre", tmp_path / "lora", trial):
+        logged = [json.loads(line) for line in (folder / "plugin_tracker.jsonl").read_text().splitlines()]
+        assert logged[0]["config_keys"] > 5 and any("train/loss" in row for row in logged), folder
+        assert not (folder / "tensorboard").exists()  # --report_to names the trackers: only the plugin's here
 
 
 def test_recommend_and_the_memory_model_read_the_registry(monkeypatch):
