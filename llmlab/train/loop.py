@@ -9,22 +9,21 @@ only what is their own (pretraining: spike rollback; LoRA: prompt masking, early
         ... with accelerator.accumulate(model):
                 session.backward(loss, tokens)
                 (last micro-batch) result = session.optimizer_step(params, optimizer, scheduler, clipper)
-            session.log_step(result, every)
-            if session.due(cfg.eval_every): with session.paused(): ...
+            session.meter.log_step(result, every)            # the cadence: window, bar, tokens/s (train/meter.py)
+            if session.meter.due(cfg.eval_every): with session.meter.paused(): ...
             session.checkpointer.maybe_save(step)
 
 What it owns: the Accelerator (mixed precision, gradient accumulation, gloo / MULTI_CPU on multi-process CPU,
 trackers from --report_to), the run folder (lock, kind, fresh/resume/overwrite policy, config.yaml + run_info.json),
 resume (a verified checkpoint, a config and setup that may only change where the trainer allows it), the optimizer
-step (clipping, and no step on a non-finite loss or gradient), rewinding to a checkpoint (rollback), logging
-(TensorBoard/wandb/... plus metrics.jsonl, a progress bar with loss, lr and tokens/s that leaves evaluation and saving
-out), and the checkpoint cadence (`Checkpointer`).
+step (clipping, and no step on a non-finite loss or gradient), rewinding to a checkpoint (rollback), the trackers
+(TensorBoard/wandb/... plus metrics.jsonl), and two components that own their cadence: `StepMeter` (train/meter.py:
+the logging window, a progress bar with loss, lr and tokens/s that leaves evaluation and saving out) and
+`Checkpointer` (when to save).
 """
 from __future__ import annotations
 
 import os
-import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -36,7 +35,6 @@ from torch.optim.lr_scheduler import LambdaLR
 from llmlab.core.config import to_dict
 from llmlab.core.device import resolve_device, resolve_precision, set_cpu_threads
 from llmlab.core.errors import Interrupted, UserError, write_failure
-from llmlab.core.io import progress_bar
 from llmlab.core.runfolder import abandon_claim, check_output_dir, claim_run_folder, record_claim, release_lock
 from llmlab.core.runinfo import write_run_info
 from llmlab.core.tracking import make_trackers, tracker_config
@@ -44,6 +42,7 @@ from llmlab.train import checkpointing as ckpt
 from llmlab.train.common import accelerator_placement, process_group_handlers
 from llmlab.train.config import RunGroup
 from llmlab.train.engine import AccelerateBackend, Engine
+from llmlab.train.meter import StepMeter
 
 ALWAYS_RESUMABLE = ("output_dir", "resume_from_checkpoint", "overwrite_output_dir", "report_to", "cache_dir",
                     "num_proc", "prepare_only", "cpu_threads")
@@ -98,12 +97,9 @@ class TrainingSession:
 
             local = int(os.environ.get("LOCAL_WORLD_SIZE", self.accelerator.num_processes))
             set_cpu_threads(cfg.cpu_threads, local, self.accelerator.print)
-        self.state, self.bar, self.checkpointer, self._claimed = LoopState(), None, None, False
-        self._window = {"loss": 0.0, "micro": 0, "tokens": 0, "seconds": 0.0, "data_wait": 0.0, "steps": 0}
+        self.state, self.meter, self.checkpointer, self._claimed = LoopState(), None, None, False
         self.engine = Engine(AccelerateBackend(self.accelerator))
         self._micro_tokens = 0
-        self._tick = time.perf_counter()
-        self.flops_per_token = self.peak_flops = None
         self._claim()
 
     # ------------------------------------------------------------------ setup
@@ -142,9 +138,9 @@ class TrainingSession:
         self.accelerator.init_trackers(f"llmlab-{self.kind}", config=tracker_config(to_dict(self.cfg)))
         self.checkpointer = Checkpointer(self, save_every, keep_last, model, extra_manifest, write_extra)
         manifest = self._resume(saved) if saved is not None else None
-        self.bar = progress_bar(total=total_steps, initial=self.state.step, desc=desc or self.kind,
-                                disable=not self.accelerator.is_local_main_process)
-        self._tick = time.perf_counter()
+        self.meter = StepMeter(self.state, self.log, total_steps, desc or self.kind,
+                               show_bar=self.accelerator.is_local_main_process,
+                               num_processes=self.accelerator.num_processes)
         return manifest
 
     def _check_resume(self) -> dict:
@@ -191,9 +187,7 @@ class TrainingSession:
         self._micro_tokens = 0
         self.state.step += 1
         self.state.tokens_seen += int(tokens)
-        window = self._window
-        window["loss"], window["micro"], window["tokens"] = window["loss"] + loss_sum, window["micro"] + micro, \
-            window["tokens"] + tokens
+        self.meter.add(loss_sum, micro, tokens)
         return StepResult(loss_sum / micro, out.grad_norm, out.lr, out.stepped)
 
     def refresh_lr(self, scheduler, learning_rate: Optional[float] = None) -> None:
@@ -219,64 +213,20 @@ class TrainingSession:
         if keep_position:
             state.micro_batches = position
         self.refresh_lr(scheduler, learning_rate)
-        self.discard_window()  # the spike's steps and the reload are not training throughput
+        self.meter.discard_window()  # the spike's steps and the reload are not training throughput
         return skipped
 
-    # ------------------------------------------------------------------ logging and cadence
+    # ------------------------------------------------------------------ logging (the cadence: train/meter.py)
     def log(self, values: dict[str, Any], step: Optional[int] = None) -> None:
         self.accelerator.log({k: v for k, v in values.items() if v is not None}, step=self.state.step if step is None else step)
-
-    def log_step(self, result: StepResult, every: int, extra: Optional[dict] = None) -> None:
-        """Advance the bar; every `every` steps (and at the end) log the window's mean loss and tokens/s."""
-        now = time.perf_counter()
-        self._window["seconds"] += now - self._tick
-        self._window["steps"] += 1
-        self._tick = now
-        self.bar.update(1)
-        if not (self.state.step % every == 0 or self.state.step == self.total_steps):
-            return
-        window = self._window
-        tokens_per_sec = window["tokens"] / max(window["seconds"], 1e-9)
-        metrics = {"train/loss": window["loss"] / max(window["micro"], 1), "train/lr": result.lr,
-                   "train/grad_norm": result.grad_norm, "train/tokens_per_sec": tokens_per_sec,
-                   "train/tokens_seen": self.state.tokens_seen,
-                   # time the step waited for its batches: the loader holds training back when this share grows
-                   "train/data_wait_ms": 1000 * window["data_wait"] / max(window["steps"], 1),
-                   "train/data_wait_share": window["data_wait"] / max(window["seconds"], 1e-9), **(extra or {})}
-        if self.flops_per_token and self.peak_flops:
-            metrics["train/mfu"] = tokens_per_sec * self.flops_per_token / (self.peak_flops * self.accelerator.num_processes)
-        self.log(metrics)
-        self.bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{result.lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}",
-                             refresh=False)  # shown with the next update: a log file gets no extra frame
-        self._window = {"loss": 0.0, "micro": 0, "tokens": 0, "seconds": 0.0, "data_wait": 0.0, "steps": 0}
-
-    def waited(self, seconds: float) -> None:
-        """Time spent waiting for the data loader inside the current step."""
-        self._window["data_wait"] += seconds
-
-    @contextmanager
-    def paused(self):
-        """Evaluation, sampling and saving are not training: keep their time out of tokens/s."""
-        try:
-            yield
-        finally:
-            self._tick = time.perf_counter()
-
-    def discard_window(self) -> None:
-        """Forget the steps since the last log (e.g. the steps a rollback undid)."""
-        self._window = {"loss": 0.0, "micro": 0, "tokens": 0, "seconds": 0.0, "data_wait": 0.0, "steps": 0}
-        self._tick = time.perf_counter()
-
-    def due(self, every: int) -> bool:
-        return (every > 0 and self.state.step % every == 0) or self.state.step == self.total_steps
 
     # ------------------------------------------------------------------ the end
     def __enter__(self) -> "TrainingSession":
         return self
 
     def __exit__(self, kind, error, trace) -> bool:
-        if self.bar is not None:
-            self.bar.close()  # first, so an error message starts on its own line
+        if self.meter is not None:
+            self.meter.close()  # first, so an error message starts on its own line
         self.accelerator.end_training()
         if self._claimed:
 
@@ -315,7 +265,7 @@ class Checkpointer:
         session = self.session
         manifest = {"step": step, "config": to_dict(session.cfg), "layout": session.layout,
                     "trainer": {**session.state.state_dict(), **(self.extra_manifest() if self.extra_manifest else {})}}
-        with session.paused():
+        with session.meter.paused():
             return ckpt.save_checkpoint(session.accelerator, session.out, step, manifest, self.keep_last,
                                         model=self.model, write_extra=self.write_extra)
 

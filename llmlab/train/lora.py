@@ -187,7 +187,7 @@ class LoraRun:
             session.accelerator.print(f"evaluating the base model on {len(self.val_examples)} validation and "
                                       f"{len(self.test_examples)} test examples (ROUGE-L on up to {cfg.eval_examples} "
                                       "of each)...")
-            with session.paused():
+            with session.meter.paused():
                 lora.before = self.evaluate(self.model)
             # val/* is the validation curve (step 0 = base model); eval/* are the before/after measurements.
             before = lora.before["validation"]
@@ -222,7 +222,7 @@ class LoraRun:
                 result = self.micro_step(batch)
                 if result is None:
                     continue
-                session.log_step(result, cfg.log_every)
+                session.meter.log_step(result, cfg.log_every)
                 if self.after_step():
                     return True
                 if session.state.step >= self.total_steps:
@@ -246,13 +246,13 @@ class LoraRun:
         """Samples and evaluation at their cadence; True when early stopping ends the run."""
         cfg, session, lora, acc = self.cfg, self.session, self.lora, self.session.accelerator
         step = session.state.step
-        with session.paused():
+        with session.meter.paused():
             if step % cfg.sample_every == 0 and cfg.num_samples:
                 text = lora_eval.samples_markdown(acc, self.model, self.tokenizer, self.val_examples[: cfg.num_samples],
                                                   self.pad_id, cfg.max_new_tokens)
                 session.log({"samples": text}, step)
                 self.model.train()
-            if not session.due(cfg.eval_every):
+            if not session.meter.due(cfg.eval_every):
                 return False
             val_loss = lora_eval.adapter_validation_loss(self.model, self.val_loader, acc, self.logits_mode, self.head)
             session.log({"val/loss": val_loss, "val/perplexity": perplexity(val_loss)}, step)
@@ -262,7 +262,8 @@ class LoraRun:
                 self.publish_best()
             else:
                 lora.bad_evals += 1
-            session.bar.write(f"step {step}: val loss {val_loss:.4f} (best {lora.best_loss:.4f} at step {lora.best_step})")
+            session.meter.bar.write(f"step {step}: val loss {val_loss:.4f} "
+                                    f"(best {lora.best_loss:.4f} at step {lora.best_step})")
             self.model.train()
         return lora.bad_evals >= cfg.patience
 

@@ -82,8 +82,8 @@ class Pretraining:
                   f"processes); precision {acc.mixed_precision}; optimizer "
                   f"{type(setup.innermost_optimizer(self.optimizer)).__name__}, {cfg.lr_scheduler} schedule; "
                   f"{acc.distributed_type.value}")
-        session.flops_per_token = flops_per_token(unwrapped, cfg.block_size)
-        session.peak_flops = peak_flops(current_device_name(), acc.mixed_precision)
+        session.meter.flops_per_token = flops_per_token(unwrapped, cfg.block_size)
+        session.meter.peak_flops = peak_flops(current_device_name(), acc.mixed_precision)
 
     def run(self) -> dict:
         """The loop: one optimizer step per iteration, read top to bottom."""
@@ -97,19 +97,19 @@ class Pretraining:
             if self.detector.update(result.loss):
                 self.rollback(result.loss)
                 continue
-            session.log_step(result, cfg.log_every, {"train/loss_scale": setup.loss_scale(acc, self.optimizer)})
-            if len(self.val_dl) and session.due(cfg.eval_every):
-                with session.paused():
+            session.meter.log_step(result, cfg.log_every, {"train/loss_scale": setup.loss_scale(acc, self.optimizer)})
+            if len(self.val_dl) and session.meter.due(cfg.eval_every):
+                with session.meter.paused():
                     last_val = self.evaluate()
             session.checkpointer.maybe_save(state.step, allowed=self.detector.streak == 0)  # never mid-spike
         if last_val is None and len(self.val_dl):  # e.g. resumed at the last step: measure before publishing
-            with session.paused():
+            with session.meter.paused():
                 last_val = self.evaluate()
         final_loss = last_val if last_val is not None else last_loss
         if final_loss is not None and not math.isfinite(final_loss):
             raise UserError(f"the run ended with loss {final_loss}: not publishing a broken model; lower "
                             "--learning_rate and resume from the last good checkpoint")
-        with session.paused():
+        with session.meter.paused():
             final_dir = setup.save_final(acc, self.model, self.tokenizer, session.out)
         samples = self.final_samples()
         return {"samples": samples, "step": state.step, "val_loss": last_val, "rollbacks": self.rollbacks.rollbacks,
@@ -122,7 +122,7 @@ class Pretraining:
         for index in range(micro_batches):
             waiting = time.perf_counter()
             input_ids = next(self.batches)["input_ids"]
-            session.waited(time.perf_counter() - waiting)
+            session.meter.waited(time.perf_counter() - waiting)
             with acc.accumulate(self.model):
                 loss = self.model(input_ids)  # the chunked head + cross-entropy (llmlab.train.fused_loss)
                 session.backward(loss * drill_factor, input_ids.numel())
