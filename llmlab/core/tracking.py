@@ -96,11 +96,13 @@ class MetricsLogger:
         self.output_dir = Path(output_dir)
         self.jsonl_path = self.output_dir / "metrics.jsonl"
         self.trackers: list[GeneralTracker] = []
-        for item in make_trackers(list(report_to), self.output_dir)[1:]:
+        for item in make_trackers(list(report_to), self.output_dir):
+            if isinstance(item, JsonlTracker):
+                continue  # log() writes metrics.jsonl itself: every value, not only the finite numbers
             if not isinstance(item, GeneralTracker):
                 kind = LOGGER_TYPE_TO_CLASS[item]
                 item = kind(project, self.output_dir) if kind.requires_logging_directory else kind(project)
-            item.main_process_only = False  # one process per trial: no accelerate state to ask
+            item.main_process_only = False  # a trial is one process: every tracker it starts is its own
             item.start()
             if config is not None:
                 item.store_init_configuration(tracker_config(config))
