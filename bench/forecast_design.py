@@ -57,25 +57,26 @@ def loglinear(xs, ys):
     return lambda n: float(math.exp(intercept + slope * math.log(n)))
 
 
-def worlds(sigma_from: Path, head_dim: int) -> tuple[dict, dict]:
+def worlds(sigma_from: Path, head_dim: int, exclude: tuple[str, ...] = ()) -> tuple[dict, dict]:
     shipped = json.loads((SHIPPED / "scaling_fits.json").read_text())["transfer"]
     measured = [p for p in shipped["points"] if p["status"] == "measured"]
     curvature = loglinear([p["n_params"] for p in measured], [p["curvature"] for p in measured])
     per_size = shipped["noise"]["per_size"]
     n_shipped = {p["size"]: p["n_params"] for p in shipped["points"]}
     sigma_shape = loglinear([n_shipped[s] for s in per_size], [per_size[s]["sigma"] for s in per_size])
-    pinned = seed_noise(rows_of(sigma_from))
+    pinned = seed_noise([r for r in rows_of(sigma_from) if r["size"] not in exclude])
     anchors = {s: v["sigma"] for s, v in pinned["per_size"].items() if v["sigma"]}
-    shift = float(np.exp(np.mean([math.log(anchors[s] / sigma_shape(n_shipped[s])) for s in anchors])))
     sizes = sorted(set(FIT_FINE) | {"320x2"}, key=lambda s: int(s.split("x")[0]))
     n_of = {s: float(size_parameters(s, "minimal", head_dim)) for s in sizes}
+    shift = float(np.exp(np.mean([math.log(anchors[s] / sigma_shape(n_shipped.get(s) or n_of[s])) for s in anchors])))
     slope = pinned["lr_trend"].get("slope_ln_var", 0.0) if pinned["lr_trend"].get("used") else 0.0
     common = dict(n_params=n_of, curvature={s: curvature(n) for s, n in n_of.items()}, noise_lr_slope=slope)
     as_measured = Truth(**common, sigma={s: anchors.get(s) or shift * sigma_shape(n) for s, n in n_of.items()})
     pessimistic = Truth(**common, sigma={s: shipped["noise"]["sigma"] for s in n_of})
     facts = {"pinned": {s: {"sigma": v["sigma"], "df": v["df"]} for s, v in pinned["per_size"].items()},
              "lr_trend": pinned["lr_trend"], "shift_vs_shipped": shift, "machine": machine_label(),
-             "shipped_pooled_sigma": shipped["noise"]["sigma"]}
+             "shipped_pooled_sigma": shipped["noise"]["sigma"], "sigma_from": str(sigma_from),
+             "excluded_sizes": list(exclude)}
     return {"as measured": as_measured, "sigma 0.071 everywhere": pessimistic}, facts
 
 
@@ -107,10 +108,19 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="processes")
     parser.add_argument("--output", type=Path, required=True, help="JSON: every design's rates and the choice")
     parser.add_argument("--reuse", type=Path, help="an earlier --output: designs it holds (same reps) are not rerun")
+    parser.add_argument("--exclude_size", action="append", default=[],
+                        help="leave this size's trials out of --sigma_from (the held-out size: the noise then comes "
+                             "from the fit cells alone); repeatable")
+    parser.add_argument("--design", action="append", default=[],
+                        help="simulate only this candidate (its name as the table prints it); repeatable")
     args = parser.parse_args(argv)
     started = time.time()
-    truths, facts = worlds(args.sigma_from, args.head_dim)
+    truths, facts = worlds(args.sigma_from, args.head_dim, tuple(args.exclude_size))
     designs = candidates()
+    unknown = [name for name in args.design if name not in designs]
+    if unknown:
+        parser.error(f"--design {unknown[0]!r} is not a candidate; choose from: {'; '.join(designs)}")
+    designs = {name: d for name, d in designs.items() if not args.design or name in args.design}
     table = {}
     if args.reuse:
         earlier = json.loads(args.reuse.read_text())

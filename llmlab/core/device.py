@@ -21,6 +21,8 @@ def cpu_has_fast_bf16() -> bool:
     """AVX512-BF16 or AMX: bf16 matmuls run ~2x fp32 there (366 vs 158 GFLOP/s measured on this project's CPU)."""
     import torch
 
+    if os.environ.get("LLMLAB_MACHINE_LABEL"):  # a test playing another machine (core.runinfo.machine_label)
+        return os.environ["LLMLAB_MACHINE_LABEL"].endswith("+bf16")
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
 

@@ -59,7 +59,10 @@ def hardware_info() -> dict[str, Any]:
 def machine_label() -> str:
     """The CPU as a statistic must tell machines apart: model name, family/model/stepping (AMD and Intel both ship
     several CPUs named just "AMD EPYC" / "Intel Xeon Processor") and whether it has bf16 units (the lab's trials
-    then run bf16). No torch import: a trial and the sweep driver both call it."""
+    then run bf16). No torch import: a trial and the sweep driver both call it. LLMLAB_MACHINE_LABEL replaces it
+    (tests play another machine with it; a label ending in -bf16 is then a CPU without bf16 units)."""
+    if os.environ.get("LLMLAB_MACHINE_LABEL"):
+        return os.environ["LLMLAB_MACHINE_LABEL"]
     fields: dict[str, str] = {}
     try:
         for line in open("/proc/cpuinfo"):

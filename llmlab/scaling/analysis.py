@@ -31,7 +31,8 @@ def analyse(rows: list[dict], options: ScalingOptions) -> dict:
     if len({str(r.get("size")) for r in rows if r.get("size") not in (None, "")}) >= 2:
         # the scan's own rule (llmlab.sweep.scan): every finished, finite run below the uniform guess is a measurement
         transfer = analyse_sizes(feasible_region(rows, replace(options, unstable_std=math.inf))[0],
-                                 options.confidence, options.holdout, options.preregistration)
+                                 options.confidence, options.holdout, options.preregistration,
+                                 options.machine_order)
         largest = transfer["sizes"][-1] if transfer["sizes"] else None
         sized_rows = [r for r in rows if str(r.get("size")) == largest]
         sized_feasible = [r for r in feasible if str(r.get("size")) == largest]

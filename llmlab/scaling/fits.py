@@ -42,6 +42,8 @@ class ScalingOptions:
                                "largest; none = skip; auto = largest when there are >= 3 sizes")
     preregistration: Optional[dict] = opt(None, "the scan's preregistration.json (with its sha256): the held-out "
                                                 "verdict judges that forecast")
+    machine_order: Optional[list] = opt(None, "a scan's machines (numerics groups) in the order it met them: the "
+                                              "first is the reference of every machine term")
 
     def validate(self) -> None:
         if not 0 < self.confidence < 1:

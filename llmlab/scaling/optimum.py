@@ -58,14 +58,24 @@ def lr_table(trials: list[dict]) -> tuple[np.ndarray, list[list[float]]]:
     return lrs, [by_lr[lr] for lr in lrs]
 
 
-def pure_error(groups: list[list[float]]) -> tuple[Optional[float], int]:
-    """Pooled within-group SD of repeated runs (same settings, different seeds) and its degrees of freedom."""
-    ss, df = 0.0, 0
+def seed_counts(trials: list[dict], lrs: np.ndarray) -> np.ndarray:
+    """Seeds per lr, each worth its `seed_weight` (below 1 once a machine offset was estimated and removed,
+    llmlab.scaling.machines), else 1."""
+    counts = dict.fromkeys(lrs.tolist(), 0.0)
+    for row in trials:
+        counts[float(row["lr"])] += float(row.get("seed_weight", 1.0))
+    return np.array([counts[lr] for lr in lrs.tolist()])
+
+
+def pure_error(groups: list[list[float]], lost_df: int = 0) -> tuple[Optional[float], int]:
+    """Pooled within-group SD of repeated runs (same settings, different seeds) and its degrees of freedom;
+    `lost_df`: parameters already fitted to these values (machine offsets removed before, scaling.machines)."""
+    ss, df = 0.0, -lost_df
     for values in groups:
         if len(values) >= 2:
             ss += float(np.sum((np.asarray(values) - np.mean(values)) ** 2))
             df += len(values) - 1
-    return (math.sqrt(ss / df), df) if df else (None, 0)
+    return (math.sqrt(ss / df), df) if df > 0 else (None, 0)
 
 
 def _quadratic(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -107,8 +117,8 @@ def cell_optimum(trials: list[dict], sigma, confidence: float = 0.95) -> dict:
     value; the rest are bounds."""
     lrs, losses = lr_table(trials)
     means = np.array([np.mean(v) for v in losses])
-    seeds = np.array([len(v) for v in losses], dtype=float)
-    base = {"n_lrs": len(lrs), "n_trials": int(seeds.sum()), "seeds_per_lr": float(np.median(seeds)) if len(lrs) else 0,
+    seeds = seed_counts(trials, lrs)
+    base = {"n_lrs": len(lrs), "n_trials": sum(len(v) for v in losses), "seeds_per_lr": float(np.median(seeds)) if len(lrs) else 0,
             "lr_range": [float(lrs[0]), float(lrs[-1])] if len(lrs) else None, "estimator": ESTIMATOR["name"]}
     if len(lrs) < 3:
         return {**base, "status": "too_few", "lr_opt": None, "reason": f"{len(lrs)} feasible lr(s); a vertex needs >= 3"}

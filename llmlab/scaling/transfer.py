@@ -20,6 +20,7 @@ import statsmodels.api as sm
 from scipy import special, stats
 
 from llmlab.scaling.law import fit_law, predict, ransac_sensitivity
+from llmlab.scaling.machines import machine_adjust, machine_of
 from llmlab.scaling.optimum import cell_optimum, finite, lr_sensitivity, lr_table, pure_error
 
 BAND = 1.5  # a forecast within 1.5x of the optimum costs little loss on the flat bottom of the lr curve
@@ -46,10 +47,12 @@ def _cells(feasible: list[dict]) -> dict[tuple[str, float], list[dict]]:
     return cells
 
 
-def seed_noise(feasible: list[dict]) -> dict:
+def seed_noise(feasible: list[dict], lost_df: Optional[dict[str, int]] = None) -> dict:
     """sigma: the pooled SD of final loss over seeds at the same (size, batch, lr), per size and overall, and whether
     it grows with lr: the slope b of ln s^2 on ln lr within sizes (each group's ln s^2 corrected for its df's bias,
-    weighted by df), used only when it differs from 0 at 5 %."""
+    weighted by df), used only when it differs from 0 at 5 %. `lost_df`: per size, the machine offsets already
+    removed from these losses (llmlab.scaling.machines), which the pure error's df must not count."""
+    lost_df = lost_df or {}
     groups_by_size: dict[str, list[list[float]]] = {}
     trend_rows = []
     for (size, _), trials in _cells(feasible).items():
@@ -58,9 +61,9 @@ def seed_noise(feasible: list[dict]) -> dict:
         trend_rows += [(size, math.log(lr), values) for lr, values in zip(lrs, groups) if len(values) >= 2]
     per_size = {}
     for size, groups in groups_by_size.items():
-        sd, df = pure_error(groups)
+        sd, df = pure_error(groups, lost_df.get(size, 0))
         per_size[size] = {"sigma": sd, "df": df}
-    sd, df = pure_error([g for groups in groups_by_size.values() for g in groups])
+    sd, df = pure_error([g for groups in groups_by_size.values() for g in groups], sum(lost_df.values()))
     trend = _noise_trend(trend_rows)
     for size, entry in per_size.items():
         entry["mean_ln_lr"] = float(np.mean([x for s, x, _ in trend_rows if s == size])) \
@@ -271,27 +274,45 @@ def literature_rows(points: list[dict], law: Optional[dict]) -> list[dict]:
     return rows
 
 
+def registered_rows(feasible: list[dict], registration: dict) -> list[dict]:
+    """The trials the registration planned: at the held-out size, its registered seeds only (blocks a later machine
+    added are not part of the registered design)."""
+    held, seeds = registration.get("held_out"), (registration.get("design") or {}).get("held_out_seeds")
+    if seeds is None:
+        return feasible
+    return [r for r in feasible if str(r.get("size")) != held or int(r.get("replicate") or 0) < int(seeds)]
+
+
 def analyse_sizes(feasible: list[dict], confidence: float = 0.95, holdout: str = "auto",
-                  registration: Optional[dict] = None) -> dict:
-    """Noise, per-cell optima, the law on every measured cell, its RANSAC sensitivity and the held-out verdict."""
-    machines = sorted({str(r.get("cpu")) for r in feasible if r.get("cpu") not in (None, "", "None")})
-    noise = seed_noise(feasible)
-    points = size_points(feasible, noise, confidence)
+                  registration: Optional[dict] = None, machine_order: Optional[list[str]] = None) -> dict:
+    """Noise, per-cell optima, the law on every measured cell, its RANSAC sensitivity and the held-out verdict.
+    Trials from several machines (numerics that differ) are pooled with a machine term (llmlab.scaling.machines);
+    a registered verdict is then also given as registered, without it, beside the blocked one."""
+    machines = sorted({machine_of(r) for r in feasible})
+    adjusted, machine_terms = machine_adjust(feasible, machine_order)
+    lost_df: dict[str, int] = {}
+    for term in machine_terms:
+        lost_df[term["size"]] = lost_df.get(term["size"], 0) + term["lost_df"]
+    noise = seed_noise(adjusted, lost_df)
+    points = size_points(adjusted, noise, confidence)
     measured = [p for p in points if p["status"] == "measured"]
     law = fit_law(measured, confidence=confidence)
     n_sizes = len({p["size"] for p in points})
     if holdout == "none":
         verdict: dict = {"status": "skipped", "reason": "--holdout none"}
-    elif len(machines) > 1:
-        verdict = {"status": "skipped", "reason": f"the trials ran on {len(machines)} CPUs ({'; '.join(machines)}): "
-                                                  "a verdict never pools machines"}
     elif holdout == "auto" and n_sizes < 3:
         verdict = {"status": "skipped", "reason": f"{n_sizes} sizes: a held-out check needs >= 3 (2 to fit)"}
     else:
         verdict = holdout_verdict(points, confidence, registration)
+        if machine_terms:
+            verdict["machine_term"] = True
+            if registration:  # the registered analysis had no machine term: apply it as registered too
+                registered = registered_rows(feasible, registration)
+                raw = size_points(registered, seed_noise(registered), confidence)
+                verdict["as_registered"] = holdout_verdict(raw, confidence, registration)
     return {"sizes": sorted({p["size"] for p in points}, key=lambda s: next(p["n_params"] for p in points
                                                                             if p["size"] == s)),
-            "noise": noise, "points": points, "law": law,
+            "noise": noise, "points": points, "law": law, "machines": machines, "machine_terms": machine_terms,
             "ransac": ransac_sensitivity(measured, law.get("with_batch", False)) if law["status"] == "ok" else None,
             "bounds": [p for p in points if p["status"] != "measured"], "holdout": verdict,
             "literature": literature_rows(points, law),

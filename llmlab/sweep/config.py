@@ -109,6 +109,9 @@ class SweepConfig:
                                           "every effect is judged against; default 6 for doe20, 2 seeds at every lr of a "
                                           "multi-size lr_bs scan, else 1; a YAML grid may set `replicates:`", outcome=False)
     replicate_all: bool = opt(False, "replicate every design point, not only the reference", outcome=False)
+    new_machine_blocks: int = opt(1, "multi-size scan resumed on a machine whose replay of a finished trial is not "
+                                     "bit-identical: complete blocks (one seed of a size's whole lr grid) it adds to "
+                                     "each size it finds part-done, so its machine term is estimable", outcome=False)
     launcher: Literal["auto", "forkserver", "spawn", "ray"] = opt("auto", "forkserver: fork trials from a server "
                                                                     "that imported torch once (fast; CPU default); "
                                                                     "spawn: a fresh `python -m llmlab.sweep.trial` per "
@@ -155,6 +158,8 @@ class SweepConfig:
             raise UserError(f"--threads_per_worker must be >= 0 (0 = automatic), got {self.threads_per_worker}")
         if self.replicates is not None and self.replicates < 1:
             raise UserError(f"--replicates must be >= 1, got {self.replicates}")
+        if self.new_machine_blocks < 1:
+            raise UserError(f"--new_machine_blocks must be >= 1, got {self.new_machine_blocks}")
         if not self.fail_margin > 0 or (self.fail_loss is not None and not math.isfinite(self.fail_loss)):
             raise UserError("--fail_margin must be > 0 and --fail_loss a finite number")
         if self.workers < 1:

@@ -11,7 +11,7 @@ from typing import Any, Optional
 import numpy as np
 from scipy import stats as sps
 
-from llmlab.core.io import atomic_write_text
+from llmlab.core.io import atomic_write_json, atomic_write_text
 from llmlab.sweep import metrics as M
 from llmlab.sweep import stats
 from llmlab.sweep.design import FACTORS, design_table, reference_id
@@ -422,6 +422,7 @@ def _reference_lines(out_dir: Path, cfg) -> list[str]:
     ref = reference_lines(out_dir / "data", budget.eval_batches * budget.batch_size)
     if not ref or ref["unigram"] is None:
         return []
+    atomic_write_json(out_dir / "reference_lines.json", ref)  # a shipped folder keeps them without its data/
     return [f"Reference lines on the {ref['eval_tokens']:,} validation tokens every trial is scored on: uniform "
             f"guess {ref['uniform']:.2f} nats, add-one unigram model of the training split {ref['unigram']:.2f} "
             "nats. A final loss below the unigram line means the model uses context.", ""]

@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Optional
 
@@ -33,7 +33,17 @@ from llmlab.sweep.design import base_design, build_design, design_table, parse_s
 from llmlab.sweep.factors import resolve
 from llmlab.sweep.launchers import SPLITS, save_token_arrays
 from llmlab.sweep.launchers.local import TrialLauncher, forkserver_context
-from llmlab.sweep.scan import check_machine, design_for, load_plan, read_preregistration, run_scan
+from llmlab.sweep.scan import (
+    DEFAULT_SEEDS,
+    design_for,
+    load_plan,
+    machine_order,
+    read_preregistration,
+    run_order,
+    run_scan,
+    scan_precision,
+    with_machines,
+)
 from llmlab.sweep.spec import Hparams, TrialSpec
 from llmlab.train.config import parse_clip
 
@@ -94,9 +104,12 @@ def _cached_data(info_path: Path, key: dict) -> Optional[dict]:
 
 
 # ---------------------------------------------------------------- specs
-def trial_specs(cfg: SweepConfig, design: list[dict], data_info: dict, out_dir: Path) -> list[TrialSpec]:
+def trial_specs(cfg: SweepConfig, design: list[dict], data_info: dict, out_dir: Path,
+                precision: Optional[str] = None) -> list[TrialSpec]:
+    """One spec per design point; `precision`: a scan's pinned precision instead of what this machine would pick."""
     budget = cfg.budget_spec
-    device, precision = trial_device(cfg)
+    device, resolved = trial_device(cfg)
+    precision = precision or resolved
     shared = dict(data_dir=str(out_dir / "data"), model=cfg.model, embedding=cfg.embedding,
                   gradient_checkpointing=cfg.gradient_checkpointing, block_size=data_info["block_size"],
                   eval_batch_size=budget.batch_size, eval_batches=budget.eval_batches, log_every=budget.log_every,
@@ -211,16 +224,13 @@ def read_sweep_state(state_path: Path) -> Optional[dict]:
                         "--output_dir") from None
 
 
-DEFAULT_SCAN_SEEDS = 2  # seeds per (size, lr) of a multi-size scan: the pure error behind every vertex's interval
-
-
 def is_size_scan(cfg: SweepConfig) -> bool:
     return cfg.grid == "lr_bs" and bool(cfg.sizes)
 
 
 def scan_design(cfg: SweepConfig, out_dir: Path) -> list[dict]:
     """Every trial a multi-size scan has planned so far (its grids grow as it runs)."""
-    return design_for(load_plan(out_dir), cfg.replicates or DEFAULT_SCAN_SEEDS, cfg.seed)
+    return design_for(load_plan(out_dir), cfg.replicates or DEFAULT_SEEDS, cfg.seed)
 
 
 def run_sweep(cfg: SweepConfig) -> list[dict]:
@@ -230,8 +240,10 @@ def run_sweep(cfg: SweepConfig) -> list[dict]:
         from llmlab.sweep.launchers.ray import connect  # only when asked for: Ray's import takes seconds
 
         connect(cfg.ray_address)  # no cluster: one line, before anything is written
-    if is_size_scan(cfg) and not cfg.report_only:
-        check_machine(out_dir)  # a scan from another CPU: refused before this run writes anything
+    precision = None
+    if is_size_scan(cfg) and not cfg.report_only:  # a bf16 scan on emulated bf16: refused before anything is written
+        device, resolved = trial_device(cfg)
+        precision = scan_precision(cfg, out_dir, resolved, device)
     # one driver per folder (a second would run every trial twice), and never in another kind of run's folder
     _, note = claim_run_folder(out_dir, (), resume=True, overwrite=False, what="sweep")
     try:
@@ -249,7 +261,7 @@ def run_sweep(cfg: SweepConfig) -> list[dict]:
             if not rows:
                 raise UserError(f"{out_dir} has no finished trials to report on; run the sweep first")
         else:
-            rows = _run_trials(cfg, design, out_dir, fingerprint)
+            rows = _run_trials(cfg, design, out_dir, fingerprint, precision)
             design = scan_design(cfg, out_dir) if is_size_scan(cfg) else design
         report.write_report(out_dir, design, rows, cfg)
         if cfg.grid == "lr_bs":
@@ -259,7 +271,8 @@ def run_sweep(cfg: SweepConfig) -> list[dict]:
         release_lock(out_dir)
 
 
-def _run_trials(cfg: SweepConfig, design: list[dict], out_dir: Path, fingerprint: str) -> list[dict]:
+def _run_trials(cfg: SweepConfig, design: list[dict], out_dir: Path, fingerprint: str,
+                precision: Optional[str] = None) -> list[dict]:
     atomic_write_json(out_dir / "sweep.json", {"fingerprint": fingerprint, "grid": cfg.grid, "budget": cfg.budget})
     write_run_info(out_dir, cfg)
     _print_parameters(cfg)
@@ -283,7 +296,7 @@ def _run_trials(cfg: SweepConfig, design: list[dict], out_dir: Path, fingerprint
             print(f"design ({cfg.grid}, {len(design)} trials):\n{design_table(design)}", flush=True)
         atomic_write_text(out_dir / "design.md", design_table(design) + "\n")
         atomic_write_json(out_dir / "design.json", design)
-        specs = trial_specs(cfg, design, data_info, out_dir)
+        specs = trial_specs(cfg, run_order(design), data_info, out_dir, precision)
         done = {r["trial_id"]: r for r in load_results(out_dir, design)
                 if r.get("status") in FINISHED or (r.get("status") in ("crashed", "timeout") and not cfg.rerun_crashed)}
         pending = [s for s in specs if s.trial_id not in done]
@@ -294,8 +307,14 @@ def _run_trials(cfg: SweepConfig, design: list[dict], out_dir: Path, fingerprint
             _launch_all(launch, pending, len(specs), len(done))
         return load_results(out_dir, design)
 
+    def replay(trial: dict, folder: Path) -> dict:
+        """One finished trial again, in another folder (a new machine's test of its numerics)."""
+        spec = trial_specs(cfg, [trial], data_info, out_dir, precision)[0]
+        return launch.run(replace(spec, trial_dir=str(folder)), 0)
+
     if is_size_scan(cfg):
-        return run_scan(cfg, out_dir, cfg.replicates or DEFAULT_SCAN_SEEDS, run_design)
+        return run_scan(cfg, out_dir, cfg.replicates or DEFAULT_SEEDS, precision, run_design,
+                        lambda design: load_results(out_dir, design), replay)
     return run_design(design, announce=True)
 
 
@@ -362,6 +381,9 @@ def _print_parameters(cfg: SweepConfig) -> None:
 
 
 def _scaling_hook(out_dir: Path, rows: list[dict], holdout: str = "auto") -> None:
-    """Hand lr_bs results to the scaling analysis: fits, the held-out check across sizes, the report."""
-    write_lr_bs_report(out_dir, [report.flat_row(r) for r in rows],
-                       ScalingOptions(holdout=holdout, preregistration=read_preregistration(out_dir)))
+    """Hand lr_bs results to the scaling analysis: fits, the held-out check across sizes, the report. A scan's rows
+    carry the numerics group of their machine (machines that replayed bit-identically share one)."""
+    plan = load_plan(out_dir)
+    write_lr_bs_report(out_dir, with_machines([report.flat_row(r) for r in rows], plan),
+                       ScalingOptions(holdout=holdout, preregistration=read_preregistration(out_dir),
+                                      machine_order=machine_order(plan) or None))

@@ -18,12 +18,14 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from llmlab.core.device import cpu_has_fast_bf16
 from llmlab.core.errors import UserError
 from llmlab.core.identity import file_sha256
 from llmlab.core.io import atomic_write_json
 from llmlab.core.runinfo import machine_label
 from llmlab.scaling.fits import ScalingOptions, feasible_region
 from llmlab.scaling.law import fit_law, predict
+from llmlab.scaling.machines import machine_adjust
 from llmlab.scaling.optimum import cell_optimum, finite, grid_extension
 from llmlab.scaling.optimum import ESTIMATOR
 from llmlab.scaling.transfer import BAND, VERDICT_RULE, seed_noise, sigma_model, size_points
@@ -35,6 +37,7 @@ from llmlab.sweep.trial import build_trial_model, non_embedding_parameters
 
 PLAN_FILE = "scan_plan.json"
 PREREGISTRATION = "preregistration.json"
+DEFAULT_SEEDS = 2  # seeds per (size, lr) of a multi-size scan: the pure error behind every vertex's interval
 DEFAULT_CENTER = {"minimal": 3e-3, "gpt2": 1e-3}
 DEFAULT_SIZES = {"minimal": ["32x2", "64x2", "96x2", "128x2", "160x2", "320x2"],
                  "gpt2": ["64x2", "128x2", "192x2", "256x2", "320x2", "640x2"]}
@@ -73,20 +76,33 @@ def scan_sizes(cfg) -> list[str]:
     return sorted(sizes, key=lambda s: size_parameters(s, cfg.model, cfg.head_dim))
 
 
-def _feasible(rows: list[dict]) -> list[dict]:
-    """Trials that finished with a finite loss below the uniform guess. No relative "unstable" rule here: a run whose
-    early loss moved a lot still measured its final loss, and dropping it would bias the vertex."""
-    return feasible_region(rows, ScalingOptions(unstable_std=math.inf))[0]
+def _feasible(rows: list[dict], plan: dict) -> list[dict]:
+    """Trials that finished with a finite loss below the uniform guess, each machine's offset removed (a scan's
+    decisions see one machine's curve, as its report does). No relative "unstable" rule here: a run whose early
+    loss moved a lot still measured its final loss, and dropping it would bias the vertex."""
+    feasible = feasible_region(rows, ScalingOptions(unstable_std=math.inf))[0]
+    return machine_adjust(feasible, machine_order(plan))[0]
 
 
-def _flat(results: list[dict]) -> list[dict]:
-    return [flat_row(r) for r in results]
+def _flat(results: list[dict], plan: dict) -> list[dict]:
+    """Results as table rows, each with the numerics group of the CPU it ran on (`machine`)."""
+    return with_machines([flat_row(r) for r in results], plan)
 
 
-def running_centre(cfg, size: str, batch: int, rows: list[dict], n_of: dict[str, int]) -> dict:
+def with_machines(rows: list[dict], plan: dict) -> list[dict]:
+    groups = machine_groups(plan)
+    return [{**row, "machine": groups.get(str(row.get("cpu")), row.get("cpu"))} for row in rows]
+
+
+def machine_order(plan: dict) -> list[str]:
+    """The numerics groups in the order the scan met them: the first is every machine term's reference."""
+    return list(dict.fromkeys(m["numerics"] for m in plan.get("machines", [])))
+
+
+def running_centre(cfg, size: str, batch: int, rows: list[dict], n_of: dict[str, int], plan: dict) -> dict:
     """Where this size's grid is centred: the law on the sizes measured so far (the report's own estimator), one
     size's optimum, or the configured centre; with the forecast's interval when there is one."""
-    feasible = [r for r in _feasible(rows) if float(r["batch_size"]) == batch]
+    feasible = [r for r in _feasible(rows, plan) if float(r["batch_size"]) == batch]
     measured = [p for p in size_points(feasible, seed_noise(feasible)) if p["status"] == "measured"]
     if len(measured) >= 3:
         law = fit_law(measured, with_batch=False)
@@ -120,13 +136,29 @@ def extension(trials: list[dict], feasible_ids: set, step: float, status: str = 
 
 
 def design_for(plan: dict, seeds: int, seed: int) -> list[dict]:
-    """Every planned trial: each (size, batch)'s lrs x its seeds (the cell's own count, else `seeds`), in order."""
-    design = []
-    for cell in plan["cells"]:
+    """Every planned trial: each (size, batch)'s lrs x its seeds (the cell's own count, else `seeds`), sorted by lr.
+    Each trial also names its block (one seed of its cell's whole lr grid) and its place in the run order: blocks
+    one after another, the lrs of a block shuffled from the plan's recorded order seed, so a stop or a change of
+    machine falls between blocks and never leaves high lrs to a later machine."""
+    design, order_seed = [], int(plan.get("order_seed", seed))
+    for index, cell in enumerate(plan["cells"]):
         base = [{"trial_id": cell_id(cell["size"], lr, cell["batch_size"]), **CONTROL, "lr": lr,
                  "batch_size": cell["batch_size"], "size": cell["size"]} for lr in sorted(cell["lrs"])]
-        design += replicate(base, cell.get("seeds", seeds), True, seed)
+        trials = replicate(base, cell.get("seeds", seeds), True, seed)
+        for trial in trials:
+            trial["block"] = f"{cell['size']}/bs{cell['batch_size']}/r{trial['replicate']}"
+        for r in range(cell.get("seeds", seeds)):
+            block = [t for t in trials if t["replicate"] == r]
+            shuffled = np.random.default_rng([order_seed, index, r]).permutation(len(block))
+            for place, k in enumerate(shuffled):
+                block[k]["order"] = (index, r, place)
+        design += trials
     return design
+
+
+def run_order(design: list[dict]) -> list[dict]:
+    """The design in the order its trials run (design_for's blocks; a design without blocks keeps its order)."""
+    return sorted(design, key=lambda t: tuple(t.get("order", ())))
 
 
 def load_plan(out_dir: Path) -> dict:
@@ -143,43 +175,115 @@ def load_plan(out_dir: Path) -> dict:
                         "pick a new --output_dir") from None
 
 
-def check_machine(out_dir: Path) -> None:
-    """pin_machine's refusal alone, before a resume writes its run record or prepares data: changes nothing."""
-    pin_machine(load_plan(out_dir), out_dir)
+def scan_precision(cfg, out_dir: Path, resolved: str, device: str) -> str:
+    """The precision every trial of this scan trains in: the one its first run chose (a resume on another machine
+    keeps it, else auto would change the numerics mid-scan). A bf16 scan on a CPU whose bf16 is emulated is refused
+    before anything is written: its trials would take tens of times longer."""
+    plan = load_plan(out_dir)
+    precision = plan.get("precision") or _recorded_precision(out_dir, plan) or resolved
+    if precision == "bf16" and device == "cpu" and not cpu_has_fast_bf16():
+        raise UserError(f"this scan trains in bf16 and {machine_label()} has no bf16 units (bf16 would be emulated, "
+                        "tens of times slower): run it on a CPU with AVX512-BF16 or AMX, or start an fp32 scan "
+                        "(--precision fp32) in a new --output_dir")
+    return precision
 
 
-def pin_machine(plan: dict, out_dir: Path) -> None:
-    """One machine per statistic: a scan's seed SD, vertices and verdict come from one CPU, so a resume on another
-    is refused (the lab's losses differ between CPUs by more than its seed noise, docs/findings)."""
-    here = machine_label()
-    if "machine" not in plan and plan["cells"]:  # a scan from before machines were pinned: what its run recorded
+def _recorded_precision(out_dir: Path, plan: dict) -> Optional[str]:
+    """A scan from before the plan kept its precision: what its first finished trial ran in."""
+    for trial in design_for(plan, DEFAULT_SEEDS, 0):
         try:
-            hardware = json.loads((out_dir / "run_info.json").read_text()).get("hardware", {})
-        except (OSError, ValueError):
-            hardware = {}
-        plan["machine"] = hardware.get("machine") or f"{hardware.get('cpu_model') or 'a CPU'} (not fully recorded)"
-    pinned = plan.setdefault("machine", here)
-    if pinned != here:
-        raise UserError(f"{out_dir} is a scan on {pinned}, and this machine is {here}: its statistics would pool two "
-                        "CPUs. Resume it on the same kind of machine, or start a new --output_dir")
+            return json.loads((out_dir / "trials" / trial["trial_id"] / "result.json").read_text())["precision"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
 
 
-def run_scan(cfg, out_dir: Path, seeds: int, run_design: Callable[[list[dict]], list[dict]]) -> list[dict]:
-    """Run the scan size by size; `run_design(design)` runs what is pending and returns every finished row."""
+def machine_groups(plan: dict) -> dict[str, str]:
+    """CPU label -> the numerics it shares: machines whose replay of a finished trial was bit-identical share one
+    group (and need no machine term between them)."""
+    return {m["label"]: m["numerics"] for m in plan.get("machines", [])}
+
+
+def _known_machines(plan: dict, out_dir: Path) -> list[dict]:
+    """plan["machines"], adopting a scan from before machines were listed (its one pinned machine)."""
+    if "machines" not in plan:
+        label = plan.pop("machine", None)
+        if label is None and plan["cells"]:
+            try:
+                hardware = json.loads((out_dir / "run_info.json").read_text()).get("hardware", {})
+            except (OSError, ValueError):
+                hardware = {}
+            label = hardware.get("machine") or f"{hardware.get('cpu_model') or 'a CPU'} (not fully recorded)"
+        plan["machines"] = [{"label": label, "numerics": label, "replay": None}] if label else []
+    return plan["machines"]
+
+
+def admit_machine(cfg, plan: dict, out_dir: Path, seeds: int, finished: Callable[[list[dict]], list[dict]],
+                  replay: Callable[[dict, Path], dict]) -> None:
+    """A machine the scan has not seen first replays one finished trial (the quickest). Bit-identical (same final
+    loss and loss curve): it shares the numerics and the scan simply goes on. Otherwise it is a new machine: every
+    cell it finds part-done gets --new_machine_blocks complete blocks, and the analysis fits a machine term."""
+    machines, here = _known_machines(plan, out_dir), machine_label()
+    if any(m["label"] == here for m in machines):
+        return
+    design = design_for(plan, seeds, cfg.seed)
+    done = [r for r in finished(design) if r.get("status") == "ok" and r.get("cpu")]
+    if not machines or not done:
+        machines.append({"label": here, "numerics": here, "replay": None})
+        return
+    reference = min(done, key=lambda r: float(r.get("wall_time_s") or math.inf))
+    trial = next(t for t in design if t["trial_id"] == reference["trial_id"])
+    print(f"scan: {here} is new to this scan; replaying {trial['trial_id']} (run on {reference['cpu']})", flush=True)
+    again = replay(trial, out_dir / "replays" / _slug(here) / trial["trial_id"])
+    identical = again.get("status") == "ok" and again.get("final_loss") == reference.get("final_loss") and \
+        (again.get("curves") or {}).get("loss") == (reference.get("curves") or {}).get("loss")
+    groups = machine_groups(plan)
+    record = {"trial_id": trial["trial_id"], "of": reference["cpu"], "identical": identical,
+              "final_loss": [reference.get("final_loss"), again.get("final_loss")], "status": again.get("status")}
+    machines.append({"label": here, "numerics": groups.get(reference["cpu"], reference["cpu"]) if identical else here,
+                     "replay": record})
+    if identical:
+        print(f"scan: the replay is bit-identical; {here} shares the numerics of {reference['cpu']}", flush=True)
+        return
+    finished_ids = {r["trial_id"] for r in done}
+    added = []
+    for cell in plan["cells"]:
+        ids = {t["trial_id"] for t in design if t["size"] == cell["size"] and t["batch_size"] == cell["batch_size"]}
+        if ids & finished_ids and ids - finished_ids:
+            first = cell.get("seeds", seeds)
+            cell["seeds"] = first + cfg.new_machine_blocks
+            cell.setdefault("machine_blocks", []).append({"machine": here, "replicates": [first, cell["seeds"] - 1]})
+            added.append(cell["size"])
+    print(f"scan: the replay differs (final loss {reference.get('final_loss')} -> {again.get('final_loss')}): "
+          f"{here} starts new blocks" + (f" ({cfg.new_machine_blocks} per part-done size: {', '.join(added)})"
+                                         if added else "") + "; the analysis fits a machine term", flush=True)
+
+
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in label).strip("-")[:80]
+
+
+def run_scan(cfg, out_dir: Path, seeds: int, precision: str, run_design: Callable[[list[dict]], list[dict]],
+             finished: Callable[[list[dict]], list[dict]], replay: Callable[[dict, Path], dict]) -> list[dict]:
+    """Run the scan size by size; `run_design(design)` runs what is pending and returns every finished row,
+    `finished(design)` only returns them, `replay(trial, folder)` runs one trial again in another folder."""
     sizes = scan_sizes(cfg)
     n_of = {size: size_parameters(size, cfg.model, cfg.head_dim) for size in sizes}
     batches = [int(b) for b in (cfg.batch_sizes or [4])]
     plan = load_plan(out_dir)
     held_out = sizes[-1] if cfg.holdout != "none" and (cfg.holdout == "largest" or len(sizes) >= 3) else None
     plan.update(sizes=sizes, n_params=n_of, step=cfg.lr_step, points=cfg.lr_points, held_out=held_out)
-    pin_machine(plan, out_dir)
-    rows = _flat(run_design(design_for(plan, seeds, cfg.seed))) if plan["cells"] else []
+    plan.setdefault("order_seed", cfg.seed)
+    plan.setdefault("precision", precision)
+    admit_machine(cfg, plan, out_dir, seeds, finished, replay)
+    atomic_write_json(out_dir / PLAN_FILE, plan)
+    rows = _flat(run_design(design_for(plan, seeds, cfg.seed)), plan) if plan["cells"] else []
     for size in sizes:
         for batch in batches:
             cell = next((c for c in plan["cells"] if c["size"] == size and c["batch_size"] == batch), None)
             if cell is None:
                 held = size == held_out
-                start = running_centre(cfg, size, batch, rows, n_of)
+                start = running_centre(cfg, size, batch, rows, n_of, plan)
                 points = (cfg.holdout_lr_points or cfg.lr_points) if held else cfg.lr_points
                 lrs = sorted(round_lr(lr) for lr in cfg.lrs) if cfg.lrs else centred_grid(start["centre"], points,
                                                                                             cfg.lr_step)
@@ -237,20 +341,22 @@ def preregister(cfg, out_dir: Path, plan: dict, cell: dict, rows: list[dict]) ->
                    "held_out_lrs": cell["lrs"], "held_out_seeds": cell["seeds"], "lr_step": cfg.lr_step,
                    "max_lr_extensions": cfg.max_lr_extensions, "budget": cfg.budget, "steps": cfg.steps,
                    "head_dim": cfg.head_dim, "parametrization": cfg.parametrization},
-        "machine": plan["machine"], "fit_trials": len(rows), "design_rationale": rationale})
+        "machines": plan["machines"], "fit_trials": len(rows), "design_rationale": rationale})
     print(f"scan: pre-registered the {cell['size']} forecast {cell['centre']:.3g} in {path} "
           f"(sha256 {file_sha256(path)[:16]})", flush=True)
 
 
 def _run_size(cfg, out_dir: Path, plan: dict, size: str, seeds: int, run_design) -> list[dict]:
     while True:
-        rows = _flat(run_design(design_for(plan, seeds, cfg.seed)))
-        feasible = _feasible(rows)
+        rows = _flat(run_design(design_for(plan, seeds, cfg.seed)), plan)
+        feasible = _feasible(rows, plan)
         feasible_ids = {r["trial_id"] for r in feasible}
         sigma = sigma_model(seed_noise(feasible), size)
         grew = False
         for cell in (c for c in plan["cells"] if c["size"] == size):
-            trials = [r for r in rows if str(r.get("size")) == size and finite(r.get("batch_size")) == cell["batch_size"]]
+            # the lrs of every trial (a diverged lr counts), the machine-adjusted losses of the feasible ones
+            trials = [r for r in feasible + [r for r in rows if r["trial_id"] not in feasible_ids]
+                      if str(r.get("size")) == size and finite(r.get("batch_size")) == cell["batch_size"]]
             status = cell_optimum([r for r in trials if r["trial_id"] in feasible_ids], sigma)["status"]
             new = [lr for lr in extension(trials, feasible_ids, cfg.lr_step, status) if lr not in cell["lrs"]]
             if new and cell["extensions"] < cfg.max_lr_extensions:

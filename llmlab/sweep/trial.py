@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from accelerate.utils import set_seed
 
-from llmlab.core.device import peak_rss_mb
+from llmlab.core.device import cpu_has_fast_bf16, peak_rss_mb
+from llmlab.core.errors import UserError
 from llmlab.core.io import atomic_write_json
 from llmlab.core.runfolder import process_start_time
 from llmlab.core.runinfo import machine_label
@@ -502,6 +503,9 @@ def run_trial(spec_path: str | Path) -> dict:
     started = time.time()
     spec = TrialSpec.read(spec_path)
     watch_driver(spec.driver)
+    if spec.device == "cpu" and spec.precision == "bf16" and not cpu_has_fast_bf16():  # e.g. a Ray node without
+        raise UserError(f"trial {spec.trial_id} trains in bf16 and {machine_label()} has no bf16 units (emulated, "
+                        "tens of times slower): run it on a CPU with AVX512-BF16 or AMX, or sweep in fp32")
     trial_dir = Path(spec.trial_dir)
     threads = spec.threads
     if threads:

@@ -96,3 +96,44 @@ def test_simulated_error_rates_separate_an_exact_forecast_from_a_2x_miss():
     assert oc["trials"] == 5 * 5 * 2 + 5 * 2
     assert oc["exact"]["failed"] == 0 and oc["exact"]["within"] >= 0.5
     assert oc["2x"]["failed"] >= 0.5 and oc["2x"]["within"] == 0
+
+
+def machine_blocked_bowl(seed: int, offset: float, sigma: float = 0.03) -> list[dict]:
+    """The registered forecast's held-out cell as it ran: machine A ran the 4 lowest of 7 lrs x 6 seeds, machine B
+    the rest of the registered grid and 3 complete blocks of its own; B's losses sit `offset` nats higher."""
+    grid = [1.25e-3 * 2 ** (k / 2) for k in range(-2, 5)]
+    rows = []
+    for replicate in range(9):
+        one_seed = bowl(grid, curvature=0.15, centre=1.25e-3, sigma=sigma, seeds=1, seed=seed * 100 + replicate)
+        for k, row in enumerate(one_seed):
+            machine = "A" if replicate < 6 and k < 4 else "B"
+            rows.append({**row, "trial_id": f"{row['trial_id']}-{replicate}", "replicate": replicate,
+                         "cpu": machine, "final_loss": row["final_loss"] + (offset if machine == "B" else 0.0)})
+    return rows
+
+
+def blocked_point(rows: list[dict]) -> dict:
+    from llmlab.scaling.machines import machine_adjust
+
+    adjusted, terms = machine_adjust(rows, ["A", "B"])
+    noise = seed_noise(adjusted, {term["size"]: term["lost_df"] for term in terms})
+    return size_points(adjusted, noise)[0]
+
+
+def test_a_planted_machine_offset_moves_the_blocked_vertex_by_no_more_than_its_stated_error():
+    # without noise the machine term removes the offset exactly, and the pooled estimator is pulled off
+    exact = blocked_point(machine_blocked_bowl(0, 0.05, sigma=1e-9))
+    truth = blocked_point(machine_blocked_bowl(0, 0.0, sigma=1e-9))
+    assert exact["ln_lr_opt"] == pytest.approx(truth["ln_lr_opt"], abs=1e-6)
+    pooled = size_points(machine_blocked_bowl(0, 0.05, sigma=1e-9), {"sigma": 1e-9, "df": 50, "per_size": {},
+                                                                      "lr_trend": {}})[0]
+    assert pooled["ln_lr_opt"] - truth["ln_lr_opt"] < -0.03  # a high-lr machine that loses more drags it low
+    # with seed noise: the vertex lands within its stated 95 % interval of the no-offset truth as often as stated
+    covered, errors = 0, []
+    for seed in range(40):
+        point = blocked_point(machine_blocked_bowl(seed, 0.05))
+        assert point["status"] == "measured"
+        covered += point["ci"][0] <= 1.25e-3 <= point["ci"][1]
+        errors.append(point["ln_lr_opt"] - math.log(1.25e-3))
+    assert covered >= 34  # >= 85 % of 40 at a nominal 95 % (binomial 5th percentile is 36)
+    assert abs(np.mean(errors)) < 2 * np.std(errors) / math.sqrt(len(errors)) + 0.02  # no bias from the offset

@@ -471,7 +471,9 @@ def test_smoke_multi_size_scan_end_to_end_plans_grids_and_resumes(tmp_path):
     assert [c["seeds"] for c in plan["cells"]] == [2, 2, 3]  # two seeds per lr, the held-out size's own count
     planned = sum(len(c["lrs"]) * c["seeds"] for c in plan["cells"])
     assert len(fits["trials"]) == planned and transfer["noise"]["df"] > 0
-    assert all(t["cpu"] == plan["machine"] for t in fits["trials"])  # every trial records the machine it ran on
+    here = plan["machines"][0]["label"]
+    assert plan["machines"] == [{"label": here, "numerics": here, "replay": None}]
+    assert all(t["cpu"] == here for t in fits["trials"])  # every trial records the machine it ran on
     registration = json.loads((out / "preregistration.json").read_text())
     assert registration["written_before_held_out_trials"] and registration["held_out"] == "96x1"
     assert registration["fit_trials"] == planned - len(plan["cells"][2]["lrs"]) * 3
@@ -483,10 +485,112 @@ def test_smoke_multi_size_scan_end_to_end_plans_grids_and_resumes(tmp_path):
     again = run_script(args, timeout=600)  # a rerun resumes: same grids, nothing runs twice
     assert again.returncode == 0 and json.loads((out / "scan_plan.json").read_text())["cells"] == plan["cells"]
     assert "to run" not in again.stdout.replace("; 0 to run", "")
-    plan["machine"] = "another CPU"  # one machine per statistic: a resume elsewhere is refused and changes nothing
-    (out / "scan_plan.json").write_text(json.dumps(plan))
-    shutil.rmtree(out / "data")  # as a committed scan folder ships: the refusal must not prepare data into it
-    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    moved = run_script(args, timeout=300)
-    assert moved.returncode != 0 and "another CPU" in moved.stderr and "new --output_dir" in moved.stderr
-    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # run_info and config too
+    _resume_on_other_machines(args, out, plan)
+
+
+def _stop_before_block(out: Path, block: str) -> list[str]:
+    """The scan as if it had stopped before `block` ran: that block's trials have no result yet."""
+    design = json.loads((out / "design.json").read_text())
+    ids = [t["trial_id"] for t in design if t.get("block") == block]
+    for trial_id in ids:
+        shutil.rmtree(out / "trials" / trial_id)
+    return ids
+
+
+def _resume_on_other_machines(args: list[str], out: Path, plan: dict) -> None:
+    """Stopped between blocks, resumed under another machine label: a bit-identical replay goes on as one block;
+    a replay that differs (forced: the reference trial's recorded curve is altered) starts a new block and the
+    analysis pools the machines with a machine term."""
+    from tests.conftest import run_script
+
+    here = plan["machines"][0]["label"]
+    suffix = here.rsplit(" ", 1)[-1]  # keep +bf16 / -bf16: the scan's precision stays runnable
+    missing = _stop_before_block(out, "96x1/bs2/r2")
+    same = run_script(args, timeout=600, env={"LLMLAB_MACHINE_LABEL": f"machine B {suffix}"})
+    assert same.returncode == 0, same.stderr[-3000:]
+    machines = json.loads((out / "scan_plan.json").read_text())["machines"]
+    assert machines[1]["label"] == f"machine B {suffix}" and machines[1]["numerics"] == here
+    assert machines[1]["replay"]["identical"] and "bit-identical" in same.stdout
+    fits = json.loads((out / "scaling_fits.json").read_text())
+    assert fits["transfer"]["machine_terms"] == [] and fits["transfer"]["machines"] == [here]
+    assert {t["cpu"] for t in fits["trials"] if t["trial_id"] in missing} == {f"machine B {suffix}"}
+
+    missing = _stop_before_block(out, "96x1/bs2/r2")
+    reference = json.loads((out / "scan_plan.json").read_text())["machines"][1]["replay"]["trial_id"]
+    path = out / "trials" / reference / "result.json"
+    result = json.loads(path.read_text())
+    result["curves"]["loss"][0] += 1e-3  # as if an earlier machine had computed it
+    path.write_text(json.dumps(result))
+    other = run_script(args, timeout=600, env={"LLMLAB_MACHINE_LABEL": f"machine C {suffix}"})
+    assert other.returncode == 0, other.stderr[-3000:]
+    plan = json.loads((out / "scan_plan.json").read_text())
+    assert plan["machines"][2]["numerics"] == f"machine C {suffix}" and not plan["machines"][2]["replay"]["identical"]
+    held = plan["cells"][2]
+    assert held["seeds"] == 4 and held["machine_blocks"] == [{"machine": f"machine C {suffix}", "replicates": [3, 3]}]
+    fits = json.loads((out / "scaling_fits.json").read_text())
+    assert len(fits["trials"]) == sum(len(c["lrs"]) * c["seeds"] for c in plan["cells"])
+    terms = fits["transfer"]["machine_terms"]
+    assert fits["transfer"]["machines"] == sorted([here, f"machine C {suffix}"])
+    assert [t["size"] for t in terms] == ["96x1"] and terms[0]["reference"] == here
+    ran_on_c = [t for t in fits["trials"] if t["cpu"] == f"machine C {suffix}"]
+    assert {t["size"] for t in ran_on_c} == {"96x1"} and len(ran_on_c) >= 6  # the stopped block + a new one
+    assert terms[0]["offsets"][0]["machine"] == f"machine C {suffix}"
+    feasible_on_c = [t for t in ran_on_c if t["status"] == "ok" and t["final_loss"] < math.log(50257)]
+    assert terms[0]["offsets"][0]["trials"] == len(feasible_on_c) > 0
+    assert fits["transfer"]["holdout"]["machine_term"] and "as_registered" in fits["transfer"]["holdout"]
+    assert "machine term" in (out / "scaling_report.md").read_text()
+
+
+def test_a_bf16_scan_on_a_cpu_without_bf16_units_is_refused_in_one_line(tmp_path):
+    from tests.conftest import run_script
+
+    out = tmp_path / "scan"
+    args = ["sweep.py", "--grid", "lr_bs", "--budget", "smoke", "--sizes", "32x1", "64x1", "--precision", "bf16",
+            "--output_dir", str(out)]
+    refused = run_script(args, timeout=120, env={"LLMLAB_MACHINE_LABEL": "AMD EPYC (family 23 model 49) -bf16"})
+    assert refused.returncode != 0 and len(refused.stderr.strip().splitlines()) == 1
+    assert "no bf16 units" in refused.stderr and "--precision fp32" in refused.stderr
+    assert not out.exists() or not any(out.iterdir())  # nothing written
+
+
+def test_the_run_order_is_balanced_blocks_reproducible_from_the_order_seed():
+    from llmlab.sweep.scan import design_for, run_order
+
+    plan = {"order_seed": 7, "cells": [{"size": "32x2", "batch_size": 4, "lrs": [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2],
+                                        "seeds": 3},
+                                       {"size": "64x2", "batch_size": 4, "lrs": [1e-3, 2e-3, 4e-3], "seeds": 2}]}
+    order = run_order(design_for(plan, 2, 42))
+    blocks = [t["block"] for t in order]
+    assert blocks == sorted(blocks, key=blocks.index)  # each block runs whole before the next starts
+    for block in set(blocks):  # each block: every lr of its cell exactly once, one seed
+        trials = [t for t in order if t["block"] == block]
+        cell = next(c for c in plan["cells"] if block.startswith(c["size"] + "/"))
+        assert sorted(t["lr"] for t in trials) == sorted(cell["lrs"]) and len({t["seed"] for t in trials}) == 1
+    assert [t["trial_id"] for t in run_order(design_for(plan, 2, 42))] == [t["trial_id"] for t in order]
+    shuffled = [[t["lr"] for t in order if t["block"] == f"32x2/bs4/r{r}"] for r in range(3)]
+    assert any(lrs != sorted(lrs) for lrs in shuffled)  # randomised within blocks, not run in lr order
+    other = run_order(design_for({**plan, "order_seed": 8}, 2, 42))
+    assert [t["trial_id"] for t in other] != [t["trial_id"] for t in order]
+
+
+def test_a_bf16_trial_on_a_node_without_bf16_units_stops_in_one_line(tmp_path):
+    """What a Ray node (or any launcher) gets when a bf16 trial lands on a CPU that would emulate bf16."""
+    import subprocess
+    import sys
+
+    from llmlab.core.config import parse_config
+    from llmlab.sweep.config import SweepConfig
+    from llmlab.sweep.factors import CONTROL, resolve
+    from llmlab.sweep.spec import Hparams, TrialSpec
+    from tests.conftest import REPO
+
+    hp = Hparams(**resolve(parse_config(SweepConfig, []), {**CONTROL, "lr": 1e-3, "batch_size": 4}))
+    spec = TrialSpec(trial_id="t", trial_dir=str(tmp_path / "t"), data_dir=str(tmp_path / "no-data"), hparams=hp,
+                     seed=0, steps=2, precision="bf16", device="cpu")
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec.to_json()))
+    env = {**__import__("os").environ, "LLMLAB_MACHINE_LABEL": "AMD EPYC (family 23 model 49) -bf16"}
+    proc = subprocess.run([sys.executable, "-m", "llmlab.sweep.trial", str(path)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "has no bf16 units" in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "t" / "result.json").exists()
