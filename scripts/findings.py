@@ -31,7 +31,7 @@ LION_LR_DIVISOR = OPTIMIZERS["lion"].lr_divisor
 from llmlab.train.schedules import mean_lr_share  # noqa: E402
 
 FINDINGS = REPO / "docs" / "findings"
-DOCUMENTS = (REPO / "README.md", FINDINGS / "README.md")
+DOCUMENTS = (REPO / "README.md", FINDINGS / "README.md", *(REPO / "docs" / f"{name}.md" for name in ("usage", "data", "lab")))
 LABELS = {"adamw": "AdamW", "lion": "Lion", "adafactor": "Adafactor"}
 
 
