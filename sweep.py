@@ -8,6 +8,7 @@
 
 Rerunning the same command resumes: finished trials are skipped, crashed or interrupted ones rerun.
 """
+
 from __future__ import annotations
 
 import sys
@@ -25,8 +26,9 @@ def main(argv: list[str] | None = None) -> None:
     from llmlab.core.config import parse_config
     from llmlab.sweep.config import SweepConfig
 
-    cfg = parse_config(SweepConfig, argv, description=__doc__.split("\n\n")[0]
-                       + " Subcommand: `sweep.py recommend --help`.")
+    cfg = parse_config(
+        SweepConfig, argv, description=__doc__.split("\n\n")[0] + " Subcommand: `sweep.py recommend --help`."
+    )
     from llmlab.sweep.runner import run_sweep  # after parsing: a bad flag answers before torch loads
 
     rows = run_sweep(cfg)

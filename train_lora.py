@@ -9,6 +9,7 @@ Writes output_dir (runs/lora): adapter/ (peft save_pretrained, the best adapter 
 eval.json (test and validation perplexity and ROUGE-L before/after, with CIs), checkpoints/step_N (resumable,
 adapter-only), config.yaml, run_info.json, tensorboard/.
 """
+
 from llmlab.core.config import parse_config
 from llmlab.core.errors import cli_entry
 from llmlab.train.lora_config import LoraTrainConfig

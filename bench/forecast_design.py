@@ -14,6 +14,7 @@ in the "as measured" world is chosen; its numbers are written as JSON (--output)
 
     python bench/forecast_design.py --sigma_from docs/findings/lr-forecast-sigma --output design.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,10 +74,15 @@ def worlds(sigma_from: Path, head_dim: int, exclude: tuple[str, ...] = ()) -> tu
     common = dict(n_params=n_of, curvature={s: curvature(n) for s, n in n_of.items()}, noise_lr_slope=slope)
     as_measured = Truth(**common, sigma={s: anchors.get(s) or shift * sigma_shape(n) for s, n in n_of.items()})
     pessimistic = Truth(**common, sigma={s: shipped["noise"]["sigma"] for s in n_of})
-    facts = {"pinned": {s: {"sigma": v["sigma"], "df": v["df"]} for s, v in pinned["per_size"].items()},
-             "lr_trend": pinned["lr_trend"], "shift_vs_shipped": shift, "machine": machine_label(),
-             "shipped_pooled_sigma": shipped["noise"]["sigma"], "sigma_from": str(sigma_from),
-             "excluded_sizes": list(exclude)}
+    facts = {
+        "pinned": {s: {"sigma": v["sigma"], "df": v["df"]} for s, v in pinned["per_size"].items()},
+        "lr_trend": pinned["lr_trend"],
+        "shift_vs_shipped": shift,
+        "machine": machine_label(),
+        "shipped_pooled_sigma": shipped["noise"]["sigma"],
+        "sigma_from": str(sigma_from),
+        "excluded_sizes": list(exclude),
+    }
     return {"as measured": as_measured, "sigma 0.071 everywhere": pessimistic}, facts
 
 
@@ -108,11 +114,19 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="processes")
     parser.add_argument("--output", type=Path, required=True, help="JSON: every design's rates and the choice")
     parser.add_argument("--reuse", type=Path, help="an earlier --output: designs it holds (same reps) are not rerun")
-    parser.add_argument("--exclude_size", action="append", default=[],
-                        help="leave this size's trials out of --sigma_from (the held-out size: the noise then comes "
-                             "from the fit cells alone); repeatable")
-    parser.add_argument("--design", action="append", default=[],
-                        help="simulate only this candidate (its name as the table prints it); repeatable")
+    parser.add_argument(
+        "--exclude_size",
+        action="append",
+        default=[],
+        help="leave this size's trials out of --sigma_from (the held-out size: the noise then comes "
+        "from the fit cells alone); repeatable",
+    )
+    parser.add_argument(
+        "--design",
+        action="append",
+        default=[],
+        help="simulate only this candidate (its name as the table prints it); repeatable",
+    )
     args = parser.parse_args(argv)
     started = time.time()
     truths, facts = worlds(args.sigma_from, args.head_dim, tuple(args.exclude_size))
@@ -126,31 +140,61 @@ def main(argv=None) -> int:
         earlier = json.loads(args.reuse.read_text())
         if earlier["reps"] == args.reps:
             table = {name: row for name, row in earlier["designs"].items() if name in designs}
-    jobs = [(name, world, truth, design, args.reps, i) for i, (name, design) in enumerate(designs.items())
-            for world, truth in truths.items() if name not in table]
+    jobs = [
+        (name, world, truth, design, args.reps, i)
+        for i, (name, design) in enumerate(designs.items())
+        for world, truth in truths.items()
+        if name not in table
+    ]
     with ProcessPoolExecutor(args.workers) as pool:
         results = list(pool.map(_run, jobs))
     for name, world, oc in results:
         table.setdefault(name, {"trials": oc["trials"], "design": oc["design"]})[world] = oc["summary"]
     key = "power: P(95 % CI excludes 1 | 1.5x miss)"
     passing = [n for n, r in table.items() if r["as measured"][key] >= args.target]
-    chosen = min(passing, key=lambda n: table[n]["trials"]) if passing else max(table, key=lambda n: table[n]["as measured"][key])
+    chosen = (
+        min(passing, key=lambda n: table[n]["trials"])
+        if passing
+        else max(table, key=lambda n: table[n]["as measured"][key])
+    )
     print(f"| design | trials | world | {' | '.join(next(iter(table.values()))['as measured'])} |")
     print("|---|---|---|" + "---|" * len(next(iter(table.values()))["as measured"]))
     table = {name: table[name] for name in designs}
     for name, row in table.items():
         for world in truths:
-            print(f"| {name}{' **(chosen)**' if name == chosen else ''} | {row['trials']} | {world} | "
-                  + " | ".join(f"{v:.0%}" for v in row[world].values()) + " |")
-    out = {"chosen": chosen, "reached_target": bool(passing), "target": args.target, "reps": args.reps,
-           "summary": table[chosen]["as measured"], "design": table[chosen]["design"], "designs": table,
-           "world": {w: {"sigma": t.sigma, "curvature": t.curvature, "n_params": t.n_params,
-                         "noise_lr_slope": t.noise_lr_slope, "alpha": t.alpha, "centring_sd": t.centring_sd}
-                     for w, t in truths.items()},
-           "facts": facts, "seconds": round(time.time() - started)}
+            print(
+                f"| {name}{' **(chosen)**' if name == chosen else ''} | {row['trials']} | {world} | "
+                + " | ".join(f"{v:.0%}" for v in row[world].values())
+                + " |"
+            )
+    out = {
+        "chosen": chosen,
+        "reached_target": bool(passing),
+        "target": args.target,
+        "reps": args.reps,
+        "summary": table[chosen]["as measured"],
+        "design": table[chosen]["design"],
+        "designs": table,
+        "world": {
+            w: {
+                "sigma": t.sigma,
+                "curvature": t.curvature,
+                "n_params": t.n_params,
+                "noise_lr_slope": t.noise_lr_slope,
+                "alpha": t.alpha,
+                "centring_sd": t.centring_sd,
+            }
+            for w, t in truths.items()
+        },
+        "facts": facts,
+        "seconds": round(time.time() - started),
+    }
     args.output.write_text(json.dumps(out, indent=1, default=str))
-    print(f"chosen: {chosen} ({'reaches' if passing else 'misses'} {args.target:.0%}); wrote {args.output} "
-          f"in {out['seconds']} s", flush=True)
+    print(
+        f"chosen: {chosen} ({'reaches' if passing else 'misses'} {args.target:.0%}); wrote {args.output} "
+        f"in {out['seconds']} s",
+        flush=True,
+    )
     return 0
 
 

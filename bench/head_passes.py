@@ -12,6 +12,7 @@ the largest difference of the loss and gradients from it. The gpt2-tiny shape by
     python bench/head_passes.py                  # ~1 minute on 2 cores
     python bench/head_passes.py --tokens 4096 --width 768
 """
+
 from __future__ import annotations
 
 import argparse
@@ -84,16 +85,20 @@ def main() -> None:
             if round_:
                 times[name].append(time.perf_counter() - start)
             results[name] = (float(loss.detach()), h.grad, w.grad)
-    print(f"{machine_label()}, {torch.get_num_threads()} threads, torch {torch.__version__}; {args.tokens} tokens x "
-          f"width {args.width} x vocab {args.vocab}, fp32, median of {args.repeats}")
+    print(
+        f"{machine_label()}, {torch.get_num_threads()} threads, torch {torch.__version__}; {args.tokens} tokens x "
+        f"width {args.width} x vocab {args.vocab}, fp32, median of {args.repeats}"
+    )
     reference = statistics.median(times["full logits"])
     ref_loss, ref_gh, ref_gw = results["full logits"]
     print(f"{'head + loss, fwd + bwd':24} {'ms':>8} {'speed vs full':>14} {'|d loss|':>10} {'|d grad|':>10}")
     for name, ts in times.items():
         loss, gh, gw = results[name]
         diff = max(float((gh - ref_gh).abs().max()), float((gw - ref_gw).abs().max()))
-        print(f"{name:24} {statistics.median(ts) * 1e3:8.1f} {reference / statistics.median(ts):13.2f}x "
-              f"{abs(loss - ref_loss):10.1e} {diff:10.1e}")
+        print(
+            f"{name:24} {statistics.median(ts) * 1e3:8.1f} {reference / statistics.median(ts):13.2f}x "
+            f"{abs(loss - ref_loss):10.1e} {diff:10.1e}"
+        )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ trial's step and the trainers' step (TrainingSession, 2 micro-batches), in which
     python bench/host_syncs.py                                  # this tree
     git worktree add /tmp/before 3c9b97c && PYTHONPATH=/tmp/before python bench/host_syncs.py   # before the engine
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -57,10 +58,26 @@ def trial_step(tmp: Path, clip_mode: str, measure: bool):
     from llmlab.sweep.spec import Hparams, TrialSpec
     from llmlab.sweep.trial import build_setup, train_step
 
-    hp = Hparams(**resolve(parse_config(SweepConfig, []), {**CONTROL, "lr": 1e-3, "batch_size": 4, "accumulation": 2,
-                                                           "clip_mode": clip_mode}))
-    spec = TrialSpec(trial_id="s", trial_dir=str(tmp), data_dir=str(tmp), hparams=hp, seed=42, steps=10,
-                     block_size=16, log_every=1, precheck_steps=2, timeout_s=600, eval_batches=1, eval_batch_size=4)
+    hp = Hparams(
+        **resolve(
+            parse_config(SweepConfig, []),
+            {**CONTROL, "lr": 1e-3, "batch_size": 4, "accumulation": 2, "clip_mode": clip_mode},
+        )
+    )
+    spec = TrialSpec(
+        trial_id="s",
+        trial_dir=str(tmp),
+        data_dir=str(tmp),
+        hparams=hp,
+        seed=42,
+        steps=10,
+        block_size=16,
+        log_every=1,
+        precheck_steps=2,
+        timeout_s=600,
+        eval_batches=1,
+        eval_batch_size=4,
+    )
     setup = build_setup(spec, hp, torch.device("cpu"))
     ids = torch.from_numpy(np.random.default_rng(0).integers(0, 50257, (4, 16)))
     return lambda step: train_step(setup, ids, ids, step, measure)
@@ -80,8 +97,14 @@ def trainer_step(tmp: Path):
     from llmlab.train.common import GradClipper
     from llmlab.train.loop import TrainingSession, scaled_schedule
 
-    session = TrainingSession(Cfg(output_dir=str(tmp / "run")), "bench", run_files=("checkpoints",), resumable=(),
-                              mixed_precision="no", gradient_accumulation_steps=2)
+    session = TrainingSession(
+        Cfg(output_dir=str(tmp / "run")),
+        "bench",
+        run_files=("checkpoints",),
+        resumable=(),
+        mixed_precision="no",
+        gradient_accumulation_steps=2,
+    )
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 1))
     model, optimizer = session.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True))
     scheduler = scaled_schedule(torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0), session.state)
@@ -96,6 +119,7 @@ def trainer_step(tmp: Path):
                 session.backward(model(x).pow(2).mean(), tokens=4)
                 if index == 1:
                     session.optimizer_step(model.parameters(), optimizer, scheduler, clipper)
+
     return step
 
 

@@ -10,6 +10,7 @@ template): same weights, same batches, same dropout masks, variants interleaved 
     python bench/lora_answer_logits.py                 # gpt2-tiny preset, 8 steps each, batch 16
     python bench/lora_answer_logits.py --model gpt2 --steps 20
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="gpt2-tiny", help="llmlab.models.gpt2 preset (random init) or a model folder")
+    parser.add_argument(
+        "--model", default="gpt2-tiny", help="llmlab.models.gpt2 preset (random init) or a model folder"
+    )
     parser.add_argument("--steps", type=int, default=8, help="timed steps per variant (after 1 warmup step each)")
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--max_length", type=int, default=256)
@@ -34,13 +37,13 @@ def main() -> None:
 
     import torch
 
-    from llmlab.data.instruct import collate, load_records, split_records, tokenize_records
-    from llmlab.train.lora_config import LoraTrainConfig, default_instruct_cache
     from llmlab.core.notices import quiet_known_notices
-    from llmlab.train.lora_model import add_lora
-    from llmlab.train.lora_eval import answer_logits, answer_loss
-    from llmlab.models.gpt2 import GPT2_PRESETS, build_gpt2_model
+    from llmlab.data.instruct import collate, load_records, split_records, tokenize_records
     from llmlab.data.tokenizer import load_tokenizer
+    from llmlab.models.gpt2 import GPT2_PRESETS, build_gpt2_model
+    from llmlab.train.lora_config import LoraTrainConfig, default_instruct_cache
+    from llmlab.train.lora_eval import answer_logits, answer_loss
+    from llmlab.train.lora_model import add_lora
 
     quiet_known_notices()
     torch.set_num_threads(args.threads)
@@ -58,10 +61,17 @@ def main() -> None:
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
 
     train, _ = split_records(load_records("builtin:pydoc", default_instruct_cache()), 0.1, cfg.data_seed)
-    examples, _ = tokenize_records(tokenizer, train, min(args.max_length, model.config.max_position_embeddings),
-                                   cfg.prompt_template, cfg.prompt_template_no_input)
-    batches = [collate(examples[i * args.batch_size: (i + 1) * args.batch_size], tokenizer.eos_token_id)
-               for i in range(args.steps + 1)]
+    examples, _ = tokenize_records(
+        tokenizer,
+        train,
+        min(args.max_length, model.config.max_position_embeddings),
+        cfg.prompt_template,
+        cfg.prompt_template_no_input,
+    )
+    batches = [
+        collate(examples[i * args.batch_size : (i + 1) * args.batch_size], tokenizer.eos_token_id)
+        for i in range(args.steps + 1)
+    ]
 
     head = model.get_output_embeddings()
     variants = {"full": "all logits (baseline)", "trim": "logits_to_keep trim", "gather": "answer rows (train_lora)"}
@@ -90,17 +100,21 @@ def main() -> None:
     answer_share = sum(int((b["labels"] != -100).sum()) for b in batches[1:]) / args.steps / tokens
     max_loss_diff = max(abs(a - b) for mode in ("trim", "gather") for a, b in zip(losses["full"], losses[mode]))
 
-    print(f"model {args.model}, {args.steps} steps of batch {args.batch_size} (~{tokens:.0f} tokens/step, "
-          f"{100 * answer_share:.0f}% of them answer tokens), {args.threads} threads, "
-          f"load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"model {args.model}, {args.steps} steps of batch {args.batch_size} (~{tokens:.0f} tokens/step, "
+        f"{100 * answer_share:.0f}% of them answer tokens), {args.threads} threads, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     print(f"{'variant':<28}{'wall ms/step':>14}{'cpu ms/step':>14}{'tokens/s':>12}{'wall ratio':>12}{'cpu ratio':>11}")
     base_wall = statistics.median(w for w, _ in timings["full"])
     base_cpu = statistics.median(c for _, c in timings["full"])
     for mode, name in variants.items():
         wall = statistics.median(w for w, _ in timings[mode])
         cpu = statistics.median(c for _, c in timings[mode])
-        print(f"{name:<28}{1000 * wall:>14.0f}{1000 * cpu:>14.0f}{tokens / wall:>12.0f}{base_wall / wall:>11.2f}x"
-              f"{base_cpu / cpu:>10.2f}x")
+        print(
+            f"{name:<28}{1000 * wall:>14.0f}{1000 * cpu:>14.0f}{tokens / wall:>12.0f}{base_wall / wall:>11.2f}x"
+            f"{base_cpu / cpu:>10.2f}x"
+        )
     print(f"max |loss difference| vs baseline: {max_loss_diff:.2e} (same batches, same dropout masks)")
 
 

@@ -8,6 +8,7 @@ train_lora.py writes to eval.json. Runs one after another on all cores; results 
 
     python bench/lora_default.py --base runs/pretrain/final       # about 40 minutes on 2 cores
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,24 @@ CANDIDATES = {
     "r 16 all blocks, lr 1e-3, 500 steps, length 128": recipe("1e-3", "500", "25", ALL_BLOCKS_R16),
     "r 16 all blocks, lr 3e-3, 500 steps, length 128": recipe("3e-3", "500", "25", ALL_BLOCKS_R16),
 }
-COMMON = ["--eval_every", "25", "--patience", "4", "--eval_examples", "32", "--max_new_tokens", "32",
-          "--batch_size", "8", "--gradient_accumulation_steps", "2", "--sample_every", "1000", "--save_every", "0"]
+COMMON = [
+    "--eval_every",
+    "25",
+    "--patience",
+    "4",
+    "--eval_examples",
+    "32",
+    "--max_new_tokens",
+    "32",
+    "--batch_size",
+    "8",
+    "--gradient_accumulation_steps",
+    "2",
+    "--sample_every",
+    "1000",
+    "--save_every",
+    "0",
+]
 
 
 def main() -> None:
@@ -56,8 +73,17 @@ def main() -> None:
             continue
         folder = out / f"candidate{index}"
         started = time.time()
-        cmd = [sys.executable, "train_lora.py", "--base_model", args.base, "--output_dir", str(folder),
-               "--overwrite_output_dir", *COMMON, *flags]
+        cmd = [
+            sys.executable,
+            "train_lora.py",
+            "--base_model",
+            args.base,
+            "--output_dir",
+            str(folder),
+            "--overwrite_output_dir",
+            *COMMON,
+            *flags,
+        ]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if proc.returncode != 0:
             sys.exit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")

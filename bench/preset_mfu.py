@@ -9,6 +9,7 @@ datasheet on a known GPU). Each row is its own ratio: achieved FLOP/s / peak FLO
     python bench/preset_mfu.py                               # ~5 minutes on 2 CPU cores
     python bench/preset_mfu.py --precision no bf16 --presets gpt2-tiny
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,17 +31,43 @@ def measure(preset: str, precision: str, skip: int) -> dict:
 
     batch, block, steps = SHAPES[preset]
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "train_pretrain.py", "--model", preset, "--batch_size", str(batch),
-               "--effective_batch_size", str(batch), "--block_size", str(block), "--max_steps", str(steps),
-               "--warmup_steps", "1", "--mixed_precision", precision, "--eval_every", "0", "--val_fraction", "0",
-               "--save_every", "1000000", "--sample_tokens", "0", "--output_dir", out]
+        cmd = [
+            sys.executable,
+            "train_pretrain.py",
+            "--model",
+            preset,
+            "--batch_size",
+            str(batch),
+            "--effective_batch_size",
+            str(batch),
+            "--block_size",
+            str(block),
+            "--max_steps",
+            str(steps),
+            "--warmup_steps",
+            "1",
+            "--mixed_precision",
+            precision,
+            "--eval_every",
+            "0",
+            "--val_fraction",
+            "0",
+            "--save_every",
+            "1000000",
+            "--sample_tokens",
+            "0",
+            "--output_dir",
+            out,
+        ]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if proc.returncode != 0:
             sys.exit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
         rows = [r for r in read_jsonl(Path(out) / "metrics.jsonl") if "train/loss" in r][skip:]
-    return {"tokens_per_sec": statistics.median(r["train/tokens_per_sec"] for r in rows),
-            "mfu": statistics.median(r["train/mfu"] for r in rows) if all("train/mfu" in r for r in rows) else None,
-            "shape": f"{batch} x {block}"}
+    return {
+        "tokens_per_sec": statistics.median(r["train/tokens_per_sec"] for r in rows),
+        "mfu": statistics.median(r["train/mfu"] for r in rows) if all("train/mfu" in r for r in rows) else None,
+        "shape": f"{batch} x {block}",
+    }
 
 
 def main() -> None:

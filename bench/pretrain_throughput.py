@@ -12,6 +12,7 @@ the loss difference with a 95 % CI from the seed spread.
     python bench/pretrain_throughput.py                          # gpt2-tiny, CPU, ~10 minutes on 2 cores
     python bench/pretrain_throughput.py --model gpt2 --block_size 1024 --batch_size 8 --steps 12 --seeds 1
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,10 +37,32 @@ def tokens_per_sec(step_times: dict[int, float], skip: int, tokens_per_step: int
 
 
 def common_options(args, seed: int) -> list[str]:
-    return ["--model", args.model, "--block_size", str(args.block_size), "--batch_size", str(args.batch_size),
-            "--effective_batch_size", str(args.batch_size), "--max_steps", str(args.steps), "--warmup_steps", "1",
-            "--max_documents", str(args.max_documents), "--val_fraction", "0", "--save_every", str(10**9),
-            "--seed", str(seed), "--log_every", "1", "--sample_tokens", "0"]
+    return [
+        "--model",
+        args.model,
+        "--block_size",
+        str(args.block_size),
+        "--batch_size",
+        str(args.batch_size),
+        "--effective_batch_size",
+        str(args.batch_size),
+        "--max_steps",
+        str(args.steps),
+        "--warmup_steps",
+        "1",
+        "--max_documents",
+        str(args.max_documents),
+        "--val_fraction",
+        "0",
+        "--save_every",
+        str(10**9),
+        "--seed",
+        str(seed),
+        "--log_every",
+        "1",
+        "--sample_tokens",
+        "0",
+    ]
 
 
 def run_ours(args, seed: int) -> dict:
@@ -48,15 +71,22 @@ def run_ours(args, seed: int) -> dict:
 
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "train_pretrain.py", *common_options(args, seed), "--output_dir", out, *args.ours]
-        proc = subprocess.run(["/usr/bin/time", "-f", "%M", *cmd], cwd=REPO, capture_output=True, text=True,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        proc = subprocess.run(
+            ["/usr/bin/time", "-f", "%M", *cmd],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
         if proc.returncode != 0:
             sys.exit(f"train_pretrain.py failed:\n{proc.stderr[-3000:]}")
         rows = [r for r in read_jsonl(Path(out) / "metrics.jsonl") if "train/loss" in r]
         times = {r["step"]: r["time"] for r in rows}
-        return {"tokens_per_sec": tokens_per_sec(times, args.skip, args.batch_size * args.block_size),
-                "peak_rss_mb": int(proc.stderr.strip().splitlines()[-1]) / 1024,
-                "loss": statistics.mean(r["train/loss"] for r in rows[-5:])}
+        return {
+            "tokens_per_sec": tokens_per_sec(times, args.skip, args.batch_size * args.block_size),
+            "peak_rss_mb": int(proc.stderr.strip().splitlines()[-1]) / 1024,
+            "loss": statistics.mean(r["train/loss"] for r in rows[-5:]),
+        }
 
 
 def run_hf_trainer(args, seed: int, bf16: bool) -> dict:
@@ -90,19 +120,38 @@ def run_hf_trainer(args, seed: int, bf16: bool) -> dict:
             return {"input_ids": ids, "labels": ids}
 
         targs = TrainingArguments(
-            output_dir=out, per_device_train_batch_size=cfg.batch_size, max_steps=cfg.max_steps,
-            learning_rate=cfg.learning_rate, adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2,
-            adam_epsilon=cfg.adam_eps, weight_decay=cfg.weight_decay, max_grad_norm=1.0, warmup_steps=1,
-            lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr": cfg.min_lr}, bf16=bf16,
+            output_dir=out,
+            per_device_train_batch_size=cfg.batch_size,
+            max_steps=cfg.max_steps,
+            learning_rate=cfg.learning_rate,
+            adam_beta1=cfg.adam_beta1,
+            adam_beta2=cfg.adam_beta2,
+            adam_epsilon=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
+            max_grad_norm=1.0,
+            warmup_steps=1,
+            lr_scheduler_type="cosine_with_min_lr",
+            lr_scheduler_kwargs={"min_lr": cfg.min_lr},
+            bf16=bf16,
             use_cpu=not torch.cuda.is_available(),
-            logging_steps=1, save_strategy="no", eval_strategy="no", report_to=[], dataloader_num_workers=0,
-            seed=seed, remove_unused_columns=False, disable_tqdm=True)
-        Trainer(model=model, args=targs, train_dataset=data.train, data_collator=collate,
-                callbacks=[StepTimes()]).train()
+            logging_steps=1,
+            save_strategy="no",
+            eval_strategy="no",
+            report_to=[],
+            dataloader_num_workers=0,
+            seed=seed,
+            remove_unused_columns=False,
+            disable_tqdm=True,
+        )
+        Trainer(
+            model=model, args=targs, train_dataset=data.train, data_collator=collate, callbacks=[StepTimes()]
+        ).train()
         last = sorted(losses)[-5:]
-        return {"tokens_per_sec": tokens_per_sec(times, args.skip, cfg.batch_size * cfg.block_size),
-                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                "loss": statistics.mean(losses[s] for s in last)}
+        return {
+            "tokens_per_sec": tokens_per_sec(times, args.skip, cfg.batch_size * cfg.block_size),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "loss": statistics.mean(losses[s] for s in last),
+        }
 
 
 def fast_bf16() -> bool:
@@ -116,8 +165,17 @@ def fast_bf16() -> bool:
 def worker_result(args, worker: str, seed: int) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         result_path = f.name
-    cmd = [sys.executable, __file__, *sys.argv[1:], "--worker", worker, "--worker_seed", str(seed),
-           "--result", result_path]
+    cmd = [
+        sys.executable,
+        __file__,
+        *sys.argv[1:],
+        "--worker",
+        worker,
+        "--worker_seed",
+        str(seed),
+        "--result",
+        result_path,
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -132,10 +190,15 @@ def report(args, results: dict[str, list[dict]]) -> None:
 
     from llmlab.core.runinfo import hardware_info
 
-    print(f"\n{args.model}, batch {args.batch_size} x {args.block_size} tokens, {args.steps} steps (first {args.skip} "
-          f"untimed), {hardware_info().get('cpu_model')} ({os.cpu_count()} cores), {args.seeds} seed(s), medians")
+    print(
+        f"\n{args.model}, batch {args.batch_size} x {args.block_size} tokens, {args.steps} steps (first {args.skip} "
+        f"untimed), {hardware_info().get('cpu_model')} ({os.cpu_count()} cores), {args.seeds} seed(s), medians"
+    )
     ours = results["ours"]
-    print(f"{'trainer':<34}{'tokens/s':>10}{'ratio (range)':>18}{'peak RSS MB':>13}{'loss (last 5)':>15}{'Δloss vs ours, 95% CI':>30}")
+    print(
+        f"{'trainer':<34}{'tokens/s':>10}{'ratio (range)':>18}{'peak RSS MB':>13}{'loss (last 5)':>15}"
+        f"{'Δloss vs ours, 95% CI':>30}"
+    )
     for name, rows in results.items():
         tps = statistics.median(r["tokens_per_sec"] for r in rows)
         # per seed, the two runs made back to back: a shared machine's load moves both, so their ratio is steadier
@@ -147,11 +210,19 @@ def report(args, results: dict[str, list[dict]]) -> None:
         if name != "ours" and len(rows) > 1:
             test = stats.ttest_ind(losses, [r["loss"] for r in ours], equal_var=False)
             ci = test.confidence_interval(0.95)
-            delta = f"{statistics.mean(losses) - statistics.mean(r['loss'] for r in ours):+.3f} [{ci.low:+.3f}, {ci.high:+.3f}]"
-        label = {"ours": f"llmlab (python train_pretrain.py{' ' + ' '.join(args.ours) if args.ours else ''})",
-                 "hf": "transformers Trainer (fp32)", "hf_bf16": "transformers Trainer (bf16=True)"}[name]
-        print(f"{label:<34}{tps:>10,.0f}{'' if name == 'ours' else f'{ratio:.2f}x{spread}':>18}"
-              f"{statistics.median(r['peak_rss_mb'] for r in rows):>13,.0f}{statistics.mean(losses):>15.3f}{delta:>30}")
+            delta = (
+                f"{statistics.mean(losses) - statistics.mean(r['loss'] for r in ours):+.3f} "
+                f"[{ci.low:+.3f}, {ci.high:+.3f}]"
+            )
+        label = {
+            "ours": f"llmlab (python train_pretrain.py{' ' + ' '.join(args.ours) if args.ours else ''})",
+            "hf": "transformers Trainer (fp32)",
+            "hf_bf16": "transformers Trainer (bf16=True)",
+        }[name]
+        print(
+            f"{label:<34}{tps:>10,.0f}{'' if name == 'ours' else f'{ratio:.2f}x{spread}':>18}"
+            f"{statistics.median(r['peak_rss_mb'] for r in rows):>13,.0f}{statistics.mean(losses):>15.3f}{delta:>30}"
+        )
     print("ratio = median over seeds of llmlab tokens/s / that trainer's tokens/s in the run made right after it")
 
 
@@ -172,22 +243,29 @@ def main() -> None:
     args = parser.parse_args()
     args.ours = shlex.split(args.ours)
     if args.worker:
-        result = (run_ours(args, args.worker_seed) if args.worker == "ours"
-                  else run_hf_trainer(args, args.worker_seed, bf16=args.worker == "hf_bf16"))
+        result = (
+            run_ours(args, args.worker_seed)
+            if args.worker == "ours"
+            else run_hf_trainer(args, args.worker_seed, bf16=args.worker == "hf_bf16")
+        )
         Path(args.result).write_text(json.dumps(result))
         return
     workers = ["ours", "hf"] + ([] if args.no_bf16_trainer or not fast_bf16() else ["hf_bf16"])
     if "hf_bf16" not in workers and not args.no_bf16_trainer:
-        print("Trainer bf16 skipped: this machine has no bf16 units (no CUDA, no AVX512-BF16 or AMX), so bf16 is "
-              "emulated there (a 40-step run did not finish in 20 minutes); llmlab's auto precision is fp32 here too",
-              flush=True)
+        print(
+            "Trainer bf16 skipped: this machine has no bf16 units (no CUDA, no AVX512-BF16 or AMX), so bf16 is "
+            "emulated there (a 40-step run did not finish in 20 minutes); llmlab's auto precision is fp32 here too",
+            flush=True,
+        )
     results: dict[str, list[dict]] = {w: [] for w in workers}
     for seed in range(args.seeds):
         for worker in workers:
             result = worker_result(args, worker, seed)
             results[worker].append(result)
-            print(f"seed {seed} {worker:>8}: {result['tokens_per_sec']:,.0f} tokens/s, loss {result['loss']:.4f}",
-                  flush=True)
+            print(
+                f"seed {seed} {worker:>8}: {result['tokens_per_sec']:,.0f} tokens/s, loss {result['loss']:.4f}",
+                flush=True,
+            )
     report(args, results)
 
 

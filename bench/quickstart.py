@@ -15,6 +15,7 @@ other recipes (used to choose the defaults).
     python bench/quickstart.py                  # ~10 minutes per seed on 2 cores
     python bench/quickstart.py --seeds 1 --candidate '--max_steps 300 --learning_rate 2e-3'
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-BEFORE = ["--mixed_precision", "no", "--loss_chunk_tokens", "0", "--learning_rate", "6e-4", "--max_steps", "150",
-          "--warmup_steps", "15"]
+BEFORE = [
+    "--mixed_precision",
+    "no",
+    "--loss_chunk_tokens",
+    "0",
+    "--learning_rate",
+    "6e-4",
+    "--max_steps",
+    "150",
+    "--warmup_steps",
+    "15",
+]
 UNIGRAM, UNIFORM = 7.88, 10.83
 
 
@@ -47,8 +58,12 @@ def run(flags: list[str], seed: int) -> dict:
         rows = read_jsonl(Path(out) / "metrics.jsonl")
         val = [r for r in rows if "val/loss" in r]
         train = [r for r in rows if "train/loss" in r]
-        return {"wall_s": wall, "val_loss": val[-1]["val/loss"], "steps": train[-1]["step"],
-                "tokens_per_sec": statistics.median(r["train/tokens_per_sec"] for r in train[5:])}
+        return {
+            "wall_s": wall,
+            "val_loss": val[-1]["val/loss"],
+            "steps": train[-1]["step"],
+            "tokens_per_sec": statistics.median(r["train/tokens_per_sec"] for r in train[5:]),
+        }
 
 
 def main() -> None:
@@ -71,9 +86,11 @@ def main() -> None:
         wall = statistics.median(r["wall_s"] for r in runs)
         losses = [r["val_loss"] for r in runs]
         delta = statistics.mean(a["val_loss"] - b["val_loss"] for a, b in zip(runs, base))
-        print(f"| {name} | {runs[0]['steps']} | {wall:.0f} | {statistics.median(r['tokens_per_sec'] for r in runs):.0f}"
-              f" | {', '.join(f'{v:.3f}' for v in losses)} | {wall / statistics.median(r['wall_s'] for r in base):.2f}x"
-              f" | {delta:+.3f} |")
+        print(
+            f"| {name} | {runs[0]['steps']} | {wall:.0f} | {statistics.median(r['tokens_per_sec'] for r in runs):.0f}"
+            f" | {', '.join(f'{v:.3f}' for v in losses)} | {wall / statistics.median(r['wall_s'] for r in base):.2f}x"
+            f" | {delta:+.3f} |"
+        )
     print(f"\nreference lines: unigram {UNIGRAM}, uniform {UNIFORM} nats (builtin:wiki, block 128 validation split)")
 
 

@@ -12,6 +12,7 @@ Ray runs on this host only, bound to 127.0.0.1. Prints both tables; --output wri
 
   python bench/ray_launcher.py                    # ~15 minutes on 2 cores
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,23 @@ from llmlab.sweep.config import SweepConfig  # noqa: E402
 from llmlab.sweep.design import build_design  # noqa: E402
 from llmlab.sweep.launchers.local import TrialLauncher, forkserver_context  # noqa: E402
 
-SCAN = ["--grid", "lr_bs", "--budget", "cpu", "--lrs", "1e-3", "2e-3", "3e-3", "4e-3", "--batch_sizes", "4",
-        "--launcher", "ray", "--cpus_per_trial", "1"]
+SCAN = [
+    "--grid",
+    "lr_bs",
+    "--budget",
+    "cpu",
+    "--lrs",
+    "1e-3",
+    "2e-3",
+    "3e-3",
+    "4e-3",
+    "--batch_sizes",
+    "4",
+    "--launcher",
+    "ray",
+    "--cpus_per_trial",
+    "1",
+]
 
 
 def overhead_row(name: str, launcher, specs) -> dict:
@@ -49,8 +65,12 @@ def overhead_row(name: str, launcher, specs) -> dict:
         seen.append((elapsed, elapsed - (result["wall_time_s"] - result.get("startup_s", 0.0))))
     elapsed = sorted(e for e, _ in seen)
     overheads = sorted(o for _, o in seen)
-    return {"launcher": name, "trials": len(seen), "median_s_per_trial": elapsed[len(elapsed) // 2],
-            "median_overhead_s": overheads[len(overheads) // 2]}
+    return {
+        "launcher": name,
+        "trials": len(seen),
+        "median_s_per_trial": elapsed[len(elapsed) // 2],
+        "median_overhead_s": overheads[len(overheads) // 2],
+    }
 
 
 def overheads(cluster, out: Path, trials: int) -> list[dict]:
@@ -62,9 +82,11 @@ def overheads(cluster, out: Path, trials: int) -> list[dict]:
     forkserver_context()
     ray_launcher = RayLauncher(cluster.address, out / "data", cpus_per_trial=1)
     ray_launcher.run(specs[0], 0)  # the first task starts a Ray worker and ships llmlab: once per sweep
-    rows = [overhead_row("fork server", TrialLauncher("forkserver", 1, 1), specs),
-            overhead_row("spawn", TrialLauncher("spawn", 1, 1), specs),
-            overhead_row("ray, 1 node", ray_launcher, specs)]
+    rows = [
+        overhead_row("fork server", TrialLauncher("forkserver", 1, 1), specs),
+        overhead_row("spawn", TrialLauncher("spawn", 1, 1), specs),
+        overhead_row("ray, 1 node", ray_launcher, specs),
+    ]
     import ray
 
     ray.shutdown()
@@ -73,8 +95,22 @@ def overheads(cluster, out: Path, trials: int) -> list[dict]:
 
 def timed_scan(address: str, out: Path, cache: Path) -> float:
     tick = time.perf_counter()
-    proc = subprocess.run([sys.executable, "sweep.py", *SCAN, "--ray_address", address, "--output_dir", str(out),
-                           "--data_cache_dir", str(cache)], cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "sweep.py",
+            *SCAN,
+            "--ray_address",
+            address,
+            "--output_dir",
+            str(out),
+            "--data_cache_dir",
+            str(cache),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise SystemExit(proc.stderr[-3000:])
     return time.perf_counter() - tick
@@ -101,14 +137,19 @@ def main() -> None:
     print(f"\n1. Overhead per trial ({args.trials} smoke trials each, one at a time, 1 CPU thread; medians)\n")
     print("| launcher | s per trial | overhead s | overhead / fork server's |\n|---|---|---|---|")
     for row in rows:
-        print(f"| {row['launcher']} | {row['median_s_per_trial']:.2f} | {row['median_overhead_s']:.2f} | "
-              f"{row['median_overhead_s'] / fork:.1f}x |")
+        print(
+            f"| {row['launcher']} | {row['median_s_per_trial']:.2f} | {row['median_overhead_s']:.2f} | "
+            f"{row['median_overhead_s'] / fork:.1f}x |"
+        )
     print("\n2. cpu-budget lr scan, 4 trials x 200 steps, sweep.py --launcher ray end to end\n")
-    print(f"| cluster | wall s | speedup |\n|---|---|---|\n| 1 node x 1 CPU | {one:.0f} | 1.00x |\n"
-          f"| 2 nodes x 1 CPU | {two:.0f} | {one / two:.2f}x |")
+    print(
+        f"| cluster | wall s | speedup |\n|---|---|---|\n| 1 node x 1 CPU | {one:.0f} | 1.00x |\n"
+        f"| 2 nodes x 1 CPU | {two:.0f} | {one / two:.2f}x |"
+    )
     if args.output:
-        Path(args.output).write_text(json.dumps({"overhead": rows, "scan_one_node_s": one, "scan_two_nodes_s": two},
-                                                indent=1))
+        Path(args.output).write_text(
+            json.dumps({"overhead": rows, "scan_one_node_s": one, "scan_two_nodes_s": two}, indent=1)
+        )
 
 
 if __name__ == "__main__":

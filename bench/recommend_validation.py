@@ -17,6 +17,7 @@ towards the grid). Everything lands in --out; rerunning reuses finished scan tri
 
     python bench/recommend_validation.py          # about 1.5 h on 2 cores
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,9 +48,24 @@ def train(out: Path, flags: list[str]) -> float:
     from llmlab.core.io import read_jsonl
 
     if not (out / "final").is_dir():
-        cmd = [sys.executable, "train_pretrain.py", *flags, "--output_dir", str(out), "--overwrite_output_dir",
-               "--cpu_threads", "1", "--save_every", "1000000", "--eval_every", "0", "--eval_batches", "40",
-               "--sample_tokens", "0"]
+        cmd = [
+            sys.executable,
+            "train_pretrain.py",
+            *flags,
+            "--output_dir",
+            str(out),
+            "--overwrite_output_dir",
+            "--cpu_threads",
+            "1",
+            "--save_every",
+            "1000000",
+            "--eval_every",
+            "0",
+            "--eval_batches",
+            "40",
+            "--sample_tokens",
+            "0",
+        ]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if proc.returncode != 0:
             sys.exit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
@@ -76,30 +92,89 @@ def main() -> None:
     parser.add_argument("--target", default="256x4", help="WIDTHxDEPTH of the target (256x4 = gpt2-tiny)")
     parser.add_argument("--tokens", type=int, default=200_000, help="training tokens of every target run")
     parser.add_argument("--batch", type=int, default=8, help="sequences per step of every target run")
-    parser.add_argument("--grid", nargs="+", type=float, default=[1e-3, 1.41e-3, 2e-3, 2.83e-3, 4e-3],
-                        help="lr grid at the target")
+    parser.add_argument(
+        "--grid", nargs="+", type=float, default=[1e-3, 1.41e-3, 2e-3, 2.83e-3, 4e-3], help="lr grid at the target"
+    )
     parser.add_argument("--seeds", type=int, default=2, help="runs per configuration")
     args = parser.parse_args()
     out = Path(args.out)
-    subprocess.run([sys.executable, "sweep.py", "--grid", "lr_bs", "--budget", "cpu", "--model", "gpt2-tiny",
-                    "--sizes", *args.sizes, "--lr_points", str(args.lr_points), "--workers", "2",
-                    "--output_dir", str(out / "scan")], cwd=REPO, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "sweep.py",
+            "--grid",
+            "lr_bs",
+            "--budget",
+            "cpu",
+            "--model",
+            "gpt2-tiny",
+            "--sizes",
+            *args.sizes,
+            "--lr_points",
+            str(args.lr_points),
+            "--workers",
+            "2",
+            "--output_dir",
+            str(out / "scan"),
+        ],
+        cwd=REPO,
+        check=True,
+    )
     n_target = target_params(args.target)
     recommended = out / "recommended.yaml"
     width, depth = (int(v) for v in args.target.split("x"))
-    subprocess.run([sys.executable, "sweep.py", "recommend", "--from", str(out / "scan"), "--params", str(n_target),
-                    "--n_layer", str(depth), "--n_embd", str(width), "--tokens", str(args.tokens), "--seq_len", "128",
-                    "--effective_batch_size", str(args.batch), "--memory-gb", "8", "--output", str(recommended)],
-                   cwd=REPO, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "sweep.py",
+            "recommend",
+            "--from",
+            str(out / "scan"),
+            "--params",
+            str(n_target),
+            "--n_layer",
+            str(depth),
+            "--n_embd",
+            str(width),
+            "--tokens",
+            str(args.tokens),
+            "--seq_len",
+            "128",
+            "--effective_batch_size",
+            str(args.batch),
+            "--memory-gb",
+            "8",
+            "--output",
+            str(recommended),
+        ],
+        cwd=REPO,
+        check=True,
+    )
     rec = yaml.safe_load(recommended.read_text())
-    shape = ["--model", "gpt2-tiny", "--n_embd", str(width), "--n_layer", str(depth), "--n_head", str(width // 64),
-             "--batch_size", str(args.batch), "--effective_batch_size", str(args.batch)]
+    shape = [
+        "--model",
+        "gpt2-tiny",
+        "--n_embd",
+        str(width),
+        "--n_layer",
+        str(depth),
+        "--n_head",
+        str(width // 64),
+        "--batch_size",
+        str(args.batch),
+        "--effective_batch_size",
+        str(args.batch),
+    ]
     steps = ["--max_steps", str(args.tokens // (args.batch * 128))]
-    configs = {"recommended": (rec["learning_rate"], [*shape, "--config", str(recommended)]),
-               "default": (None, ["--model", "gpt2-tiny", *steps])}
+    configs = {
+        "recommended": (rec["learning_rate"], [*shape, "--config", str(recommended)]),
+        "default": (None, ["--model", "gpt2-tiny", *steps]),
+    }
     for lr in args.grid:
-        configs[f"grid lr={lr:g}"] = (lr, [*shape, "--config", str(recommended), "--learning_rate", str(lr),
-                                           "--min_lr", str(lr / 10)])
+        configs[f"grid lr={lr:g}"] = (
+            lr,
+            [*shape, "--config", str(recommended), "--learning_rate", str(lr), "--min_lr", str(lr / 10)],
+        )
     jobs = [(name, seed) for name in configs for seed in range(args.seeds)]
 
     def run(job):
@@ -128,14 +203,27 @@ def report(args, rec: dict, configs: dict, losses: dict, n_target: int, out: Pat
     print("|---|---|---|---|")
     for name, (lr, _) in configs.items():
         print(f"| {name} | {lr:.3g} | {mean[name]:.4f} | {', '.join(f'{x:.4f}' for x in losses[name])} |")
-    print(f"\nrecommended - best grid ({best}): {versus['difference']:+.4f} [{versus['ci'][0]:+.4f}, "
-          f"{versus['ci'][1]:+.4f}] (seed SD {versus['seed_sd']:.4f}, {versus['df']} df); default - best grid: "
-          f"{default['difference']:+.4f} [{default['ci'][0]:+.4f}, {default['ci'][1]:+.4f}]; recommended lr / best "
-          f"grid lr = {rec['learning_rate'] / configs[best][0]:.2f}")
-    (out / "validation.json").write_text(json.dumps(
-        {"losses": losses, "lrs": {k: v[0] for k, v in configs.items()}, "n_target": n_target, "tokens": args.tokens,
-         "batch": args.batch, "best_grid": best, "recommended_minus_best": versus, "default_minus_best": default},
-        indent=1))
+    print(
+        f"\nrecommended - best grid ({best}): {versus['difference']:+.4f} [{versus['ci'][0]:+.4f}, "
+        f"{versus['ci'][1]:+.4f}] (seed SD {versus['seed_sd']:.4f}, {versus['df']} df); default - best grid: "
+        f"{default['difference']:+.4f} [{default['ci'][0]:+.4f}, {default['ci'][1]:+.4f}]; recommended lr / best "
+        f"grid lr = {rec['learning_rate'] / configs[best][0]:.2f}"
+    )
+    (out / "validation.json").write_text(
+        json.dumps(
+            {
+                "losses": losses,
+                "lrs": {k: v[0] for k, v in configs.items()},
+                "n_target": n_target,
+                "tokens": args.tokens,
+                "batch": args.batch,
+                "best_grid": best,
+                "recommended_minus_best": versus,
+                "default_minus_best": default,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

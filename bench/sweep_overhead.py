@@ -6,12 +6,14 @@ Runs the same small trials (smoke-sized minimal Transformer, real data) three wa
   fork   x1 worker  -- forked from a server that imported torch/transformers once (the default)
   fork   x2 workers -- the same trials, two at a time
 Every trial uses one CPU thread so the worker comparison is about processes, not threads
-(--auto_threads adds the 1-worker run with all cores' threads). Overhead per trial = launch-to-exit time seen by the parent minus the trial's own work after loading
+(--auto_threads adds the 1-worker run with all cores' threads). Overhead per trial = launch-to-exit time seen
+by the parent minus the trial's own work after loading
 its data (process start + imports + memory-mapping the prepared data). Prints a table with ratios.
 
   python bench/sweep_overhead.py                 # ~3 minutes on 2 cores
   python bench/sweep_overhead.py --trials 8 --steps 30
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,23 +51,33 @@ def run_batch(specs, launcher_name: str, workers: int, tag: str, threads: int = 
         raise SystemExit(f"{tag}: a trial did not finish ok: {[s['status'] for s in seen]}")
     overhead = sum(s["overhead"] for s in seen) / len(seen)
     per_trial = sum(s["elapsed"] for s in seen) / len(seen)
-    return {"tag": f"{tag} ({launcher.threads}t)", "trials": len(seen), "wall": wall, "throughput": 60 * len(seen) / wall,
-            "overhead": overhead, "per_trial": per_trial, "share": overhead / per_trial}
+    return {
+        "tag": f"{tag} ({launcher.threads}t)",
+        "trials": len(seen),
+        "wall": wall,
+        "throughput": 60 * len(seen) / wall,
+        "overhead": overhead,
+        "per_trial": per_trial,
+        "share": overhead / per_trial,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=4, help="trials per configuration (default 4)")
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps per trial (default 8)")
-    parser.add_argument("--auto_threads", action="store_true",
-                        help="also run 1 worker with all cores' threads (the sweep's default for --workers 1)")
+    parser.add_argument(
+        "--auto_threads",
+        action="store_true",
+        help="also run 1 worker with all cores' threads (the sweep's default for --workers 1)",
+    )
     parser.add_argument("--output_dir", default=None, help="work folder (default: a temporary one)")
     args = parser.parse_args()
 
     from llmlab.sweep import runner
-    from llmlab.sweep.launchers.local import forkserver_context
     from llmlab.sweep.config import SweepConfig
     from llmlab.sweep.design import build_design
+    from llmlab.sweep.launchers.local import forkserver_context
 
     out = Path(args.output_dir or tempfile.mkdtemp(prefix="sweep_overhead_"))
     cfg = SweepConfig(grid="doe20", budget="smoke", output_dir=str(out), steps=args.steps, device="cpu")
@@ -79,24 +91,37 @@ def main() -> None:
     probe.start()
     probe.join()
     forkserver_s = time.perf_counter() - tick
-    rows = [run_batch(specs, "spawn", 1, "spawn x1"), run_batch(specs, "forkserver", 1, "fork x1"),
-            run_batch(specs, "forkserver", 2, "fork x2")]
+    rows = [
+        run_batch(specs, "spawn", 1, "spawn x1"),
+        run_batch(specs, "forkserver", 1, "fork x1"),
+        run_batch(specs, "forkserver", 2, "fork x2"),
+    ]
     if args.auto_threads:
         rows.append(run_batch(specs, "forkserver", 1, "fork x1", threads=0))
 
-    print(f"\ndata prepared once in the parent: {prepare_s:.1f} s ({data_info['train_rows']} train blocks of "
-          f"{data_info['block_size']}); fork server start with torch/transformers preloaded (once per sweep): {forkserver_s:.1f} s")
+    print(
+        f"\ndata prepared once in the parent: {prepare_s:.1f} s ({data_info['train_rows']} train blocks of "
+        f"{data_info['block_size']}); fork server start with torch/transformers preloaded (once per "
+        f"sweep): {forkserver_s:.1f} s"
+    )
     print(f"{args.trials} trials x {args.steps} steps each, minimal Transformer, batch 2 x 32 tokens\n")
-    header = f"{'launcher':<16} {'trials':>6} {'wall s':>8} {'trials/min':>10} {'s/trial':>8} {'overhead s':>10} {'overhead share':>14}"
+    header = (
+        f"{'launcher':<16} {'trials':>6} {'wall s':>8} {'trials/min':>10} {'s/trial':>8} "
+        f"{'overhead s':>10} {'overhead share':>14}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['tag']:<16} {r['trials']:>6} {r['wall']:>8.1f} {r['throughput']:>10.2f} {r['per_trial']:>8.2f} "
-              f"{r['overhead']:>10.2f} {100 * r['share']:>13.1f}%")
+        print(
+            f"{r['tag']:<16} {r['trials']:>6} {r['wall']:>8.1f} {r['throughput']:>10.2f} {r['per_trial']:>8.2f} "
+            f"{r['overhead']:>10.2f} {100 * r['share']:>13.1f}%"
+        )
     spawn, fork1, fork2 = rows[:3]
     print(f"\noverhead per trial, spawn / fork server: {spawn['overhead'] / max(fork1['overhead'], 1e-9):.1f}x")
-    print(f"throughput, 2 workers / 1 worker (fork server, 1 thread per trial): "
-          f"{fork2['throughput'] / fork1['throughput']:.2f}x")
+    print(
+        f"throughput, 2 workers / 1 worker (fork server, 1 thread per trial): "
+        f"{fork2['throughput'] / fork1['throughput']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ ratios and the loss difference of the fast path with its 95 % CI. Writes bench_p
   python bench/sweep_probe.py                       # ~25 minutes on 2 cores
   python bench/sweep_probe.py --seeds 2 --only fp32 default
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,6 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from llmlab.sweep.config import BUDGETS  # noqa: E402
 from llmlab.sweep.metrics import reference_lines  # noqa: E402
+
 CONFIGS = {
     "legacy": ["--embedding", "frozen", "--position_encoding", "sinusoidal", "--precision", "fp32", "--no-compile"],
     "sinusoidal": ["--position_encoding", "sinusoidal"],
@@ -48,8 +50,21 @@ def run_pair(names: list[str], seeds: int, out: Path) -> None:
     grid.write_text(f"replicates: {seeds}\ntrials:\n  - {{trial_id: control}}\n")
     procs = []
     for name in names:
-        cmd = [sys.executable, "sweep.py", "--budget", "cpu", "--grid", str(grid), "--workers", "1",
-               "--threads_per_worker", "1", "--output_dir", str(out / name), *CONFIGS[name]]
+        cmd = [
+            sys.executable,
+            "sweep.py",
+            "--budget",
+            "cpu",
+            "--grid",
+            str(grid),
+            "--workers",
+            "1",
+            "--threads_per_worker",
+            "1",
+            "--output_dir",
+            str(out / name),
+            *CONFIGS[name],
+        ]
         log = open(out / f"{name}.log", "w")
         procs.append((name, subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT), log))
     for name, proc, log in procs:
@@ -62,16 +77,25 @@ def summarise(name: str, out: Path) -> dict:
     with open(out / name / "results.csv") as f:
         rows = [r for r in csv.DictReader(f) if r["status"] == "ok"]
     losses = [float(r["final_loss"]) for r in rows]
-    return {"config": name, "runs": len(rows), "losses": losses, "mean": sum(losses) / len(losses),
-            "sd": _sd(losses), "entropy": _median(float(r["attention_entropy_last_layer"]) for r in rows),
-            "tokens_per_s": _median(float(r["tokens_per_s"]) for r in rows),
-            "trial_s": _median(float(r["wall_time_s"]) for r in rows), "precision": rows[0]["precision"],
-            "compiled": rows[0]["compiled"]}
+    return {
+        "config": name,
+        "runs": len(rows),
+        "losses": losses,
+        "mean": sum(losses) / len(losses),
+        "sd": _sd(losses),
+        "entropy": _median(float(r["attention_entropy_last_layer"]) for r in rows),
+        "tokens_per_s": _median(float(r["tokens_per_s"]) for r in rows),
+        "trial_s": _median(float(r["wall_time_s"]) for r in rows),
+        "precision": rows[0]["precision"],
+        "compiled": rows[0]["compiled"],
+    }
 
 
 def _median(values) -> float:
     values = sorted(values)
-    return values[len(values) // 2] if len(values) % 2 else (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2
+    return (
+        values[len(values) // 2] if len(values) % 2 else (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2
+    )
 
 
 def _sd(values: list[float]) -> float:
@@ -105,21 +129,32 @@ def main() -> None:
     rows = [summarise(name, out) for name in wanted]
     ref = reference_lines(out / wanted[0] / "data", BUDGETS["cpu"].eval_batches * BUDGETS["cpu"].batch_size)
     unigram = ref["unigram"]
-    print(f"\nProbe at the cpu budget, {args.seeds} seeds each ({time.time() - started:.0f} s in all). Reference "
-          f"lines on the {ref['eval_tokens']:,} tokens trials are scored on: uniform {ref['uniform']:.2f}, "
-          f"add-one unigram {unigram:.2f} nats.")
-    print(f"{'config':<11} {'precision':<9} {'compile':<7} {'final loss':>16} {'vs unigram':>10} "
-          f"{'attn entropy':>12} {'tokens/s':>9} {'trial s':>8}")
+    print(
+        f"\nProbe at the cpu budget, {args.seeds} seeds each ({time.time() - started:.0f} s in all). Reference "
+        f"lines on the {ref['eval_tokens']:,} tokens trials are scored on: uniform {ref['uniform']:.2f}, "
+        f"add-one unigram {unigram:.2f} nats."
+    )
+    print(
+        f"{'config':<11} {'precision':<9} {'compile':<7} {'final loss':>16} {'vs unigram':>10} "
+        f"{'attn entropy':>12} {'tokens/s':>9} {'trial s':>8}"
+    )
     for r in rows:
-        print(f"{r['config']:<11} {r['precision']:<9} {r['compiled']:<7} {r['mean']:>8.3f} ± {r['sd']:.3f}  "
-              f"{r['mean'] - unigram:>+10.2f} {r['entropy']:>12.3f} {r['tokens_per_s']:>9.0f} {r['trial_s']:>8.0f}")
+        print(
+            f"{r['config']:<11} {r['precision']:<9} {r['compiled']:<7} {r['mean']:>8.3f} ± {r['sd']:.3f}  "
+            f"{r['mean'] - unigram:>+10.2f} {r['entropy']:>12.3f} {r['tokens_per_s']:>9.0f} {r['trial_s']:>8.0f}"
+        )
     by = {r["config"]: r for r in rows}
     if {"fp32", "default"} <= set(by):
-        print(f"default vs fp32 (same model, side by side): {by['default']['tokens_per_s'] / by['fp32']['tokens_per_s']:.2f}x "
-              f"tokens/s; final loss {difference(by['fp32'], by['default'])}")
+        print(
+            f"default vs fp32 (same model, side by side): "
+            f"{by['default']['tokens_per_s'] / by['fp32']['tokens_per_s']:.2f}x "
+            f"tokens/s; final loss {difference(by['fp32'], by['default'])}"
+        )
     if {"legacy", "default"} <= set(by):
-        print(f"default vs legacy trial: {by['default']['tokens_per_s'] / by['legacy']['tokens_per_s']:.2f}x tokens/s "
-              f"(the default trains 9.6M more parameters); final loss {difference(by['legacy'], by['default'])}")
+        print(
+            f"default vs legacy trial: {by['default']['tokens_per_s'] / by['legacy']['tokens_per_s']:.2f}x tokens/s "
+            f"(the default trains 9.6M more parameters); final loss {difference(by['legacy'], by['default'])}"
+        )
     (out / "bench_probe.json").write_text(json.dumps(rows, indent=2) + "\n")
 
 

@@ -8,6 +8,7 @@ cannot drift apart. `--check` rewrites nothing and exits 1 when a block is stale
   python scripts/findings.py            # regenerate the blocks
   python scripts/findings.py --check    # fail if any block differs from the data
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,11 @@ LION_LR_DIVISOR = OPTIMIZERS["lion"].lr_divisor
 from llmlab.train.schedules import mean_lr_share  # noqa: E402
 
 FINDINGS = REPO / "docs" / "findings"
-DOCUMENTS = (REPO / "README.md", FINDINGS / "README.md", *(REPO / "docs" / f"{name}.md" for name in ("usage", "data", "lab")))
+DOCUMENTS = (
+    REPO / "README.md",
+    FINDINGS / "README.md",
+    *(REPO / "docs" / f"{name}.md" for name in ("usage", "data", "lab")),
+)
 LABELS = {"adamw": "AdamW", "lion": "Lion", "adafactor": "Adafactor"}
 
 
@@ -58,9 +63,15 @@ def doe20(folder: Path = FINDINGS / "doe20-cpu") -> dict:
     fitted = stats.fit_effects(rows, list(FACTORS), CONTROL, "final_loss", {k: list(v) for k, v in FACTORS.items()})
     floor = stats.pure_error(rows, "final_loss")
     control = [r["final_loss"] for r in rows if r["point"] == "control" and r["status"] == "ok"]
-    return {"rows": rows, "fitted": fitted, "floor": floor, "control": control,
-            "tests": stats.factor_tests(fitted), "mde": stats.minimum_detectable_effect(fitted),
-            "needed": stats.replicates_needed(floor["sd"], floor["df"])}
+    return {
+        "rows": rows,
+        "fitted": fitted,
+        "floor": floor,
+        "control": control,
+        "tests": stats.factor_tests(fitted),
+        "mde": stats.minimum_detectable_effect(fitted),
+        "needed": stats.replicates_needed(floor["sd"], floor["df"]),
+    }
 
 
 def contrast_text(c: dict) -> str:
@@ -74,40 +85,50 @@ def doe20_summary(d: dict) -> str:
     resolved = [c for c in fitted["contrasts"] if c["verdict"] == "resolved"]
     quiet = [c for c in fitted["contrasts"] if c["factor"] in ("optimizer", "scheduler") and c["verdict"] != "resolved"]
     low, high = floor["ci"]
-    return (f"What doe20 found at the cpu budget ({len(d['rows'])} runs, {len(d['control'])} of them the control with "
-            f"seeds 42-{41 + len(d['control'])}): seed SD {floor['sd']:.4f} nats [{low:.4f}, {high:.4f}] on "
-            f"{floor['df']} df. Contrasts against the control (AdamW, cosine), 95 % CIs, Holm over all "
-            f"{len(fitted['contrasts'])}: resolved " + "; ".join(contrast_text(c) for c in resolved)
-            + ("; within noise " + "; ".join(contrast_text(c) for c in quiet) if quiet else "")
-            + f". Clip, warmup and weight decay are within noise at this budget. Lion runs at lr / {LION_LR_DIVISOR:g} and "
-              f"polynomial spends {mean_lr_share('polynomial'):.2f} of the peak lr against "
-              f"{mean_lr_share('cosine'):.2f} for cosine, so those contrasts carry an lr effect too.")
+    return (
+        f"What doe20 found at the cpu budget ({len(d['rows'])} runs, {len(d['control'])} of them the control with "
+        f"seeds 42-{41 + len(d['control'])}): seed SD {floor['sd']:.4f} nats [{low:.4f}, {high:.4f}] on "
+        f"{floor['df']} df. Contrasts against the control (AdamW, cosine), 95 % CIs, Holm over all "
+        f"{len(fitted['contrasts'])}: resolved "
+        + "; ".join(contrast_text(c) for c in resolved)
+        + ("; within noise " + "; ".join(contrast_text(c) for c in quiet) if quiet else "")
+        + f". Clip, warmup and weight decay are within noise at this budget. Lion runs at lr / {LION_LR_DIVISOR:g} and "
+        f"polynomial spends {mean_lr_share('polynomial'):.2f} of the peak lr against "
+        f"{mean_lr_share('cosine'):.2f} for cosine, so those contrasts carry an lr effect too."
+    )
 
 
 def doe20_calibration(d: dict) -> str:
     floor, fitted = d["floor"], d["fitted"]
     noise, lof = fitted["noise"], fitted["lack_of_fit"]
     low, high = floor["ci"]
-    lines = ["| calibration | value |", "|---|---|",
-             f"| control final loss ({len(d['control'])} seeds) | {sum(d['control']) / len(d['control']):.3f}, seed SD "
-             f"**{floor['sd']:.4f}** [{low:.4f}, {high:.4f}] ({floor['df']} df, within machines; upper / SD = "
-             f"{high / floor['sd']:.2f}, SD / lower = {floor['sd'] / low:.2f}) |",
-             *(f"| machine term (fixed effect, not in any Holm family) | {m['machine']} − {m['reference']}: "
-               f"{signed(m['effect'], 4)} {interval(*m['ci'], 4)} nats ({m['runs']} runs, p = {m['p_value']:.2g}) |"
-               for m in noise.get("machines") or []),
-             f"| error term of the effects | residual of the main-effects fit, SD {noise['sd']:.4f} on {noise['df']} df "
-             f"(lack of fit F = {lof['F']:.2f}, p = {lof['p_value']:.2f}) |",
-             f"| smallest level contrast detected with 80 % power (5 %, median) | {d['mde']:.3f} nats |",
-             f"| runs per configuration to detect 0.05 nats (80 % power, t on {floor['df']} df) | {d['needed']} |"]
+    lines = [
+        "| calibration | value |",
+        "|---|---|",
+        f"| control final loss ({len(d['control'])} seeds) | {sum(d['control']) / len(d['control']):.3f}, seed SD "
+        f"**{floor['sd']:.4f}** [{low:.4f}, {high:.4f}] ({floor['df']} df, within machines; upper / SD = "
+        f"{high / floor['sd']:.2f}, SD / lower = {floor['sd'] / low:.2f}) |",
+        *(
+            f"| machine term (fixed effect, not in any Holm family) | {m['machine']} − {m['reference']}: "
+            f"{signed(m['effect'], 4)} {interval(*m['ci'], 4)} nats ({m['runs']} runs, p = {m['p_value']:.2g}) |"
+            for m in noise.get("machines") or []
+        ),
+        f"| error term of the effects | residual of the main-effects fit, SD {noise['sd']:.4f} on {noise['df']} df "
+        f"(lack of fit F = {lof['F']:.2f}, p = {lof['p_value']:.2f}) |",
+        f"| smallest level contrast detected with 80 % power (5 %, median) | {d['mde']:.3f} nats |",
+        f"| runs per configuration to detect 0.05 nats (80 % power, t on {floor['df']} df) | {d['needed']} |",
+    ]
     return "\n".join(lines)
 
 
 def doe20_effects(d: dict) -> str:
     lines = ["| contrast (level − reference) | effect | 95 % CI | p | Holm p | verdict |", "|---|---|---|---|---|---|"]
     for c in d["fitted"]["contrasts"]:
-        lines.append(f"| {c['factor']}: {c['level']} − {c['reference']} | {signed(c['effect'])} | "
-                     f"{interval(c['ci_low'], c['ci_high'])} | {c['p_value']:.2g} | {c['p_holm']:.2g} | "
-                     f"{'**resolved**' if c['verdict'] == 'resolved' else 'within noise'} |")
+        lines.append(
+            f"| {c['factor']}: {c['level']} − {c['reference']} | {signed(c['effect'])} | "
+            f"{interval(c['ci_low'], c['ci_high'])} | {c['p_value']:.2g} | {c['p_holm']:.2g} | "
+            f"{'**resolved**' if c['verdict'] == 'resolved' else 'within noise'} |"
+        )
     tests = "; ".join(f"{t['factor']} F = {t['F']:.1f}, Holm p = {t['p_holm']:.2g}" for t in d["tests"])
     return "\n".join(lines) + f"\n\nFactor F tests (type II, residual error, Holm over the five): {tests}."
 
@@ -120,8 +141,10 @@ def doe20_claims() -> str:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     claims = module.doe20_claims(module.read_rows(str(FINDINGS / "doe20-cpu" / "results.csv")))
-    lines = ["| claim | measured (difference, 95 % CI, p; verdict with Holm over the claims) | does the factor matter? |",
-             "|---|---|---|"]
+    lines = [
+        "| claim | measured (difference, 95 % CI, p; verdict with Holm over the claims) | does the factor matter? |",
+        "|---|---|---|",
+    ]
     return "\n".join(lines + [f"| {claim} | {measured} | {overall} |" for claim, measured, overall in claims])
 
 
@@ -133,8 +156,9 @@ def lr_scan(name: str) -> dict | None:
 def _cells_text(transfer: dict) -> str:
     measured = [p["size"] for p in transfer["points"] if p["status"] == "measured"]
     bounds = [f"{p['size']} ({p['status'].replace('_', ' ')})" for p in transfer["points"] if p["status"] != "measured"]
-    return (f"{len(measured)} of {len(transfer['points'])} cells measured ({', '.join(measured) or 'none'})"
-            + (f"; bounds: {', '.join(bounds)}" if bounds else ""))
+    return f"{len(measured)} of {len(transfer['points'])} cells measured ({', '.join(measured) or 'none'})" + (
+        f"; bounds: {', '.join(bounds)}" if bounds else ""
+    )
 
 
 def lr_summary(name: str, label: str) -> str:
@@ -144,24 +168,40 @@ def lr_summary(name: str, label: str) -> str:
     law, holdout, noise = transfer["law"], transfer["holdout"], transfer["noise"]
     per_size = sorted((v["sigma"], size) for size, v in noise["per_size"].items() if v["sigma"])
     trend = noise.get("lr_trend") or {}
-    noise_text = (f"seed noise σ = {noise['sigma']:.4f} nats pooled ({noise['df']} df), per size from "
-                  f"{per_size[0][0]:.4f} ({per_size[0][1]}) to {per_size[-1][0]:.4f} ({per_size[-1][1]})"
-                  + (f", growing with lr (slope of ln s² on ln lr {trend['slope_ln_var']:+.2f} "
-                     f"[{trend['ci'][0]:+.2f}, {trend['ci'][1]:+.2f}], p = {trend['p']:.2g})" if trend.get("used") else ""))
+    noise_text = (
+        f"seed noise σ = {noise['sigma']:.4f} nats pooled ({noise['df']} df), per size from "
+        f"{per_size[0][0]:.4f} ({per_size[0][1]}) to {per_size[-1][0]:.4f} ({per_size[-1][1]})"
+        + (
+            f", growing with lr (slope of ln s² on ln lr {trend['slope_ln_var']:+.2f} "
+            f"[{trend['ci'][0]:+.2f}, {trend['ci'][1]:+.2f}], p = {trend['p']:.2g})"
+            if trend.get("used")
+            else ""
+        )
+    )
     head = f"{label} ({transfer['points'][0]['seeds_per_lr']:.0f} seeds per lr): {_cells_text(transfer)}; {noise_text}."
     if holdout.get("status") != "ok":
-        law_text = (f" All measured sizes: α = {law['alpha']:.3f} [{law['alpha_ci'][0]:.3f}, {law['alpha_ci'][1]:.3f}] "
-                    f"({law['df']} df)." if law["status"] == "ok" else " No law: too few measured cells.")
+        law_text = (
+            f" All measured sizes: α = {law['alpha']:.3f} [{law['alpha_ci'][0]:.3f}, {law['alpha_ci'][1]:.3f}] "
+            f"({law['df']} df)."
+            if law["status"] == "ok"
+            else " No law: too few measured cells."
+        )
         return head + f" **held-out: not run** ({holdout.get('reason')}).{law_text}"
     row = holdout["rows"][0]
-    ratio = (f"forecast / measured = {row['ratio']:.2f} (90 % CI [{row['ci90'][0]:.2f}, {row['ci90'][1]:.2f}], "
-             f"95 % CI [{row['ci95'][0]:.2f}, {row['ci95'][1]:.2f}])" if "ratio" in row else row.get("reason", ""))
+    ratio = (
+        f"forecast / measured = {row['ratio']:.2f} (90 % CI [{row['ci90'][0]:.2f}, {row['ci90'][1]:.2f}], "
+        f"95 % CI [{row['ci95'][0]:.2f}, {row['ci95'][1]:.2f}])"
+        if "ratio" in row
+        else row.get("reason", "")
+    )
     fit = holdout["fit"]
-    return (head + f" **held-out: {holdout['verdict']}** — fitted on {', '.join(holdout['fitted_on'])} (α = "
-            f"{fit['alpha']:.3f} [{fit['alpha_ci'][0]:.3f}, {fit['alpha_ci'][1]:.3f}], {fit['df']} df), the law "
-            f"forecast {holdout['size']} ({holdout['extrapolation']:.1f}× beyond in N): {ratio}. All measured sizes: "
-            f"α = {law['alpha']:.3f} [{law['alpha_ci'][0]:.3f}, {law['alpha_ci'][1]:.3f}] ({law['df']} df); lack of "
-            f"fit τ = {law['tau']:.3f} in ln lr.")
+    return (
+        head + f" **held-out: {holdout['verdict']}** — fitted on {', '.join(holdout['fitted_on'])} (α = "
+        f"{fit['alpha']:.3f} [{fit['alpha_ci'][0]:.3f}, {fit['alpha_ci'][1]:.3f}], {fit['df']} df), the law "
+        f"forecast {holdout['size']} ({holdout['extrapolation']:.1f}× beyond in N): {ratio}. All measured sizes: "
+        f"α = {law['alpha']:.3f} [{law['alpha_ci'][0]:.3f}, {law['alpha_ci'][1]:.3f}] ({law['df']} df); lack of "
+        f"fit τ = {law['tau']:.3f} in ln lr."
+    )
 
 
 def mup_vs_std() -> str:
@@ -170,15 +210,19 @@ def mup_vs_std() -> str:
         return "_the muP comparison needs both scans_"
     a_std, a_mup = std["law"], mup["law"]
     if a_std["status"] != "ok" or a_mup["status"] != "ok":
-        return ("No comparison of α: at 2 seeds per lr too few cells of " + " and ".join(
-            n for n, a in (("the standard scan", a_std), ("the muP scan", a_mup)) if a["status"] != "ok")
-                + " are measurements (the rest are bounds), so the earlier claim about muP's α is withdrawn.")
+        return (
+            "No comparison of α: at 2 seeds per lr too few cells of "
+            + " and ".join(n for n, a in (("the standard scan", a_std), ("the muP scan", a_mup)) if a["status"] != "ok")
+            + " are measurements (the rest are bounds), so the earlier claim about muP's α is withdrawn."
+        )
     low, high = a_mup["alpha_ci"]
     excludes = not low <= a_std["alpha"] <= high
     drift = (math.exp(low * math.log(100)), math.exp(high * math.log(100)))
-    return (f"α with muP = {a_mup['alpha']:.3f} [{low:.3f}, {high:.3f}] against the standard α = {a_std['alpha']:.3f}: "
-            f"the muP interval **{'excludes' if excludes else 'does not exclude'}** the standard α; over 100× in N it "
-            f"still allows lr_opt to move {drift[0]:.2f}–{drift[1]:.2f}×, so it does not show that lr_opt stays put.")
+    return (
+        f"α with muP = {a_mup['alpha']:.3f} [{low:.3f}, {high:.3f}] against the standard α = {a_std['alpha']:.3f}: "
+        f"the muP interval **{'excludes' if excludes else 'does not exclude'}** the standard α; over 100× in N it "
+        f"still allows lr_opt to move {drift[0]:.2f}–{drift[1]:.2f}×, so it does not show that lr_opt stays put."
+    )
 
 
 def target_optimum(data: dict) -> dict:
@@ -197,22 +241,28 @@ def recommend_validation() -> str:
         return "_bench/recommend_validation.py has not been rerun with seeds yet_"
     lines = ["| config | lr | val loss (mean of seeds) | seeds |", "|---|---|---|---|"]
     for name, losses in data["losses"].items():
-        lines.append(f"| {name} | {data['lrs'][name]:.3g} | {sum(losses) / len(losses):.4f} | "
-                     f"{', '.join(f'{x:.4f}' for x in losses)} |")
+        lines.append(
+            f"| {name} | {data['lrs'][name]:.3g} | {sum(losses) / len(losses):.4f} | "
+            f"{', '.join(f'{x:.4f}' for x in losses)} |"
+        )
     versus, default = data["recommended_minus_best"], data["default_minus_best"]
     best, recommended = data["best_grid"], data["lrs"]["recommended"]
     vertex = target_optimum(data)
-    measured = (f"lr_opt measured at the target (vertex over {vertex['window_lrs']} lrs, {vertex['seeds_per_lr']:.0f} "
-                f"seeds each): **{vertex['lr_opt']:.3g}** [{vertex['ci'][0]:.3g}, {vertex['ci'][1]:.3g}] (95 %, "
-                f"{100 * vertex['censored_share']:.1f} % of bootstrap draws censored), so recommended / "
-                f"measured = **{recommended / vertex['lr_opt']:.2f}**"
-                if vertex["status"] == "measured" else f"lr_opt at the target: {vertex['status']} ({vertex['reason']})")
+    measured = (
+        f"lr_opt measured at the target (vertex over {vertex['window_lrs']} lrs, {vertex['seeds_per_lr']:.0f} "
+        f"seeds each): **{vertex['lr_opt']:.3g}** [{vertex['ci'][0]:.3g}, {vertex['ci'][1]:.3g}] (95 %, "
+        f"{100 * vertex['censored_share']:.1f} % of bootstrap draws censored), so recommended / "
+        f"measured = **{recommended / vertex['lr_opt']:.2f}**"
+        if vertex["status"] == "measured"
+        else f"lr_opt at the target: {vertex['status']} ({vertex['reason']})"
+    )
     return "\n".join(lines) + (
         f"\n\nRecommended − best grid run ({best}): **{signed(versus['difference'], 4)}** "
         f"{interval(*versus['ci'], 4)} nats (95 % CI, seed SD {versus['seed_sd']:.4f} pooled over all configurations, "
         f"{versus['df']} df); default − best grid: {signed(default['difference'], 4)} {interval(*default['ci'], 4)}; "
         f"recommended lr / best grid lr = {recommended / data['lrs'][best]:.2f}. The best grid run is "
-        f"picked by these same runs, so the gap is biased towards the grid. {measured}.")
+        f"picked by these same runs, so the gap is biased towards the grid. {measured}."
+    )
 
 
 def quoted(answer: str, limit: int = 60) -> str:
@@ -229,16 +279,21 @@ def lora_results() -> dict:
 def lora_default_table(results: dict) -> str:
     """bench/lora_default.py's candidates: test-split perplexity, answer loss and ROUGE-L before -> after, with the
     paired bootstrap CIs train_lora.py wrote to eval.json."""
-    lines = ["| candidate | wall time | test perplexity before → after (change, 95 % CI) | test answer loss (nats) | "
-             "test ROUGE-L before → after (change, 95 % CI) |", "|---|---|---|---|---|"]
+    lines = [
+        "| candidate | wall time | test perplexity before → after (change, 95 % CI) | test answer loss (nats) | "
+        "test ROUGE-L before → after (change, 95 % CI) |",
+        "|---|---|---|---|---|",
+    ]
     for name, result in results.items():
         report = result["report"]
         before, after, change = report["before"]["test"], report["after"]["test"], report["change"]["test"]
         ppl, rouge = change["perplexity"], change["rougeL"]
-        lines.append(f"| {name} | {result['seconds'] / 60:.1f} min | {before['perplexity']:.0f} → "
-                     f"{after['perplexity']:.0f} ({signed(ppl['change'], 0)} {interval(*ppl['ci'], 0)}) | "
-                     f"{before['loss']:.2f} → {after['loss']:.2f} | {before['rougeL']:.3f} → {after['rougeL']:.3f} "
-                     f"({signed(rouge['change'])} {interval(*rouge['ci'])}) |")
+        lines.append(
+            f"| {name} | {result['seconds'] / 60:.1f} min | {before['perplexity']:.0f} → "
+            f"{after['perplexity']:.0f} ({signed(ppl['change'], 0)} {interval(*ppl['ci'], 0)}) | "
+            f"{before['loss']:.2f} → {after['loss']:.2f} | {before['rougeL']:.3f} → {after['rougeL']:.3f} "
+            f"({signed(rouge['change'])} {interval(*rouge['ci'])}) |"
+        )
     return "\n".join(lines)
 
 
@@ -251,17 +306,30 @@ def lora_default_summary() -> str:
     report = result["report"]
     before, after, change = report["before"]["test"], report["after"]["test"], report["change"]["test"]
     ppl, rouge = change["perplexity"], change["rougeL"]
-    lines = ["| test split | before | after | change (95 % CI, paired bootstrap) |", "|---|---|---|---|",
-             f"| perplexity ({report['test_examples']} examples) | {before['perplexity']:.0f} | "
-             f"{after['perplexity']:.0f} | {signed(ppl['change'], 0)} {interval(*ppl['ci'], 0)} |",
-             f"| answer loss, nats | {before['loss']:.2f} | {after['loss']:.2f} | |",
-             f"| ROUGE-L ({rouge['examples']} greedy answers) | {before['rougeL']:.3f} | {after['rougeL']:.3f} | "
-             f"{signed(rouge['change'])} {interval(*rouge['ci'])} |"]
+    lines = [
+        "| test split | before | after | change (95 % CI, paired bootstrap) |",
+        "|---|---|---|---|",
+        f"| perplexity ({report['test_examples']} examples) | {before['perplexity']:.0f} | "
+        f"{after['perplexity']:.0f} | {signed(ppl['change'], 0)} {interval(*ppl['ci'], 0)} |",
+        f"| answer loss, nats | {before['loss']:.2f} | {after['loss']:.2f} | |",
+        f"| ROUGE-L ({rouge['examples']} greedy answers) | {before['rougeL']:.3f} | {after['rougeL']:.3f} | "
+        f"{signed(rouge['change'])} {interval(*rouge['ci'])} |",
+    ]
     shown = [e for e in report["examples"] if e["after"].strip()][:2] or report["examples"][:2]
-    answers = [f"- {e['instruction']} Reference: {quoted(e['reference'])}; before: {quoted(e['before'])}; after: "
-               f"{quoted(e['after'])}" for e in shown]
-    return "\n".join([f"Defaults = {name}: {result['seconds'] / 60:.1f} min wall on 2 cores, both evaluations included.",
-                      "", *lines, "", *answers])
+    answers = [
+        f"- {e['instruction']} Reference: {quoted(e['reference'])}; before: {quoted(e['before'])}; after: "
+        f"{quoted(e['after'])}"
+        for e in shown
+    ]
+    return "\n".join(
+        [
+            f"Defaults = {name}: {result['seconds'] / 60:.1f} min wall on 2 cores, both evaluations included.",
+            "",
+            *lines,
+            "",
+            *answers,
+        ]
+    )
 
 
 def ray_launcher() -> str:
@@ -272,16 +340,28 @@ def ray_launcher() -> str:
     data = json.loads(path.read_text())
     rows = data["overhead"]
     fork = rows[0]["median_overhead_s"]
-    lines = [f"`python bench/ray_launcher.py` on this 2-core machine (Ray bound to 127.0.0.1). Overhead per trial, "
-             f"{rows[0]['trials']} smoke trials through each launcher one at a time (medians):", "",
-             "| launcher | s per trial | overhead s | overhead / fork server's |", "|---|---|---|---|"]
-    lines += [f"| {r['launcher']} | {r['median_s_per_trial']:.2f} | {r['median_overhead_s']:.2f} | "
-              f"{r['median_overhead_s'] / fork:.1f}x |" for r in rows]
+    lines = [
+        f"`python bench/ray_launcher.py` on this 2-core machine (Ray bound to 127.0.0.1). Overhead per trial, "
+        f"{rows[0]['trials']} smoke trials through each launcher one at a time (medians):",
+        "",
+        "| launcher | s per trial | overhead s | overhead / fork server's |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['launcher']} | {r['median_s_per_trial']:.2f} | {r['median_overhead_s']:.2f} | "
+        f"{r['median_overhead_s'] / fork:.1f}x |"
+        for r in rows
+    ]
     one, two = data["scan_one_node_s"], data["scan_two_nodes_s"]
-    lines += ["", "A cpu-budget lr scan (4 trials x 200 steps), `sweep.py --launcher ray` end to end:", "",
-              "| cluster | wall time | speedup |", "|---|---|---|",
-              f"| 1 node x 1 CPU | {one / 60:.1f} min | 1.00x |", f"| 2 nodes x 1 CPU | {two / 60:.1f} min | "
-              f"{one / two:.2f}x |"]
+    lines += [
+        "",
+        "A cpu-budget lr scan (4 trials x 200 steps), `sweep.py --launcher ray` end to end:",
+        "",
+        "| cluster | wall time | speedup |",
+        "|---|---|---|",
+        f"| 1 node x 1 CPU | {one / 60:.1f} min | 1.00x |",
+        f"| 2 nodes x 1 CPU | {two / 60:.1f} min | {one / two:.2f}x |",
+    ]
     return "\n".join(lines)
 
 
@@ -291,28 +371,43 @@ def data_scale() -> str:
     if not path.is_file():
         return "_bench/data_scale.py has not run yet_"
     data = json.loads(path.read_text())
-    lines = ["| corpus | pipeline | tokens | seconds | tokens/s | peak memory (PSS, MB) | bytes / token |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| corpus | pipeline | tokens | seconds | tokens/s | peak memory (PSS, MB) | bytes / token |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in data["rows"]:
-        lines.append(f"| {r['corpus_mb']} MB | {r['pipeline']} | {r['tokens']:,} | {r['seconds']:.1f} | "
-                     f"{r['tokens_per_second']:,.0f} | {r['peak_rss_mb']:,.0f} | {r['bytes_per_token']:.2f} |")
+        lines.append(
+            f"| {r['corpus_mb']} MB | {r['pipeline']} | {r['tokens']:,} | {r['seconds']:.1f} | "
+            f"{r['tokens_per_second']:,.0f} | {r['peak_rss_mb']:,.0f} | {r['bytes_per_token']:.2f} |"
+        )
     s = data["summary"]
-    lines += ["", "| pipeline | memory: base + per 100M tokens (per document) | 1B tokens: hours, disk GB, peak GB | 10B tokens: hours, "
-                  "disk GB, peak GB |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "| pipeline | memory: base + per 100M tokens (per document) | 1B tokens: hours, disk GB, peak GB "
+        "| 10B tokens: hours, disk GB, peak GB |",
+        "|---|---|---|---|",
+    ]
     for name, fit in s.items():
         if name == "ratios":
             continue
         p1, p10 = fit["projection"]["1B"], fit["projection"]["10B"]
-        lines.append(f"| {name} | {fit['rss_base_mb']:,.0f} MB + {fit['rss_mb_per_100m_tokens']:,.0f} MB "
-                     f"({fit['rss_kb_per_document']:.1f} KB) | "
-                     f"{p1['hours']:.1f} h, {p1['disk_gb']:.0f} GB, {p1['peak_rss_gb']:.1f} GB | {p10['hours']:.1f} h, "
-                     f"{p10['disk_gb']:.0f} GB, {p10['peak_rss_gb']:.1f} GB |")
+        lines.append(
+            f"| {name} | {fit['rss_base_mb']:,.0f} MB + {fit['rss_mb_per_100m_tokens']:,.0f} MB "
+            f"({fit['rss_kb_per_document']:.1f} KB) | "
+            f"{p1['hours']:.1f} h, {p1['disk_gb']:.0f} GB, {p1['peak_rss_gb']:.1f} GB | {p10['hours']:.1f} h, "
+            f"{p10['disk_gb']:.0f} GB, {p10['peak_rss_gb']:.1f} GB |"
+        )
     ratios = "; ".join(f"{k.replace(' tokens/s', '')} = {v:.2f}×" for k, v in s.get("ratios", {}).items())
     loader = data.get("loader") or {}
-    wait = (f" Training on the {data['sizes_mb'][-1]} MB shards ({loader['steps']} steps of gpt2-tiny): the loader "
-            f"waited {100 * loader['data_wait_share_max']:.3f} % of step time at most." if "steps" in loader else "")
-    return "\n".join(lines) + (f"\n\nSide by side in one run on {data['machine']}, {data['workers']} workers: "
-                               f"tokens/s ratios {ratios}.{wait}")
+    wait = (
+        f" Training on the {data['sizes_mb'][-1]} MB shards ({loader['steps']} steps of gpt2-tiny): the loader "
+        f"waited {100 * loader['data_wait_share_max']:.3f} % of step time at most."
+        if "steps" in loader
+        else ""
+    )
+    return "\n".join(lines) + (
+        f"\n\nSide by side in one run on {data['machine']}, {data['workers']} workers: tokens/s ratios {ratios}.{wait}"
+    )
 
 
 def data_scale_summary() -> str:
@@ -322,11 +417,13 @@ def data_scale_summary() -> str:
     largest = data["sizes_mb"][-1]
     ratio = data["summary"]["ratios"][f"{largest} MB llmlab, near-dup off / nanogpt tokens/s"]
     ten = fit["projection"]["10B"]
-    return (f"With near-dup off its memory is flat in corpus size ({fit['rss_base_mb']:,.0f} MB + "
-            f"{fit['rss_mb_per_100m_tokens']:.0f} MB per 100M tokens), so a 10B-token corpus prepares in about "
-            f"{ten['hours']:.1f} hours on {data['workers']} cores with a {ten['peak_rss_gb']:.1f} GB peak and "
-            f"{ten['disk_gb']:.0f} GB of shards, at {ratio:.2f}× the tokens/s of nanoGPT's recipe ({largest} MB) "
-            "while cleaning and deduplicating.")
+    return (
+        f"With near-dup off its memory is flat in corpus size ({fit['rss_base_mb']:,.0f} MB + "
+        f"{fit['rss_mb_per_100m_tokens']:.0f} MB per 100M tokens), so a 10B-token corpus prepares in about "
+        f"{ten['hours']:.1f} hours on {data['workers']} cores with a {ten['peak_rss_gb']:.1f} GB peak and "
+        f"{ten['disk_gb']:.0f} GB of shards, at {ratio:.2f}× the tokens/s of nanoGPT's recipe ({largest} MB) "
+        "while cleaning and deduplicating."
+    )
 
 
 def forecast_design() -> str:
@@ -339,11 +436,16 @@ def forecast_design() -> str:
     lines = ["| design | trials | world | " + " | ".join(keys) + " |", "|---|---|---|" + "---|" * len(keys)]
     for name, row in data["designs"].items():
         for world in ("as measured", "sigma 0.071 everywhere"):
-            lines.append(f"| {name}{' **(registered)**' if name == data['chosen'] else ''} | {row['trials']} | {world} | "
-                         + " | ".join(f"{row[world][k]:.0%}" for k in keys) + " |")
+            lines.append(
+                f"| {name}{' **(registered)**' if name == data['chosen'] else ''} | {row['trials']} | {world} | "
+                + " | ".join(f"{row[world][k]:.0%}" for k in keys)
+                + " |"
+            )
     pinned = ", ".join(f"{size} {v['sigma']:.4f} ({v['df']} df)" for size, v in data["facts"]["pinned"].items())
-    return "\n".join(lines) + (f"\n\n{data['reps']} simulated scans per design, world and miss. Seed SD pinned on "
-                               f"{data['facts']['machine']}: {pinned}.")
+    return "\n".join(lines) + (
+        f"\n\n{data['reps']} simulated scans per design, world and miss. Seed SD pinned on "
+        f"{data['facts']['machine']}: {pinned}."
+    )
 
 
 def lr_forecast() -> str:
@@ -357,17 +459,23 @@ def lr_forecast() -> str:
         progress = ""
         if plan.is_file():
             cells = json.loads(plan.read_text())["cells"]
-            progress = (f" So far {done} trials have finished, over {', '.join(c['size'] for c in cells)} "
-                        f"(its grids in `lr-forecast/scan_plan.json`); the rerun of `lr-forecast/command.txt` resumes it "
-                        "on the same kind of machine.")
-        return ("_The registered scan has not reached its held-out size yet: no forecast is registered, so there is no "
-                "verdict to report._" + progress)
+            progress = (
+                f" So far {done} trials have finished, over {', '.join(c['size'] for c in cells)} "
+                f"(its grids in `lr-forecast/scan_plan.json`); the rerun of `lr-forecast/command.txt` resumes it "
+                "on the same kind of machine."
+            )
+        return (
+            "_The registered scan has not reached its held-out size yet: no forecast is registered, so there is no "
+            "verdict to report._" + progress
+        )
     reg = json.loads(registration.read_text())
     forecast = reg["forecast"]
-    head = (f"Pre-registered before any held-out trial (`lr-forecast/preregistration.json`, sha256 "
-            f"`{file_sha256(registration)[:16]}…`): the law fitted on {', '.join(forecast['law']['sizes'])} forecast "
-            f"lr_opt({reg['held_out']}) = **{forecast['lr']:.3g}** (95 % prediction interval "
-            f"[{forecast['prediction_interval'][0]:.3g}, {forecast['prediction_interval'][1]:.3g}]).")
+    head = (
+        f"Pre-registered before any held-out trial (`lr-forecast/preregistration.json`, sha256 "
+        f"`{file_sha256(registration)[:16]}…`): the law fitted on {', '.join(forecast['law']['sizes'])} forecast "
+        f"lr_opt({reg['held_out']}) = **{forecast['lr']:.3g}** (95 % prediction interval "
+        f"[{forecast['prediction_interval'][0]:.3g}, {forecast['prediction_interval'][1]:.3g}])."
+    )
     if not fits.is_file():
         return head + " The held-out trials have not finished: no verdict yet."
     holdout = json.loads(fits.read_text())["transfer"]["holdout"]
@@ -378,10 +486,12 @@ def lr_forecast() -> str:
         return head + f" **Verdict: {row['verdict']}** ({row.get('reason')})."
     rates = reg.get("design_rationale", {}).get("summary", {})
     rate_text = "; ".join(f"{k} {v:.0%}" for k, v in rates.items())
-    return head + (f" Measured lr_opt = {row['measured']:.3g} [{row['measured_ci'][0]:.3g}, {row['measured_ci'][1]:.3g}]; "
-                   f"forecast / measured = **{row['ratio']:.2f}** (90 % CI [{row['ci90'][0]:.2f}, {row['ci90'][1]:.2f}], "
-                   f"95 % CI [{row['ci95'][0]:.2f}, {row['ci95'][1]:.2f}], {row['df']} df): **held-out: {row['verdict']}**. "
-                   f"The rule's error rates for this design, simulated before the data: {rate_text}.")
+    return head + (
+        f" Measured lr_opt = {row['measured']:.3g} [{row['measured_ci'][0]:.3g}, {row['measured_ci'][1]:.3g}]; "
+        f"forecast / measured = **{row['ratio']:.2f}** (90 % CI [{row['ci90'][0]:.2f}, {row['ci90'][1]:.2f}], "
+        f"95 % CI [{row['ci95'][0]:.2f}, {row['ci95'][1]:.2f}], {row['df']} df): **held-out: {row['verdict']}**. "
+        f"The rule's error rates for this design, simulated before the data: {rate_text}."
+    )
 
 
 BLOCKS = {

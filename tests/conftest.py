@@ -1,4 +1,5 @@
 """Shared fixtures. Everything here works offline on 2 CPU cores."""
+
 from __future__ import annotations
 
 import os
@@ -38,8 +39,15 @@ def tiny_gpt2_dir(tmp_path_factory, gpt2_tokenizer) -> Path:
 
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("tiny_gpt2")
-    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, n_positions=256, vocab_size=len(gpt2_tokenizer),
-                        bos_token_id=gpt2_tokenizer.eos_token_id, eos_token_id=gpt2_tokenizer.eos_token_id)
+    config = GPT2Config(
+        n_layer=2,
+        n_embd=64,
+        n_head=2,
+        n_positions=256,
+        vocab_size=len(gpt2_tokenizer),
+        bos_token_id=gpt2_tokenizer.eos_token_id,
+        eos_token_id=gpt2_tokenizer.eos_token_id,
+    )
     GPT2LMHeadModel(config).save_pretrained(path)
     gpt2_tokenizer.save_pretrained(path)
     return path
@@ -57,8 +65,9 @@ def run_script(args: list[str], cwd: Path | None = None, timeout: float = 600, e
     import subprocess
 
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, *args], cwd=cwd or REPO, capture_output=True, text=True,
-                          timeout=timeout, env=full_env)
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout, env=full_env
+    )
 
 
 def kill_when_ready(args: list[str], ready: Path, timeout: float = 300) -> None:
@@ -70,8 +79,14 @@ def kill_when_ready(args: list[str], ready: Path, timeout: float = 300) -> None:
 
     import psutil
 
-    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.time() + timeout
     while not ready.exists():
         assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before {ready.name} appeared"

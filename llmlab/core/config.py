@@ -3,6 +3,7 @@
 Precedence: dataclass default < `--config file.yaml` < command-line flag. Help text lives in
 `field(metadata={"help": ...})`, so `--help` documents every option in one place.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,10 @@ def check_report_to(report_to: list[str]) -> list[str]:
         return [n for n, package in TRACKERS.items() if importlib.util.find_spec(package)] + registered
     missing = [n for n in names if n in TRACKERS and not importlib.util.find_spec(TRACKERS[n])]
     if missing:
-        raise UserError(f"--report_to {missing[0]}: the {TRACKERS[missing[0]]} package is not installed; "
-                        f"pip install {TRACKERS[missing[0]]}, or drop it from --report_to")
+        raise UserError(
+            f"--report_to {missing[0]}: the {TRACKERS[missing[0]]} package is not installed; "
+            f"pip install {TRACKERS[missing[0]]}, or drop it from --report_to"
+        )
     return names
 
 
@@ -96,7 +99,9 @@ def _converter(tp: Any, name: str, registry: Any = None):
             if tp is int and isinstance(value, float) and not value.is_integer():
                 raise UserError(f"--{name}: expected an integer, got {value!r}")
             try:
-                number = tp(float(value)) if tp is int and isinstance(value, str) and "e" in value.lower() else tp(value)
+                number = (
+                    tp(float(value)) if tp is int and isinstance(value, str) and "e" in value.lower() else tp(value)
+                )
             except (TypeError, ValueError, OverflowError):
                 raise UserError(f"--{name}: expected {tp.__name__}, got {value!r}") from None
             if tp is float and not math.isfinite(number):  # nan/inf would train, and save, garbage

@@ -1,4 +1,5 @@
 """Where work runs: the device (CPU or CUDA), its precision, and how many CPU threads a process gets."""
+
 from __future__ import annotations
 
 import os
@@ -58,8 +59,10 @@ def set_cpu_threads(requested: int, local_processes: int, log=print) -> int:
     launcher_forced = os.environ.get("OMP_NUM_THREADS") == "1" and "ACCELERATE_DYNAMO_BACKEND" in os.environ
     if launcher_forced and share > 1:
         torch.set_num_threads(share)
-        log(f"note: accelerate launch set OMP_NUM_THREADS=1; using {share} threads per process "
-            f"({available_cores()} cores, {local_processes} local process(es)); --cpu_threads N overrides")
+        log(
+            f"note: accelerate launch set OMP_NUM_THREADS=1; using {share} threads per process "
+            f"({available_cores()} cores, {local_processes} local process(es)); --cpu_threads N overrides"
+        )
     return torch.get_num_threads()
 
 

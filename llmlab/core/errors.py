@@ -1,4 +1,5 @@
 """User errors: one line on stderr, non-zero exit, no traceback."""
+
 from __future__ import annotations
 
 import errno
@@ -71,8 +72,11 @@ def cli_entry(main):
             if reason is None:
                 raise
             where = getattr(err, "filename", None)
-            print(f"error: a write failed{f' ({where})' if where else ''}: {reason}; free space or pick another output "
-                  "folder, then rerun (nothing half-written is kept)", file=sys.stderr)
+            print(
+                f"error: a write failed{f' ({where})' if where else ''}: {reason}; free space or pick another output "
+                "folder, then rerun (nothing half-written is kept)",
+                file=sys.stderr,
+            )
             sys.exit(2)
 
     return wrapper

@@ -1,5 +1,6 @@
 """What a run builds on, fingerprinted: a resume, a merge and an evaluation check that the base weights and the data
 are the ones the run started with (hashes are cheap next to training on the wrong thing)."""
+
 from __future__ import annotations
 
 import hashlib

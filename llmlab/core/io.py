@@ -1,4 +1,5 @@
 """Atomic file writes: a crash mid-write never leaves a half-written file under the final name."""
+
 from __future__ import annotations
 
 import json
@@ -98,8 +99,10 @@ def utf8_lines(path: str | os.PathLike):
             try:
                 yield number, raw.decode("utf-8")
             except UnicodeDecodeError as err:
-                raise UserError(f"{path}:{number} is not UTF-8 text (byte 0x{raw[err.start]:02x} at column "
-                                f"{err.start + 1}); save the file as UTF-8") from None
+                raise UserError(
+                    f"{path}:{number} is not UTF-8 text (byte 0x{raw[err.start]:02x} at column "
+                    f"{err.start + 1}); save the file as UTF-8"
+                ) from None
 
 
 def progress_bar(**kwargs):

@@ -3,18 +3,28 @@
 Each entry names the logger, the start of the message and why it can go: a newcomer's first run should show the
 model learning, not six lines of other libraries talking to themselves.
 """
+
 from __future__ import annotations
 
 import logging
 
 KNOWN_HARMLESS = (
-    ("bitsandbytes.backends.cpu.ops", "Failed to load CPU gemm_4bit_forward from kernels-community",
-     "an optional 4-bit CPU kernel fetched from the hub; bitsandbytes falls back to its own (and training never "
-     "uses 4-bit). Printed whenever peft is imported, which transformers' optimization module does"),
-    ("DeepSpeed", "Setting accelerator to CPU",
-     "DeepSpeed's accelerator auto-detection reporting that there is no GPU, which the run already knows"),
-    ("accelerate.utils.other", "Removed shared tensor",
-     "GPT-2 ties lm_head to the token embedding; safetensors stores the shared tensor once and loading re-ties it"),
+    (
+        "bitsandbytes.backends.cpu.ops",
+        "Failed to load CPU gemm_4bit_forward from kernels-community",
+        "an optional 4-bit CPU kernel fetched from the hub; bitsandbytes falls back to its own (and training never "
+        "uses 4-bit). Printed whenever peft is imported, which transformers' optimization module does",
+    ),
+    (
+        "DeepSpeed",
+        "Setting accelerator to CPU",
+        "DeepSpeed's accelerator auto-detection reporting that there is no GPU, which the run already knows",
+    ),
+    (
+        "accelerate.utils.other",
+        "Removed shared tensor",
+        "GPT-2 ties lm_head to the token embedding; safetensors stores the shared tensor once and loading re-ties it",
+    ),
 )
 
 

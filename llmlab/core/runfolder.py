@@ -9,6 +9,7 @@ is refused before anything is touched. Then the Hugging Face convention: a folde
 a fresh start unless `--resume_from_checkpoint` or `--overwrite_output_dir` is given, and overwriting deletes only
 what a run of this kind writes. A refused claim leaves the folder exactly as it found it.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,20 +61,32 @@ def _lock(folder: Path, what: str) -> bool:
         lock.acquire(timeout=0)
     except Timeout:
         owner = read_owner(folder)
-        raise UserError(f"{folder} is in use by another {owner.get('kind', 'run')} (pid {owner.get('pid', '?')} on "
-                        f"{owner.get('host', '?')}, started {owner.get('started', '?')}); wait for it to finish or "
-                        "pick another --output_dir") from None
+        raise UserError(
+            f"{folder} is in use by another {owner.get('kind', 'run')} (pid {owner.get('pid', '?')} on "
+            f"{owner.get('host', '?')}, started {owner.get('started', '?')}); wait for it to finish or "
+            "pick another --output_dir"
+        ) from None
     _held[str(folder.resolve())] = lock
     return True
 
 
 def _record_owner(folder: Path, what: str) -> Optional[str]:
     previous = read_owner(folder)
-    _write_owner(folder, {"pid": os.getpid(), "host": socket.gethostname(), "kind": what,
-                          "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": sys.argv})
+    _write_owner(
+        folder,
+        {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "kind": what,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": sys.argv,
+        },
+    )
     if previous.get("pid") and previous.get("released") is not True:
-        return (f"note: {folder} was locked by pid {previous['pid']} on {previous.get('host', '?')}, which ended "
-                "without releasing it; taking it over")
+        return (
+            f"note: {folder} was locked by pid {previous['pid']} on {previous.get('host', '?')}, which ended "
+            "without releasing it; taking it over"
+        )
     return None
 
 
@@ -117,8 +130,15 @@ def folder_kind(folder: Path) -> Optional[str]:
     return {"train_pretrain.py": "pretraining", "train_lora.py": "lora", "sweep.py": "sweep"}.get(script)
 
 
-def claim_run_folder(path: str | os.PathLike, run_files: Iterable[str], *, resume: bool, overwrite: bool,
-                     what: str = "run", record: bool = True) -> tuple[Path, Optional[str]]:
+def claim_run_folder(
+    path: str | os.PathLike,
+    run_files: Iterable[str],
+    *,
+    resume: bool,
+    overwrite: bool,
+    what: str = "run",
+    record: bool = True,
+) -> tuple[Path, Optional[str]]:
     """Lock OUTPUT_DIR and apply the kind and fresh / resume / overwrite policy. `run_files` are the names a run of
     this kind writes there: their presence means the folder holds a run, and only they are ever deleted. Every check
     runs before anything is written: a refusal leaves the folder as it was (and removes it if this claim made it).
@@ -130,13 +150,17 @@ def claim_run_folder(path: str | os.PathLike, run_files: Iterable[str], *, resum
     try:
         kind = folder_kind(folder)
         if kind is not None and kind != what:
-            raise UserError(f"{folder} holds a {kind} run; a {what} run cannot use it (nothing was changed): pick "
-                            "another --output_dir")
+            raise UserError(
+                f"{folder} holds a {kind} run; a {what} run cannot use it (nothing was changed): pick "
+                "another --output_dir"
+            )
         found = [name for name in run_files if (folder / name).exists()]
         if found and not resume and not overwrite:
-            raise UserError(f"{folder} already holds a {what} ({', '.join(found[:3])}); pass "
-                            "--resume_from_checkpoint latest to continue it, --overwrite_output_dir to replace it, "
-                            "or pick a new --output_dir")
+            raise UserError(
+                f"{folder} already holds a {what} ({', '.join(found[:3])}); pass "
+                "--resume_from_checkpoint latest to continue it, --overwrite_output_dir to replace it, "
+                "or pick a new --output_dir"
+            )
     except UserError:
         release_lock(folder, record=False)
         _remove_created(folder, new_dirs)

@@ -1,4 +1,5 @@
 """What a run folder records about itself: the resolved config, package versions and hardware."""
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,17 @@ from llmlab.core.device import available_cores, cpu_has_fast_bf16
 from llmlab.core.io import atomic_write_json, atomic_write_text
 
 TRACKED_PACKAGES = (
-    "torch", "transformers", "accelerate", "deepspeed", "datasets", "peft", "bitsandbytes", "statsmodels",
-    "tensorboard", "lion-pytorch", "numpy",
+    "torch",
+    "transformers",
+    "accelerate",
+    "deepspeed",
+    "datasets",
+    "peft",
+    "bitsandbytes",
+    "statsmodels",
+    "tensorboard",
+    "lion-pytorch",
+    "numpy",
 )
 
 
@@ -49,8 +59,10 @@ def hardware_info() -> dict[str, Any]:
         info["memory_gb"] = None
     if torch.cuda.is_available():
         info["gpus"] = [
-            {"name": torch.cuda.get_device_name(i),
-             "memory_gb": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
+            {
+                "name": torch.cuda.get_device_name(i),
+                "memory_gb": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1),
+            }
             for i in range(torch.cuda.device_count())
         ]
     return info
@@ -76,8 +88,10 @@ def machine_label() -> str:
         return platform.processor() or platform.machine() or "unknown"
     flags = set(fields.get("flags", "").split())
     bf16 = "+bf16" if flags & {"avx512_bf16", "amx_bf16"} else "-bf16"
-    return (f"{fields.get('model name', platform.machine())} (family {fields.get('cpu family', '?')} model "
-            f"{fields.get('model', '?')} stepping {fields.get('stepping', '?')}) {bf16}")
+    return (
+        f"{fields.get('model name', platform.machine())} (family {fields.get('cpu family', '?')} model "
+        f"{fields.get('model', '?')} stepping {fields.get('stepping', '?')}) {bf16}"
+    )
 
 
 def _cpu_model() -> str | None:
@@ -94,8 +108,6 @@ def write_run_info(output_dir: str | os.PathLike, cfg: Any) -> None:
     """Write config.yaml (re-runnable with --config) and run_info.json (versions, hardware, command)."""
     out = Path(output_dir)
     atomic_write_text(out / "config.yaml", dump_yaml(cfg))
-    atomic_write_json(out / "run_info.json", {
-        "command": sys.argv,
-        "versions": package_versions(),
-        "hardware": hardware_info(),
-    })
+    atomic_write_json(
+        out / "run_info.json", {"command": sys.argv, "versions": package_versions(), "hardware": hardware_info()}
+    )

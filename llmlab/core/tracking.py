@@ -8,6 +8,7 @@ installed) or none; a named tracker that is not installed is a one-line error
 record tests and tools read without a tracker. Sweep trials run outside an Accelerator and use `MetricsLogger`: the
 same trackers, started the way `Accelerator.init_trackers` starts them.
 """
+
 from __future__ import annotations
 
 import math
@@ -90,8 +91,13 @@ class MetricsLogger:
     every finite value to the trackers and every value to metrics.jsonl; `log_summary` the end-of-run metrics to
     the trackers only (metrics.jsonl holds per-step rows)."""
 
-    def __init__(self, output_dir: str | os.PathLike, report_to: list[str] = ("tensorboard",),
-                 config: Optional[dict[str, Any]] = None, project: str = "llmlab-trial"):
+    def __init__(
+        self,
+        output_dir: str | os.PathLike,
+        report_to: list[str] = ("tensorboard",),
+        config: Optional[dict[str, Any]] = None,
+        project: str = "llmlab-trial",
+    ):
         PartialState(cpu=True)  # accelerate's trackers log through its logger, which refuses to run before a state
         self.output_dir = Path(output_dir)
         self.jsonl_path = self.output_dir / "metrics.jsonl"

@@ -4,6 +4,7 @@ Per-document work (normalising text, hashing, MinHash signatures) runs as one ba
 call so `num_proc` parallelises it; the duplicate decisions are one sequential pass in corpus order,
 so the first copy of a document is the one kept, whatever `num_proc` is.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -98,8 +99,13 @@ def shingles(text: str) -> set[bytes]:
 def minhash_signatures(texts: list[str]) -> list[np.ndarray]:
     from datasketch import MinHash
 
-    minhashes = MinHash.bulk([list(shingles(t)) for t in texts], num_perm=NUM_PERM, seed=MINHASH_SEED,
-                             scheme=MINHASH_SCHEME, hashfunc=zlib.crc32)
+    minhashes = MinHash.bulk(
+        [list(shingles(t)) for t in texts],
+        num_perm=NUM_PERM,
+        seed=MINHASH_SEED,
+        scheme=MINHASH_SCHEME,
+        hashfunc=zlib.crc32,
+    )
     return [m.hashvalues for m in minhashes]
 
 

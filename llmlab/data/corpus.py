@@ -3,6 +3,7 @@
 Each source streams its documents one at a time (iter_documents), plus a fingerprint that changes whenever the
 source's content may have changed (it keys the prepared-data cache).
 """
+
 from __future__ import annotations
 
 import bz2
@@ -36,7 +37,8 @@ def looks_local(source: str) -> bool:
         os.path.exists(source)
         or source.endswith(LOCAL_SUFFIXES)
         or source.startswith((".", "/", "~"))
-        or os.sep in source and not _looks_like_hub_repo(source)
+        or os.sep in source
+        and not _looks_like_hub_repo(source)
     )
 
 
@@ -106,8 +108,10 @@ def _parquet_texts(path: Path, text_field: str):
     except Exception as err:  # pyarrow raises several types for a corrupt file
         raise UserError(f"{path} is not a readable parquet file ({str(err).splitlines()[0][:120]})") from None
     if text_field not in handle.schema_arrow.names:
-        raise UserError(f"{path} has no column {text_field!r} (columns: {', '.join(handle.schema_arrow.names)}); "
-                        "pass --text_field NAME")
+        raise UserError(
+            f"{path} has no column {text_field!r} (columns: {', '.join(handle.schema_arrow.names)}); "
+            "pass --text_field NAME"
+        )
     row = 0
     for batch in handle.iter_batches(columns=[text_field], batch_size=1024):
         column = batch.column(0)
@@ -116,9 +120,11 @@ def _parquet_texts(path: Path, text_field: str):
                 try:
                     text = value.decode("utf-8") if value is not None else None
                 except UnicodeDecodeError as err:
-                    raise UserError(f"{path}: row {row + offset + 1} of column {text_field!r} is not UTF-8 text "
-                                    f"(byte 0x{value[err.start]:02x} at position {err.start + 1}); store UTF-8 "
-                                    "strings") from None
+                    raise UserError(
+                        f"{path}: row {row + offset + 1} of column {text_field!r} is not UTF-8 text "
+                        f"(byte 0x{value[err.start]:02x} at position {err.start + 1}); store UTF-8 "
+                        "strings"
+                    ) from None
                 if text is not None:
                     yield from split_long_document(text)
         elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
@@ -139,8 +145,9 @@ def _jsonl_texts(path: Path, text_field: str):
         except json.JSONDecodeError as err:
             raise UserError(f"{path}:{line_no} is not valid JSON ({err.msg}); fix or remove that line") from None
         if not isinstance(record, dict) or text_field not in record:
-            raise UserError(f"{path}:{line_no} has no field {text_field!r}; give every line that field or pass "
-                            "--text_field NAME")
+            raise UserError(
+                f"{path}:{line_no} has no field {text_field!r}; give every line that field or pass --text_field NAME"
+            )
         value = record[text_field]
         if not isinstance(value, str):
             raise UserError(f"{path}:{line_no} field {text_field!r} is {type(value).__name__}, expected a string")
@@ -160,12 +167,14 @@ def _stream_hub_corpus(name: str, dataset_config: Optional[str], text_field: str
         config = f" (config {dataset_config})" if dataset_config else ""
         raise UserError(
             f"cannot load dataset {name!r}{config} from the Hugging Face hub: {reason}; "
-            "connect to the internet (and unset HF_DATASETS_OFFLINE), or pass local .txt/.jsonl/.parquet files or a folder"
+            "connect to the internet (and unset HF_DATASETS_OFFLINE), or pass local "
+            ".txt/.jsonl/.parquet files or a folder"
         ) from None
     if first is not None and text_field not in first:
-        raise UserError(f"dataset {name!r} has no column {text_field!r} (columns: {', '.join(first)}); "
-                        "pass --text_field NAME")
-    for record in ([first] if first is not None else []):
+        raise UserError(
+            f"dataset {name!r} has no column {text_field!r} (columns: {', '.join(first)}); pass --text_field NAME"
+        )
+    for record in [first] if first is not None else []:
         if record[text_field] is not None:
             yield from split_long_document(record[text_field])
     for record in stream:

@@ -5,6 +5,7 @@ A record is {"instruction", "input", "output"} (input may be empty). `tokenize_e
 the eos after it. Padding (`collate`) gets label -100 too; the pad *id* may equal eos (GPT-2 has no pad
 token), which is harmless because labels are built from positions, never by comparing ids to pad.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,13 +30,15 @@ PROMPT_FILE = "llmlab_prompt.json"
 # Loading user data: JSONL, JSON, or a hub dataset, with schema errors that name the file and line
 # --------------------------------------------------------------------------------------------------
 
+
 def _check_record(record: Any, where: str) -> dict[str, str]:
     if not isinstance(record, dict):
         raise UserError(f"{where}: expected a JSON object with instruction/input/output, got {type(record).__name__}")
     for name in REQUIRED_FIELDS:
         if name not in record or record[name] is None:
-            raise UserError(f"{where}: missing field '{name}' (each record needs instruction, output and "
-                            "optionally input)")
+            raise UserError(
+                f"{where}: missing field '{name}' (each record needs instruction, output and optionally input)"
+            )
     clean = {}
     for name in ("instruction", "input", "output"):
         value = record.get(name) or ""
@@ -101,17 +104,24 @@ def _load_hub_instructions(name: str, config: str | None, split: str) -> list[di
         ds = datasets.load_dataset(name, config, split=split)
     except Exception as err:  # offline, typo, missing split: all surface as one line
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
-        raise UserError(f"cannot load dataset {name!r} ({first}); "
-                        "pass a local .jsonl/.json file or builtin:pydoc") from None
+        raise UserError(
+            f"cannot load dataset {name!r} ({first}); pass a local .jsonl/.json file or builtin:pydoc"
+        ) from None
     missing = [c for c in REQUIRED_FIELDS if c not in ds.column_names]
     if missing:
-        raise UserError(f"dataset {name!r}: missing column '{missing[0]}' (has {', '.join(ds.column_names)}); "
-                        "it needs instruction, output and optionally input")
+        raise UserError(
+            f"dataset {name!r}: missing column '{missing[0]}' (has {', '.join(ds.column_names)}); "
+            "it needs instruction, output and optionally input"
+        )
     return [_check_record(row, f"{name} row {i}") for i, row in enumerate(ds)]
 
 
-def load_records(dataset: str, cache_dir: str | os.PathLike = "cache", dataset_config: str | None = None,
-                 dataset_split: str = "train") -> list[dict[str, str]]:
+def load_records(
+    dataset: str,
+    cache_dir: str | os.PathLike = "cache",
+    dataset_config: str | None = None,
+    dataset_split: str = "train",
+) -> list[dict[str, str]]:
     """builtin:pydoc, a .jsonl/.json file, or a hub dataset name/folder with instruction/input/output columns."""
     if dataset == "builtin:pydoc":
         return load_pydoc(cache_dir)
@@ -128,8 +138,7 @@ def load_records(dataset: str, cache_dir: str | os.PathLike = "cache", dataset_c
     return _load_hub_instructions(dataset, dataset_config, dataset_split)
 
 
-def split_records(records: list, val_fraction: float, seed: int,
-                  max_records: int | None = None) -> tuple[list, list]:
+def split_records(records: list, val_fraction: float, seed: int, max_records: int | None = None) -> tuple[list, list]:
     """Seeded shuffle (optionally keeping only `max_records`), then the last `val_fraction` is validation."""
     order = list(range(len(records)))
     random.Random(seed).shuffle(order)
@@ -140,8 +149,9 @@ def split_records(records: list, val_fraction: float, seed: int,
     return [records[i] for i in order[:-n_val]], [records[i] for i in order[-n_val:]]
 
 
-def split_three(records: list, val_fraction: float, test_fraction: float, seed: int,
-                max_records: int | None = None) -> tuple[list, list, list]:
+def split_three(
+    records: list, val_fraction: float, test_fraction: float, seed: int, max_records: int | None = None
+) -> tuple[list, list, list]:
     """Seeded shuffle (optionally keeping only `max_records`), then the last `test_fraction` is a test split that no
     training choice ever sees, and the last `val_fraction` of the rest is validation (early stopping, selection)."""
     order = list(range(len(records)))
@@ -149,9 +159,11 @@ def split_three(records: list, val_fraction: float, test_fraction: float, seed: 
     order = order[:max_records] if max_records else order
     n_test = round(len(order) * test_fraction) if test_fraction > 0 else 0
     if n_test and len(order) - n_test < 2:
-        raise UserError(f"{len(order)} records leave fewer than 2 for training and validation after the "
-                        f"--test_fraction {test_fraction:g} test split; use more records or a smaller --test_fraction")
-    kept, test = order[: len(order) - n_test], order[len(order) - n_test:]
+        raise UserError(
+            f"{len(order)} records leave fewer than 2 for training and validation after the "
+            f"--test_fraction {test_fraction:g} test split; use more records or a smaller --test_fraction"
+        )
+    kept, test = order[: len(order) - n_test], order[len(order) - n_test :]
     if len(kept) < 2:
         raise UserError(f"need at least 2 records to make a train/validation split, got {len(kept)}")
     n_val = min(len(kept) - 1, max(1, round(len(kept) * val_fraction)))
@@ -162,21 +174,29 @@ def split_three(records: list, val_fraction: float, test_fraction: float, seed: 
 # Prompts, tokenisation with prompt masking, padding
 # --------------------------------------------------------------------------------------------------
 
+
 def check_templates(prompt_template: str, prompt_template_no_input: str) -> None:
-    for flag, template, fields in (("prompt_template", prompt_template, ("instruction", "input")),
-                                   ("prompt_template_no_input", prompt_template_no_input, ("instruction",))):
+    for flag, template, fields in (
+        ("prompt_template", prompt_template, ("instruction", "input")),
+        ("prompt_template_no_input", prompt_template_no_input, ("instruction",)),
+    ):
         try:
             template.format(instruction="x", input="y")
         except (KeyError, IndexError, ValueError) as err:
-            raise UserError(f"--{flag}: bad placeholder {err}; use {{instruction}} and {{input}} "
-                            "(double other braces: {{{{ }}}})") from None
+            raise UserError(
+                f"--{flag}: bad placeholder {err}; use {{instruction}} and {{input}} "
+                "(double other braces: {{{{ }}}})"
+            ) from None
         for field in fields:
             if f"{{{field}}}" not in template:
                 raise UserError(f"--{flag}: the template must contain {{{field}}}")
 
 
-def format_prompt(record: dict[str, str], prompt_template: str = DEFAULT_PROMPT,
-                  prompt_template_no_input: str = DEFAULT_PROMPT_NO_INPUT) -> str:
+def format_prompt(
+    record: dict[str, str],
+    prompt_template: str = DEFAULT_PROMPT,
+    prompt_template_no_input: str = DEFAULT_PROMPT_NO_INPUT,
+) -> str:
     template = prompt_template if record.get("input", "").strip() else prompt_template_no_input
     return template.format(instruction=record["instruction"].strip(), input=record.get("input", "").strip())
 
@@ -193,17 +213,25 @@ def tokenize_example(tokenizer, prompt: str, answer: str, max_length: int) -> di
     if room < min(8, len(answer_ids)):
         return None
     answer_ids = answer_ids[:room]
-    return {"input_ids": prompt_ids + answer_ids, "labels": [-100] * len(prompt_ids) + answer_ids,
-            "prompt_length": len(prompt_ids)}
+    return {
+        "input_ids": prompt_ids + answer_ids,
+        "labels": [-100] * len(prompt_ids) + answer_ids,
+        "prompt_length": len(prompt_ids),
+    }
 
 
-def tokenize_records(tokenizer, records: list[dict[str, str]], max_length: int, prompt_template: str,
-                     prompt_template_no_input: str) -> tuple[list[dict], int]:
+def tokenize_records(
+    tokenizer, records: list[dict[str, str]], max_length: int, prompt_template: str, prompt_template_no_input: str
+) -> tuple[list[dict], int]:
     """Tokenised examples (each keeps its record) and how many were dropped as too long."""
     examples, dropped = [], 0
     for record in records:
-        example = tokenize_example(tokenizer, format_prompt(record, prompt_template, prompt_template_no_input),
-                                   record["output"].strip(), max_length)
+        example = tokenize_example(
+            tokenizer,
+            format_prompt(record, prompt_template, prompt_template_no_input),
+            record["output"].strip(),
+            max_length,
+        )
         if example is None:
             dropped += 1
             continue
@@ -246,6 +274,6 @@ def collate_prompts(examples: list[dict], pad_id: int) -> dict[str, Any]:
     input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(prompts), width), dtype=torch.long)
     for row, prompt in enumerate(prompts):
-        input_ids[row, width - len(prompt):] = torch.tensor(prompt)
-        attention[row, width - len(prompt):] = 1
+        input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        attention[row, width - len(prompt) :] = 1
     return {"input_ids": input_ids, "attention_mask": attention}

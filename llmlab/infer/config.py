@@ -2,6 +2,7 @@
 
 They live apart from the code that runs them so that `merge_and_infer.py --help` and a bad flag answer before torch,
 transformers and peft load (the same split as train/pretrain_config.py)."""
+
 from __future__ import annotations
 
 import json
@@ -20,21 +21,27 @@ PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
 
 
 def _offline() -> bool:
-    return any(os.environ.get(v, "0").lower() not in ("0", "", "false", "no")
-               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(
+        os.environ.get(v, "0").lower() not in ("0", "", "false", "no")
+        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
-def check_model_source(name: str, what: str = "--model",
-                       hint: str = "pass a folder written by save_pretrained, e.g. the --out of `merge_and_infer.py merge`",
-                       marker: str = "config.json") -> str:
+def check_model_source(
+    name: str,
+    what: str = "--model",
+    hint: str = "pass a folder written by save_pretrained, e.g. the --out of `merge_and_infer.py merge`",
+    marker: str = "config.json",
+) -> str:
     """A local folder must exist and hold `marker`; anything else is tried as a hub name unless offline."""
     path = Path(name).expanduser()
     if path.exists():
         if marker == "config.json" and (path / "adapter_config.json").is_file():
             raise UserError(f"{what} {name} is a LoRA adapter folder; pass it as --adapter with --base_model BASE")
         if not path.is_dir() or not (path / marker).is_file():
-            raise UserError(f"{what} {name}: not {'an adapter' if 'adapter' in marker else 'a model'} folder "
-                            f"(no {marker}); {hint}")
+            raise UserError(
+                f"{what} {name}: not {'an adapter' if 'adapter' in marker else 'a model'} folder (no {marker}); {hint}"
+            )
         return str(path)
     looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1
     if _offline() or looks_local:
@@ -44,8 +51,12 @@ def check_model_source(name: str, what: str = "--model",
 
 
 def check_adapter_source(name: str) -> str:
-    return check_model_source(name, "--adapter", "pass the folder train_lora.py saved the adapter to "
-                              "(adapter_config.json + adapter_model.safetensors)", marker="adapter_config.json")
+    return check_model_source(
+        name,
+        "--adapter",
+        "pass the folder train_lora.py saved the adapter to (adapter_config.json + adapter_model.safetensors)",
+        marker="adapter_config.json",
+    )
 
 
 def quantization_config_of(model_dir: str) -> dict | None:
@@ -64,8 +75,10 @@ def prompt_template(prompt_format: str, *folders: str | None) -> dict | None:
         if folder and (Path(folder) / PROMPT_FILE).is_file():
             return json.loads((Path(folder) / PROMPT_FILE).read_text())
     if prompt_format == "template":
-        raise UserError(f"--prompt_format template: no {PROMPT_FILE} in {' or '.join(f for f in folders if f)}; "
-                        "it is saved by train_lora.py next to the adapter (use --prompt_format raw otherwise)")
+        raise UserError(
+            f"--prompt_format template: no {PROMPT_FILE} in {' or '.join(f for f in folders if f)}; "
+            "it is saved by train_lora.py next to the adapter (use --prompt_format raw otherwise)"
+        )
     return None
 
 
@@ -82,8 +95,11 @@ class ModelSourceConfig:
     adapter: Optional[str] = opt(None, "LoRA adapter folder applied on top of --base_model, unmerged")
     tokenizer: Optional[str] = opt(None, "tokenizer name/path; unset = the one saved with the model or adapter")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto = CUDA when available, else CPU")
-    threads: int = opt(0, "CPU threads for PyTorch (0 = PyTorch's default, one per core; on a busy machine "
-                          "fewer threads than cores can be much faster)")
+    threads: int = opt(
+        0,
+        "CPU threads for PyTorch (0 = PyTorch's default, one per core; on a busy machine "
+        "fewer threads than cores can be much faster)",
+    )
 
     def validate_source(self, model_with_adapter: bool = False) -> None:
         if not self.model and not self.base_model and not self.adapter:
@@ -103,24 +119,38 @@ class ModelSourceConfig:
         if self.threads < 0:
             raise UserError(f"--threads must be >= 0 (0 = PyTorch's default), got {self.threads}")
 
+
 @dataclass
 class GenerateConfig(ModelSourceConfig):
     prompt: Optional[str] = opt(None, "one prompt; its completion streams to the terminal")
-    prompts_file: Optional[str] = opt(None, "JSONL file, one {\"prompt\": ...} per line; completions go to --output")
-    prompt_field: str = opt("prompt", "field of each --prompts_file record holding the prompt (records may instead "
-                                      "hold instruction/input fields when a prompt template applies)")
+    prompts_file: Optional[str] = opt(None, 'JSONL file, one {"prompt": ...} per line; completions go to --output')
+    prompt_field: str = opt(
+        "prompt",
+        "field of each --prompts_file record holding the prompt (records may instead "
+        "hold instruction/input fields when a prompt template applies)",
+    )
     prompt_format: Literal["auto", "raw", "template"] = opt(
-        "auto", f"auto = wrap prompts in the instruction template train_lora.py saved ({PROMPT_FILE} in the adapter "
-                "or merged folder) when there is one, else feed them as is; raw = always as is; template = require it")
-    output: Optional[str] = opt(None, "JSONL results file; unset = <prompts_file>.generations.jsonl for "
-                                      "--prompts_file, nothing (stream only) for --prompt")
+        "auto",
+        f"auto = wrap prompts in the instruction template train_lora.py saved ({PROMPT_FILE} in the adapter "
+        "or merged folder) when there is one, else feed them as is; raw = always as is; template = require it",
+    )
+    output: Optional[str] = opt(
+        None,
+        "JSONL results file; unset = <prompts_file>.generations.jsonl for "
+        "--prompts_file, nothing (stream only) for --prompt",
+    )
     precision: Literal["auto", "fp32", "fp16", "bf16", "int8", "int4"] = opt(
-        "auto", "weights/compute precision: auto = fp16 on CUDA, fp32 on CPU; int8/int4 = bitsandbytes on CUDA; "
-                "on CPU int8 = PyTorch dynamic INT8, int4 = bitsandbytes NF4 (CPU backend); fp16 needs CUDA")
+        "auto",
+        "weights/compute precision: auto = fp16 on CUDA, fp32 on CPU; int8/int4 = bitsandbytes on CUDA; "
+        "on CPU int8 = PyTorch dynamic INT8, int4 = bitsandbytes NF4 (CPU backend); fp16 needs CUDA",
+    )
     max_new_tokens: int = opt(128, "tokens to generate per prompt")
     temperature: Optional[float] = opt(None, f"sampling temperature; unset = {DEFAULT_TEMPERATURE} (not with --greedy)")
-    top_p: Optional[float] = opt(None, f"nucleus sampling: keep the smallest token set with this much probability; "
-                                       f"unset = {DEFAULT_TOP_P}; 1 = off (not with --greedy)")
+    top_p: Optional[float] = opt(
+        None,
+        f"nucleus sampling: keep the smallest token set with this much probability; "
+        f"unset = {DEFAULT_TOP_P}; 1 = off (not with --greedy)",
+    )
     top_k: Optional[int] = opt(None, "keep only the k most likely tokens; unset = 0 = off (not with --greedy)")
     repetition_penalty: float = opt(1.1, "divide logits of already generated tokens by this (1 = off)")
     no_repeat_ngram_size: int = opt(3, "never repeat an n-gram of this size (0 = off)")
@@ -136,8 +166,10 @@ class GenerateConfig(ModelSourceConfig):
         if self.greedy:
             given = [f"--{n}" for n in ("temperature", "top_p", "top_k") if getattr(self, n) is not None]
             if given:
-                raise UserError(f"--greedy ignores {', '.join(given)}; drop {'them' if len(given) > 1 else 'it'} "
-                                "or drop --greedy to sample")
+                raise UserError(
+                    f"--greedy ignores {', '.join(given)}; drop {'them' if len(given) > 1 else 'it'} "
+                    "or drop --greedy to sample"
+                )
         if self.temperature is not None and self.temperature <= 0:
             raise UserError(f"--temperature must be > 0 (use --greedy for argmax), got {self.temperature}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
@@ -156,8 +188,10 @@ class GenerateConfig(ModelSourceConfig):
         if self.output is not None:
             check_output_dir(Path(self.output).parent, "--output's folder")
         if self.prompts_file is not None and not Path(self.prompts_file).is_file():
-            raise UserError(f"--prompts_file {self.prompts_file} not found; pass a JSONL file with one "
-                            f"{{\"{self.prompt_field}\": ...}} per line")
+            raise UserError(
+                f"--prompts_file {self.prompts_file} not found; pass a JSONL file with one "
+                f'{{"{self.prompt_field}": ...}} per line'
+            )
         self.validate_source()
         if self.prompt_format == "template":
             prompt_template("template", self.adapter, self.model)
@@ -166,8 +200,11 @@ class GenerateConfig(ModelSourceConfig):
 @dataclass
 class BenchConfig(ModelSourceConfig):
     precisions: list[str] = opt([], "precisions to compare; empty = every one this machine runs (fp32 first)")
-    eval_data: str = opt("builtin:wiki", "held-out text: a .txt file, or a corpus whose llmlab.data.prepare validation "
-                                         "split is used (builtin:wiki = the offline Wikipedia sample)")
+    eval_data: str = opt(
+        "builtin:wiki",
+        "held-out text: a .txt file, or a corpus whose llmlab.data.prepare validation "
+        "split is used (builtin:wiki = the offline Wikipedia sample)",
+    )
     eval_tokens: int = opt(4096, "held-out tokens for perplexity")
     block_size: int = opt(256, "tokens per perplexity window and per prefill measurement")
     decode_tokens: int = opt(32, "new tokens per decode-speed measurement (greedy, batch 1)")
@@ -204,8 +241,10 @@ class MergeConfig:
     adapter: str = opt("", "LoRA adapter folder written by train_lora.py (adapter_config.json + weights)")
     out: str = opt("", "output folder for the merged standalone model (written to a temp dir, then renamed)")
     dtype: Literal["fp16", "bf16", "fp32"] = opt("fp16", "dtype of the saved weights; verification always runs in fp32")
-    tolerance: Optional[float] = opt(None, "max allowed |merged - unmerged| logit difference in fp32; "
-                                           f"unset = {FP32_REL_TOLERANCE} x max(1, max |logit|)")
+    tolerance: Optional[float] = opt(
+        None,
+        f"max allowed |merged - unmerged| logit difference in fp32; unset = {FP32_REL_TOLERANCE} x max(1, max |logit|)",
+    )
     overwrite: bool = opt(False, "replace --out if it already exists")
     tokenizer: Optional[str] = opt(None, "tokenizer to save alongside; unset = the adapter's, else the base's")
     device: Literal["cpu", "cuda"] = opt("cpu", "where to merge and verify (fp32 needs 4 bytes per parameter)")
@@ -224,22 +263,28 @@ class MergeConfig:
         adapter = check_adapter_source(self.adapter)
         out = Path(self.out).expanduser()
         for name, source in (("--base_model", base), ("--adapter", adapter)):
-            inside = Path(source).exists() and (out.resolve() == Path(source).resolve()
-                                                or out.resolve() in Path(source).resolve().parents)
+            inside = Path(source).exists() and (
+                out.resolve() == Path(source).resolve() or out.resolve() in Path(source).resolve().parents
+            )
             if inside:
-                raise UserError(f"--out {self.out} is or contains the {name} folder; pick a new folder for the "
-                                "merged model")
+                raise UserError(
+                    f"--out {self.out} is or contains the {name} folder; pick a new folder for the merged model"
+                )
         if out.exists() and not self.overwrite:
             raise UserError(f"--out {self.out} already exists; pass --overwrite to replace it or choose another folder")
         if out.exists() and not (out / "merge_report.json").is_file():  # never delete what merge did not write
-            raise UserError(f"--out {self.out} exists and is not a merged model written by this command (no "
-                            "merge_report.json); --overwrite only replaces an earlier merge: choose another folder")
+            raise UserError(
+                f"--out {self.out} exists and is not a merged model written by this command (no "
+                "merge_report.json); --overwrite only replaces an earlier merge: choose another folder"
+            )
         check_same_base(adapter, base, self.base_model)
         quant = quantization_config_of(base) if Path(base).is_dir() else None
         if quant:
-            raise UserError(f"--base_model {self.base_model} is quantized ({quant.get('quant_method', 'quantized')}); "
-                            "merging into quantized weights loses the adapter's precision: merge into the "
-                            "full-precision base, then quantize at load time (generate --precision int8/int4)")
+            raise UserError(
+                f"--base_model {self.base_model} is quantized ({quant.get('quant_method', 'quantized')}); "
+                "merging into quantized weights loses the adapter's precision: merge into the "
+                "full-precision base, then quantize at load time (generate --precision int8/int4)"
+            )
         return base, adapter, out
 
 
@@ -254,6 +299,8 @@ def check_same_base(adapter: str, base: str, given: str) -> None:
     except (OSError, ValueError):
         return
     if trained_on.get("digest") and trained_on["digest"] != model_digest(base):
-        raise UserError(f"--adapter {adapter} was trained on {trained_on.get('base_model')} "
-                        f"({trained_on['digest']}), and --base_model {given} has other weights "
-                        f"({model_digest(base)}); pass the base it was trained on")
+        raise UserError(
+            f"--adapter {adapter} was trained on {trained_on.get('base_model')} "
+            f"({trained_on['digest']}), and --base_model {given} has other weights "
+            f"({model_digest(base)}); pass the base it was trained on"
+        )

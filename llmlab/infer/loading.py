@@ -1,5 +1,6 @@
 """Loading a causal LM for inference: a merged folder, or a base model + LoRA adapter kept unmerged, at a chosen
 precision (precisions and quantization live in quantize.py); every path problem is a one-line error."""
+
 from __future__ import annotations
 
 import json
@@ -45,6 +46,7 @@ def quiet_backend_logs() -> None:
 
 # ---- loading ----------------------------------------------------------------------------------------------------
 
+
 @dataclass
 class LoadedModel:
     model: Any
@@ -60,8 +62,11 @@ def load_tokenizer_for(*sources: str | None, name: str | None = None):
     if name:
         return load_tokenizer(name)
     for source in sources:
-        if source and Path(source).is_dir() and any(
-                (Path(source) / f).is_file() for f in ("tokenizer.json", "vocab.json", "tokenizer_config.json")):
+        if (
+            source
+            and Path(source).is_dir()
+            and any((Path(source) / f).is_file() for f in ("tokenizer.json", "vocab.json", "tokenizer_config.json"))
+        ):
             return AutoTokenizer.from_pretrained(source)
     return load_tokenizer()
 
@@ -85,10 +90,12 @@ def load_at_precision(name: str, precision: str, device: str):
     # PyTorch's dynamic INT8, so int8 on CPU uses the latter)
     config = bnb_config(precision, device)
     # the layers bitsandbytes leaves alone (embeddings, norms, lm_head) stay in the compute dtype, not fp16
-    keep = config.bnb_4bit_compute_dtype if precision == "int4" else (
-        torch.float32 if device == "cpu" else torch.float16)  # LLM.int8 kernels take fp16 activations
-    model = from_pretrained_or_error(name, quantization_config=config, dtype=keep,
-                                     device_map={"": 0} if device == "cuda" else "cpu")
+    keep = (
+        config.bnb_4bit_compute_dtype if precision == "int4" else (torch.float32 if device == "cpu" else torch.float16)
+    )  # LLM.int8 kernels take fp16 activations
+    model = from_pretrained_or_error(
+        name, quantization_config=config, dtype=keep, device_map={"": 0} if device == "cuda" else "cpu"
+    )
     n = count_quantized_layers(model)
     if n == 0:
         raise RuntimeError(f"bitsandbytes {precision} load left every layer in full precision")
@@ -105,17 +112,27 @@ def attach_adapter(model, adapter: str):
         detail = next((line.strip() for line in first if "size mismatch" in line), first[0] if first else "")
         trained_on = ""
         try:
-            trained_on = json.loads((Path(adapter) / "adapter_config.json").read_text()).get(
-                "base_model_name_or_path") or ""
+            trained_on = (
+                json.loads((Path(adapter) / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
+            )
         except (OSError, ValueError):
             pass
-        raise UserError(f"--adapter {adapter} does not fit this base model ({detail[:160]}); it was trained on "
-                        f"{trained_on or 'another base'}: pass that as --base_model") from None
+        raise UserError(
+            f"--adapter {adapter} does not fit this base model ({detail[:160]}); it was trained on "
+            f"{trained_on or 'another base'}: pass that as --base_model"
+        ) from None
 
 
-def load_for_inference(*, model: str | None = None, base_model: str | None = None, adapter: str | None = None,
-                       precision: str = "auto", device: str = "auto", tokenizer: str | None = None,
-                       merge_adapter: bool = False) -> LoadedModel:
+def load_for_inference(
+    *,
+    model: str | None = None,
+    base_model: str | None = None,
+    adapter: str | None = None,
+    precision: str = "auto",
+    device: str = "auto",
+    tokenizer: str | None = None,
+    merge_adapter: bool = False,
+) -> LoadedModel:
     """A merged model folder, or a base + LoRA adapter kept unmerged (merged in memory where a backend needs it)."""
     quiet_backend_logs()
     device = resolve_device(device)
@@ -127,8 +144,10 @@ def load_for_inference(*, model: str | None = None, base_model: str | None = Non
         net, n_quant = load_at_precision(source, precision, device)
         return LoadedModel(net, load_tokenizer_for(source, name=tokenizer), precision, device, notes, n_quant)
     if precision == "int8" and device == "cpu":
-        notes.append("int8 on CPU: the adapter is merged into the fp32 base in memory, then quantized "
-                     "(PyTorch's dynamic INT8 layers cannot host a LoRA adapter)")
+        notes.append(
+            "int8 on CPU: the adapter is merged into the fp32 base in memory, then quantized "
+            "(PyTorch's dynamic INT8 layers cannot host a LoRA adapter)"
+        )
         net, _ = load_at_precision(source, "fp32", device)
         net = attach_adapter(net, adapter).merge_and_unload()
         report = quantize_int8_dynamic(net)

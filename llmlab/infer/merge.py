@@ -1,9 +1,12 @@
-"""Merge a LoRA adapter into its base (W' = W + (alpha/r)·B·A, via peft's merge_and_unload) and export a standalone model.
+"""Merge a LoRA adapter into its base (W' = W + (alpha/r)·B·A, via peft's merge_and_unload) and export a
+standalone model.
 
 The merge is checked, not trusted: logits of the merged fp32 model must match base+adapter (unmerged) on sample
 inputs within a tolerance, the cast to the export dtype must stay finite and close, and the saved folder is reloaded
-with plain transformers and must reproduce the cast model's logits. Only then is the folder published (temp dir, rename).
+with plain transformers and must reproduce the cast model's logits. Only then is the folder published (temp
+dir, rename).
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -32,12 +35,14 @@ SAMPLE_TEXTS = (
     "Question: What is the capital of France?\nAnswer:",
 )
 
+
 def _sample_batch(tokenizer, max_positions: int):
     tokenizer.padding_side = "right"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer(list(SAMPLE_TEXTS), return_tensors="pt", padding=True, truncation=True,
-                     max_length=min(64, max_positions))
+    return tokenizer(
+        list(SAMPLE_TEXTS), return_tensors="pt", padding=True, truncation=True, max_length=min(64, max_positions)
+    )
 
 
 def _logits(model, batch):
@@ -65,11 +70,20 @@ def merge_adapter(cfg: MergeConfig, log=print) -> dict:
     batch = _sample_batch(tokenizer, model.config.max_position_embeddings)
     merged_model, checks = _merge_checked(model, batch, cfg, log)
     merged_model, cast, cast_checks = _cast_checked(merged_model, batch, checks["merged"], checks["scale"], cfg, log)
-    report = {"base_model": cfg.base_model, "adapter": cfg.adapter, "dtype": cfg.dtype,
-              "sample_tokens": checks["merged"].shape[0], **checks["report"], **cast_checks, "command": sys.argv}
+    report = {
+        "base_model": cfg.base_model,
+        "adapter": cfg.adapter,
+        "dtype": cfg.dtype,
+        "sample_tokens": checks["merged"].shape[0],
+        **checks["report"],
+        **cast_checks,
+        "command": sys.argv,
+    }
     reload_diff = _save_verified(merged_model, tokenizer, adapter, out, batch, cast, checks["scale"], cfg, report)
-    log(f"saved standalone {cfg.dtype} model + tokenizer to {out} (loads with transformers alone; reload check "
-        f"max diff {reload_diff:.1e})")
+    log(
+        f"saved standalone {cfg.dtype} model + tokenizer to {out} (loads with transformers alone; reload check "
+        f"max diff {reload_diff:.1e})"
+    )
     return report
 
 
@@ -83,15 +97,22 @@ def _merge_checked(model, batch, cfg: MergeConfig, log) -> tuple:
     scale = float(unmerged.abs().max())
     tolerance = cfg.tolerance if cfg.tolerance is not None else FP32_REL_TOLERANCE * max(1.0, scale)
     adapter_effect, merge_diff = _max_diff(unmerged, base_logits), _max_diff(merged, unmerged)
-    log(f"merge check (fp32, {merged.shape[0]} tokens): max |merged - base+adapter| = {merge_diff:.3e} "
-        f"(tolerance {tolerance:.3e}); the adapter itself moves logits by up to {adapter_effect:.3e}")
+    log(
+        f"merge check (fp32, {merged.shape[0]} tokens): max |merged - base+adapter| = {merge_diff:.3e} "
+        f"(tolerance {tolerance:.3e}); the adapter itself moves logits by up to {adapter_effect:.3e}"
+    )
     if not merge_diff <= tolerance:
-        raise UserError(f"merged logits differ from base+adapter by {merge_diff:.3e} > tolerance {tolerance:.3e}; "
-                        "the merge is wrong for this model (nothing was saved)")
+        raise UserError(
+            f"merged logits differ from base+adapter by {merge_diff:.3e} > tolerance {tolerance:.3e}; "
+            "the merge is wrong for this model (nothing was saved)"
+        )
     if adapter_effect == 0.0:
         log("note: the adapter does not change the logits at all (lora_B still zero: an untrained adapter?)")
-    report = {"max_abs_diff_merged_vs_unmerged_fp32": merge_diff, "tolerance_fp32": tolerance,
-              "max_abs_adapter_effect": adapter_effect}
+    report = {
+        "max_abs_diff_merged_vs_unmerged_fp32": merge_diff,
+        "tolerance_fp32": tolerance,
+        "max_abs_adapter_effect": adapter_effect,
+    }
     return merged_model, {"merged": merged, "scale": scale, "report": report}
 
 
@@ -104,15 +125,28 @@ def _cast_checked(merged_model, batch, merged, scale: float, cfg: MergeConfig, l
     if not torch.isfinite(cast).all():
         raise UserError(f"{cfg.dtype} overflows for this model (non-finite logits); use --dtype bf16 or fp32")
     if cast_diff > cast_tolerance:
-        raise UserError(f"{cfg.dtype} changes logits by {cast_diff:.3e} > {cast_tolerance:.3e}; "
-                        "use --dtype bf16 or fp32")
+        raise UserError(
+            f"{cfg.dtype} changes logits by {cast_diff:.3e} > {cast_tolerance:.3e}; use --dtype bf16 or fp32"
+        )
     return merged_model, cast, {"max_abs_diff_cast_vs_fp32": cast_diff, "cast_tolerance": cast_tolerance}
 
 
 # What a merge writes, for merges made before merge_report.json listed its files.
-MERGE_OUTPUTS = ("*.safetensors", "*.safetensors.index.json", "*.bin", "config.json", "generation_config.json",
-                 "tokenizer*", "vocab.json", "merges.txt", "special_tokens_map.json", "added_tokens.json",
-                 "chat_template*", "merge_report.json", PROMPT_FILE)
+MERGE_OUTPUTS = (
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "*.bin",
+    "config.json",
+    "generation_config.json",
+    "tokenizer*",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template*",
+    "merge_report.json",
+    PROMPT_FILE,
+)
 
 
 def keep_user_files(out: Path, tmp: Path) -> None:
@@ -133,13 +167,14 @@ def keep_user_files(out: Path, tmp: Path) -> None:
 def remove_abandoned_temps(out: Path) -> None:
     """Temp folders of merges into --out that were killed before publishing (their pid is gone): never reused."""
     for stale in out.parent.glob(f".{out.name}.tmp*-*"):
-        pid = stale.name[len(f".{out.name}.tmp"):].split("-")[0]
+        pid = stale.name[len(f".{out.name}.tmp") :].split("-")[0]
         if stale.is_dir() and pid.isdigit() and not psutil.pid_exists(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def _save_verified(merged_model, tokenizer, adapter: str, out: Path, batch, cast, scale: float, cfg: MergeConfig,
-                   report: dict) -> float:
+def _save_verified(
+    merged_model, tokenizer, adapter: str, out: Path, batch, cast, scale: float, cfg: MergeConfig, report: dict
+) -> float:
     """Save into a temp folder, reload it with plain transformers, and publish only if it reproduces the logits."""
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_abandoned_temps(out)

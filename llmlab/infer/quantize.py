@@ -6,6 +6,7 @@ projections in transformers' `Conv1D` (the transposed layout), so those are conv
 otherwise only lm_head would be quantized and the model would silently stay float. Every quantized load is checked
 to have really replaced the layers it claims to.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -34,11 +35,15 @@ def unavailable_reason(precision: str, device: str) -> str | None:
             return f"{precision} on CUDA needs bitsandbytes (pip install bitsandbytes)"
         return None
     if precision == "fp16":
-        return ("fp16 inference needs a CUDA GPU (PyTorch's CPU fp16 matmuls are slow and overflow-prone); "
-                "on CPU use --precision bf16 or fp32")
+        return (
+            "fp16 inference needs a CUDA GPU (PyTorch's CPU fp16 matmuls are slow and overflow-prone); "
+            "on CPU use --precision bf16 or fp32"
+        )
     if precision == "int4" and not _bitsandbytes_ok():
-        return ("4-bit NF4 needs bitsandbytes (pip install bitsandbytes; its CPU backend runs it here) "
-                "or a CUDA GPU; on CPU use --precision int8")
+        return (
+            "4-bit NF4 needs bitsandbytes (pip install bitsandbytes; its CPU backend runs it here) "
+            "or a CUDA GPU; on CPU use --precision int8"
+        )
     return None  # fp32, bf16, int8 (PyTorch dynamic) and int4 (bitsandbytes CPU backend) run on CPU
 
 
@@ -74,8 +79,13 @@ def conv1d_to_linear(model) -> int:
         for name, child in list(parent.named_children()):
             if isinstance(child, Conv1D):
                 in_features, out_features = child.weight.shape
-                linear = torch.nn.Linear(in_features, out_features, bias=child.bias is not None,
-                                         dtype=child.weight.dtype, device=child.weight.device)
+                linear = torch.nn.Linear(
+                    in_features,
+                    out_features,
+                    bias=child.bias is not None,
+                    dtype=child.weight.dtype,
+                    device=child.weight.device,
+                )
                 with torch.no_grad():
                     linear.weight.copy_(child.weight.t())
                     if child.bias is not None:
@@ -134,8 +144,10 @@ def quantize_int8_dynamic(model) -> dict[str, Any]:
     n_quant = sum(isinstance(m, DynamicQuantLinear) for m in quantized.modules())
     left = sum(type(m) is torch.nn.Linear for m in quantized.modules())
     if n_quant == 0 or n_quant != float_linears or left:
-        raise RuntimeError(f"INT8 dynamic quantization did not take: {n_quant} of {float_linears} Linear layers "
-                           f"quantized, {left} still float")
+        raise RuntimeError(
+            f"INT8 dynamic quantization did not take: {n_quant} of {float_linears} Linear layers "
+            f"quantized, {left} still float"
+        )
     return {"model": quantized, "conv1d_converted": converted, "int8_layers": n_quant, "tied_head_bf16": tied}
 
 
@@ -155,5 +167,9 @@ def bnb_config(precision: str, device: str):
     if precision == "int8":
         return BitsAndBytesConfig(load_in_8bit=True)
     compute = torch.bfloat16 if device == "cuda" and torch.cuda.is_bf16_supported() else torch.float16
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                              bnb_4bit_compute_dtype=compute if device == "cuda" else torch.float32)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=compute if device == "cuda" else torch.float32,
+    )

@@ -3,9 +3,11 @@
 GPU peaks come from a table (dense tensor-core TFLOP/s with fp32 accumulation for bf16/fp16, plain fp32 otherwise;
 llm.c-style). A CPU has no such datasheet number that holds on a shared machine, so its peak is measured: the
 best of a few matmuls of up to 2048 x 2048 in the training precision on the threads the run uses (bench/cpu_peak.py
-prints it; 158 GFLOP/s fp32 and 366 bf16 on two threads of this project's EPYC). Unlisted GPUs get no MFU rather than one
+prints it; 158 GFLOP/s fp32 and 366 bf16 on two threads of this project's EPYC). Unlisted GPUs get no MFU
+rather than one
 against a guess.
 """
+
 from __future__ import annotations
 
 import time
@@ -37,8 +39,7 @@ def peak_flops(device_name: str | None, mixed_precision: str) -> float | None:
 _CPU_PEAKS: dict[tuple[str, int, int], float] = {}
 
 
-def measure_cpu_peak_flops(precision: str = "fp32", size: int = 2048, repeats: int = 5,
-                           budget_s: float = 2.0) -> float:
+def measure_cpu_peak_flops(precision: str = "fp32", size: int = 2048, repeats: int = 5, budget_s: float = 2.0) -> float:
     """Best-of-`repeats` FLOP/s of a square matmul on this CPU's current torch threads (cached per process): up to
     size x size, doubling from 256 while the next size fits `budget_s`. The budget matters where bf16 is emulated
     (no bf16 units): there one 2048 x 2048 bf16 matmul takes tens of seconds, and the full measurement held a run's
@@ -53,7 +54,7 @@ def measure_cpu_peak_flops(precision: str = "fp32", size: int = 2048, repeats: i
         while True:
             a, b = (torch.randn(side, side, generator=own).to(dtype) for _ in range(2))
             torch.mm(a, b)  # warm-up: thread pool, kernel selection
-            best = min(_timed(lambda: torch.mm(a, b), time.perf_counter) for _ in range(repeats))
+            best = min(_timed(lambda a=a, b=b: torch.mm(a, b), time.perf_counter) for _ in range(repeats))
             if side >= size or 8 * best * (repeats + 1) > budget_s:  # the next size costs 8x as much
                 break
             side = min(2 * side, size)

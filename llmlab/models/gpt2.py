@@ -4,6 +4,7 @@ Presets are GPT-2 shapes; only `gpt2-tiny` is ours: small enough that a few hund
 cores visibly lower the loss on real text, yet with the real 50257-token vocabulary, so every tool in the
 project (tokenizer, LoRA, merge, inference) runs on it unchanged.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -22,8 +23,10 @@ def gpt2_config(preset: str, vocab_size: int = 50257, n_positions: int | None = 
     from transformers import GPT2Config
 
     if preset not in GPT2_PRESETS:
-        raise UserError(f"unknown model preset {preset!r}; choose one of {', '.join(GPT2_PRESETS)} "
-                        "or pass a Hugging Face model name/path with --init_from")
+        raise UserError(
+            f"unknown model preset {preset!r}; choose one of {', '.join(GPT2_PRESETS)} "
+            "or pass a Hugging Face model name/path with --init_from"
+        )
     shape = {**GPT2_PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None}}
     if n_positions is not None:
         shape["n_positions"] = n_positions
@@ -50,8 +53,10 @@ def load_pretrained_model(name_or_path: str):
     try:
         return AutoModelForCausalLM.from_pretrained(name_or_path)
     except (OSError, ValueError) as err:
-        raise UserError(f"cannot load model {name_or_path!r} for --init_from ({str(err).splitlines()[0][:160]}); "
-                        "pass a folder written by save_pretrained, or a hub name when online") from None
+        raise UserError(
+            f"cannot load model {name_or_path!r} for --init_from ({str(err).splitlines()[0][:160]}); "
+            "pass a folder written by save_pretrained, or a hub name when online"
+        ) from None
 
 
 def context_length_of(name_or_path: str) -> int:
@@ -61,6 +66,8 @@ def context_length_of(name_or_path: str) -> int:
     try:
         config = AutoConfig.from_pretrained(name_or_path)
     except (OSError, ValueError) as err:
-        raise UserError(f"cannot load the model config of {name_or_path!r} ({str(err).splitlines()[0][:160]}); "
-                        "pass a folder written by save_pretrained, or a hub name when online") from None
+        raise UserError(
+            f"cannot load the model config of {name_or_path!r} ({str(err).splitlines()[0][:160]}); "
+            "pass a folder written by save_pretrained, or a hub name when online"
+        ) from None
     return config.max_position_embeddings

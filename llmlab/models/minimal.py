@@ -6,6 +6,7 @@ frozen -- the lab's original design, kept as `embedding="frozen"` -- the probe s
 uniform guess at the CPU budget and every comparison drowns in that (README, "the methodology lab").
 Position encoding: RoPE (default), learned, sinusoidal.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,9 @@ class MinimalTransformerConfig:
     def of_size(width: int, n_layer: int, head_dim: int = 32, **kwargs) -> "MinimalTransformerConfig":
         """The family the lab scans: heads of 32 (or head_dim), feed-forward 2 x width (the default is 192 wide, 4
         deep)."""
-        return MinimalTransformerConfig(width=width, n_layer=n_layer, n_head=width // head_dim, ff_width=2 * width,
-                                        **kwargs)
+        return MinimalTransformerConfig(
+            width=width, n_layer=n_layer, n_head=width // head_dim, ff_width=2 * width, **kwargs
+        )
 
 
 def sinusoidal_table(length: int, width: int) -> torch.Tensor:
@@ -181,8 +183,9 @@ class MinimalTransformer(nn.Module):
     def lr_multipliers(self) -> dict[str, float]:
         """Per-parameter Adam lr multipliers: muP scales hidden matrices by 1/width_mult; 1 everywhere otherwise."""
         hidden = ("attn.qkv.weight", "attn.proj.weight", "ff_in.weight", "ff_out.weight")
-        return {name: (1 / self.cfg.width_mult if name.endswith(hidden) else 1.0)
-                for name, _ in self.named_parameters()}
+        return {
+            name: (1 / self.cfg.width_mult if name.endswith(hidden) else 1.0) for name, _ in self.named_parameters()
+        }
 
     def non_embedding_parameters(self) -> int:
         """N of the scaling-law papers: every parameter but the token (and learned position) embeddings."""

@@ -1,5 +1,6 @@
 """One analysis of an lr x batch-size sweep: the single-size fits (fits.py) and, with several model sizes, the law
 across sizes and its held-out verdict (transfer.py). Kept apart from both so neither imports the other."""
+
 from __future__ import annotations
 
 import math
@@ -30,9 +31,13 @@ def analyse(rows: list[dict], options: ScalingOptions) -> dict:
     transfer, sized_rows, sized_feasible = None, rows, feasible
     if len({str(r.get("size")) for r in rows if r.get("size") not in (None, "")}) >= 2:
         # the scan's own rule (llmlab.sweep.scan): every finished, finite run below the uniform guess is a measurement
-        transfer = analyse_sizes(feasible_region(rows, replace(options, unstable_std=math.inf))[0],
-                                 options.confidence, options.holdout, options.preregistration,
-                                 options.machine_order)
+        transfer = analyse_sizes(
+            feasible_region(rows, replace(options, unstable_std=math.inf))[0],
+            options.confidence,
+            options.holdout,
+            options.preregistration,
+            options.machine_order,
+        )
         largest = transfer["sizes"][-1] if transfer["sizes"] else None
         sized_rows = [r for r in rows if str(r.get("size")) == largest]
         sized_feasible = [r for r in feasible if str(r.get("size")) == largest]
@@ -41,17 +46,27 @@ def analyse(rows: list[dict], options: ScalingOptions) -> dict:
         by_batch.setdefault(float(row["batch_size"]), []).append(row)
     lr_points = [{"batch_size": batch, **lr_optimum(trials)} for batch, trials in sorted(by_batch.items())]
     fits: dict[str, dict] = {}
-    for name, make in (("lr_opt", lambda: lr_batch_fit(lr_points, options)),
-                       ("peak_memory_mb", lambda: memory_fit(sized_rows, options)),
-                       ("loss_std", lambda: loss_std_fit(sized_feasible, options))):
+    for name, make in (
+        ("lr_opt", lambda: lr_batch_fit(lr_points, options)),
+        ("peak_memory_mb", lambda: memory_fit(sized_rows, options)),
+        ("loss_std", lambda: loss_std_fit(sized_feasible, options)),
+    ):
         try:
             fits[name] = make()
         except (ValueError, np.linalg.LinAlgError) as err:  # degenerate data must not sink the sweep's report
             fits[name] = unavailable(f"fit failed on these data ({err})")
     return {
-        "options": {**vars(options)}, "thresholds": thresholds, "n_trials": len(rows), "n_feasible": len(feasible),
-        "feasible_ids": [r.get("trial_id") for r in feasible], "dropped": dropped, "lr_opt_per_batch": lr_points,
-        "fits": fits, "measured": _measured(sized_rows), "transfer": transfer, "trials": rows,
+        "options": {**vars(options)},
+        "thresholds": thresholds,
+        "n_trials": len(rows),
+        "n_feasible": len(feasible),
+        "feasible_ids": [r.get("trial_id") for r in feasible],
+        "dropped": dropped,
+        "lr_opt_per_batch": lr_points,
+        "fits": fits,
+        "measured": _measured(sized_rows),
+        "transfer": transfer,
+        "trials": rows,
     }
 
 
@@ -61,8 +76,12 @@ def _measured(rows: list[dict]) -> dict:
     params = next(filter(None, (number(r.get("n_params") or r.get("params")) for r in rows)), None)
     if params is None and len(models) == 1:
         params = swept_model_parameters(models[0], int(seq_len or 1024))
-    return {"models": models, "params": params, "seq_len": seq_len,
-            "size": next((str(r["size"]) for r in rows if r.get("size")), None)}
+    return {
+        "models": models,
+        "params": params,
+        "seq_len": seq_len,
+        "size": next((str(r["size"]) for r in rows if r.get("size")), None),
+    }
 
 
 def _sequence_length(row: dict) -> Optional[float]:

@@ -5,6 +5,7 @@ cannot drag it, then given confidence intervals by a residual bootstrap: the bat
 are fixed by the design, so we resample the inliers' residuals (scipy.stats.bootstrap) rather than the
 points themselves, which keeps every resample well posed even with five batch sizes.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,25 +26,47 @@ MIN_RANSAC_THRESHOLD = 0.05
 
 @dataclass
 class ScalingOptions:
-    diverged_loss: float = opt(UNIFORM_GUESS_LOSS, "a trial whose final loss is above this (or not finite) is "
-                               "dropped as diverged; the default is ln(50257), a uniform guess over the vocab")
-    unstable_std: Optional[float] = opt(None, "a trial whose early loss std is above this is dropped as unstable "
-                                        "(unset = unstable_factor x the median early loss std of the ok trials)")
-    unstable_factor: float = opt(3.0, "used when unstable_std is not set: unstable = early loss std above this "
-                                 "multiple of the median over the ok trials")
-    ransac_threshold: Optional[float] = opt(None, "RANSAC inlier threshold on ln-space residuals (unset = 3 x "
-                                            "the MAD residual scale of a Theil-Sen fit, at least 0.05)")
+    diverged_loss: float = opt(
+        UNIFORM_GUESS_LOSS,
+        "a trial whose final loss is above this (or not finite) is "
+        "dropped as diverged; the default is ln(50257), a uniform guess over the vocab",
+    )
+    unstable_std: Optional[float] = opt(
+        None,
+        "a trial whose early loss std is above this is dropped as unstable "
+        "(unset = unstable_factor x the median early loss std of the ok trials)",
+    )
+    unstable_factor: float = opt(
+        3.0,
+        "used when unstable_std is not set: unstable = early loss std above this "
+        "multiple of the median over the ok trials",
+    )
+    ransac_threshold: Optional[float] = opt(
+        None,
+        "RANSAC inlier threshold on ln-space residuals (unset = 3 x "
+        "the MAD residual scale of a Theil-Sen fit, at least 0.05)",
+    )
     n_bootstrap: int = opt(100, "bootstrap resamples for the confidence intervals")
     confidence: float = opt(0.95, "confidence level of the intervals and bands")
     seed: int = opt(42, "seed for RANSAC and the bootstrap")
-    keep_boundary: bool = opt(False, "keep trials that only finished after a fail-safe retry with a fallback "
-                              "(clip - 0.1 or warmup 100); by default they are dropped as at the stability edge")
-    holdout: str = opt("auto", "multi-size scans: largest = fit on the smaller sizes and check the forecast on the "
-                               "largest; none = skip; auto = largest when there are >= 3 sizes")
-    preregistration: Optional[dict] = opt(None, "the scan's preregistration.json (with its sha256): the held-out "
-                                                "verdict judges that forecast")
-    machine_order: Optional[list] = opt(None, "a scan's machines (numerics groups) in the order it met them: the "
-                                              "first is the reference of every machine term")
+    keep_boundary: bool = opt(
+        False,
+        "keep trials that only finished after a fail-safe retry with a fallback "
+        "(clip - 0.1 or warmup 100); by default they are dropped as at the stability edge",
+    )
+    holdout: str = opt(
+        "auto",
+        "multi-size scans: largest = fit on the smaller sizes and check the forecast on the "
+        "largest; none = skip; auto = largest when there are >= 3 sizes",
+    )
+    preregistration: Optional[dict] = opt(
+        None, "the scan's preregistration.json (with its sha256): the held-out verdict judges that forecast"
+    )
+    machine_order: Optional[list] = opt(
+        None,
+        "a scan's machines (numerics groups) in the order it met them: the "
+        "first is the reference of every machine term",
+    )
 
     def validate(self) -> None:
         if not 0 < self.confidence < 1:
@@ -85,8 +108,7 @@ def feasible_region(rows: list[dict], options: ScalingOptions) -> tuple[list[dic
         unstable_rule = f"{options.unstable_factor:g} x median early loss std of ok trials ({np.median(stds):.4g})"
     else:
         unstable_std, unstable_rule = math.inf, "no early loss std recorded"
-    thresholds = {"diverged_loss": options.diverged_loss, "unstable_std": unstable_std,
-                  "unstable_rule": unstable_rule}
+    thresholds = {"diverged_loss": options.diverged_loss, "unstable_std": unstable_std, "unstable_rule": unstable_rule}
 
     feasible, dropped = [], []
     for row in rows:
@@ -96,8 +118,9 @@ def feasible_region(rows: list[dict], options: ScalingOptions) -> tuple[list[dic
         if status != "ok":
             reason = f"status {status}" + (f" ({str(detail)[:160]})" if detail else "")
         elif row.get("boundary") and not options.keep_boundary:
-            reason = (f"boundary: finished only after a retry with fallback {row.get('fallback') or '?'}"
-                      + (f" (first attempt: {str(detail)[:120]})" if detail else ""))
+            reason = f"boundary: finished only after a retry with fallback {row.get('fallback') or '?'}" + (
+                f" (first attempt: {str(detail)[:120]})" if detail else ""
+            )
         elif number(row.get("lr")) is None or number(row.get("batch_size")) is None:
             reason = "no lr or batch size recorded"
         elif final_loss is None:
@@ -109,8 +132,15 @@ def feasible_region(rows: list[dict], options: ScalingOptions) -> tuple[list[dic
         else:
             feasible.append(row)
             continue
-        dropped.append({"trial_id": row.get("trial_id"), "lr": row.get("lr"), "batch_size": row.get("batch_size"),
-                        "status": status, "reason": reason})
+        dropped.append(
+            {
+                "trial_id": row.get("trial_id"),
+                "lr": row.get("lr"),
+                "batch_size": row.get("batch_size"),
+                "status": status,
+                "reason": reason,
+            }
+        )
     return feasible, dropped, thresholds
 
 
@@ -124,12 +154,17 @@ def lr_optimum(trials: list[dict]) -> dict:
     losses = np.array([np.mean(by_lr[lr]) for lr in lrs])
     best = int(np.argmin(losses))
     best_trial = min(trials, key=lambda r: float(r["final_loss"]))
-    result = {"n_trials": len(trials), "n_lrs": len(lrs), "grid_lr": float(lrs[best]),
-              "best_final_loss": float(losses[best]), "best_trial_id": best_trial.get("trial_id")}
+    result = {
+        "n_trials": len(trials),
+        "n_lrs": len(lrs),
+        "grid_lr": float(lrs[best]),
+        "best_final_loss": float(losses[best]),
+        "best_trial_id": best_trial.get("trial_id"),
+    }
     if best == 0 or best == len(lrs) - 1:
         return {**result, "lr_opt": float(lrs[best]), "method": "grid minimum", "at_edge": True}
-    x = np.log(lrs[best - 1: best + 2])
-    curvature, slope, _ = np.polyfit(x, losses[best - 1: best + 2], 2)
+    x = np.log(lrs[best - 1 : best + 2])
+    curvature, slope, _ = np.polyfit(x, losses[best - 1 : best + 2], 2)
     if curvature <= 0:  # flat (ties): no vertex to trust
         return {**result, "lr_opt": float(lrs[best]), "method": "grid minimum", "at_edge": False}
     vertex = float(np.clip(-slope / (2 * curvature), x[0], x[-1]))
@@ -149,6 +184,7 @@ def _ransac_threshold(features: np.ndarray, target: np.ndarray, options: Scaling
 
 def fit_loglinear(features: np.ndarray, target: np.ndarray, options: ScalingOptions, names: list[str]) -> dict:
     """ln-space linear fit y = w0 + w . x with RANSAC outlier rejection and residual-bootstrap intervals."""
+    # long: 71 lines once ruff's layout puts its long calls one argument a line; one step, read top to bottom
     from scipy import stats
     from sklearn.linear_model import LinearRegression, RANSACRegressor
 
@@ -158,8 +194,13 @@ def fit_loglinear(features: np.ndarray, target: np.ndarray, options: ScalingOpti
     threshold = _ransac_threshold(features, target, options)
     note = ""
     try:
-        ransac = RANSACRegressor(LinearRegression(), min_samples=p + 1, residual_threshold=threshold,
-                                 max_trials=1000, random_state=options.seed).fit(features, target)
+        ransac = RANSACRegressor(
+            LinearRegression(),
+            min_samples=p + 1,
+            residual_threshold=threshold,
+            max_trials=1000,
+            random_state=options.seed,
+        ).fit(features, target)
         inliers = ransac.inlier_mask_.copy()
     except ValueError:
         inliers = np.ones(n, dtype=bool)
@@ -188,9 +229,15 @@ def fit_loglinear(features: np.ndarray, target: np.ndarray, options: ScalingOpti
         refitted = LinearRegression().fit(x_in, fitted + resampled)
         return np.concatenate([[refitted.intercept_], refitted.coef_])
 
-    boot = stats.bootstrap((residuals,), refit, n_resamples=options.n_bootstrap, vectorized=False,
-                           method="percentile", confidence_level=options.confidence,
-                           rng=np.random.default_rng(options.seed))
+    boot = stats.bootstrap(
+        (residuals,),
+        refit,
+        n_resamples=options.n_bootstrap,
+        vectorized=False,
+        method="percentile",
+        confidence_level=options.confidence,
+        rng=np.random.default_rng(options.seed),
+    )
     params = np.concatenate([[model.intercept_], model.coef_])
     ss_res, ss_tot = float(np.sum((y_in - fitted) ** 2)), float(np.sum((y_in - y_in.mean()) ** 2))
     return {
@@ -222,10 +269,14 @@ def predict_band(fit: dict, features: np.ndarray, confidence: float) -> tuple[np
 
 def _power_law(fit: dict, coefficient: str, exponent: str) -> dict:
     """Name the ln-space parameters of a one-feature fit as coefficient * batch^exponent."""
-    return {**fit, "status": "ok",
-            coefficient: math.exp(fit["params"][0]), f"{coefficient}_ci": [math.exp(fit["ci_low"][0]),
-                                                                         math.exp(fit["ci_high"][0])],
-            exponent: fit["params"][1], f"{exponent}_ci": [fit["ci_low"][1], fit["ci_high"][1]]}
+    return {
+        **fit,
+        "status": "ok",
+        coefficient: math.exp(fit["params"][0]),
+        f"{coefficient}_ci": [math.exp(fit["ci_low"][0]), math.exp(fit["ci_high"][0])],
+        exponent: fit["params"][1],
+        f"{exponent}_ci": [fit["ci_low"][1], fit["ci_high"][1]],
+    }
 
 
 def unavailable(reason: str) -> dict:
@@ -242,49 +293,73 @@ def lr_batch_fit(lr_points: list[dict], options: ScalingOptions) -> dict:
     if len(interior) >= 3:
         usable = interior
     elif edge_batches:
-        warning = (f"the best lr is at the edge of the lr grid at batch size(s) "
-                   f"{', '.join(f'{b:g}' for b in edge_batches)}: the fit and its interval only bound lr_opt there; "
-                   f"widen --lrs")
+        warning = (
+            f"the best lr is at the edge of the lr grid at batch size(s) "
+            f"{', '.join(f'{b:g}' for b in edge_batches)}: the fit and its interval only bound lr_opt there; "
+            f"widen --lrs"
+        )
     if len(usable) < 3:
-        return unavailable(f"needs feasible trials at >= 3 batch sizes (each with >= 2 learning rates to locate "
-                            f"the best one), found {len(usable)}")
+        return unavailable(
+            f"needs feasible trials at >= 3 batch sizes (each with >= 2 learning rates to locate "
+            f"the best one), found {len(usable)}"
+        )
     x = np.log([p["batch_size"] for p in usable])
     y = np.log([p["lr_opt"] for p in usable])
     fit = fit_loglinear(x, y, options, ["ln a", "b"])
     for point, inlier in zip(usable, fit["inliers"]):
         point["inlier"] = inlier
-    return {"formula": "lr_opt = a * batch^b", **_power_law(fit, "a", "b"),
-            "x_range": [float(np.exp(x.min())), float(np.exp(x.max()))], "warning": warning}
+    return {
+        "formula": "lr_opt = a * batch^b",
+        **_power_law(fit, "a", "b"),
+        "x_range": [float(np.exp(x.min())), float(np.exp(x.max()))],
+        "warning": warning,
+    }
 
 
 def memory_fit(rows: list[dict], options: ScalingOptions) -> dict:
     # Memory does not depend on whether the loss behaved, so every trial that ran to the end counts here.
-    completed = [r for r in rows if r.get("status") == "ok" and memory_batch(r)
-                 and (number(r.get("peak_memory_mb")) or 0) > 0]
+    completed = [
+        r for r in rows if r.get("status") == "ok" and memory_batch(r) and (number(r.get("peak_memory_mb")) or 0) > 0
+    ]
     batches = sorted({memory_batch(r) for r in completed})
     if len(completed) < 3 or len(batches) < 2:
-        single = (f"; every trial ran micro batches of {batches[0]:g} (gradient accumulation), so memory was never "
-                  f"measured at another batch -- rerun with --micro_batch_size >= the largest batch"
-                  if len(batches) == 1 else "")
-        return unavailable(f"needs >= 3 completed trials with peak memory over >= 2 micro batch sizes, found "
-                            f"{len(completed)} over {len(batches)}{single}")
+        single = (
+            f"; every trial ran micro batches of {batches[0]:g} (gradient accumulation), so memory was never "
+            f"measured at another batch -- rerun with --micro_batch_size >= the largest batch"
+            if len(batches) == 1
+            else ""
+        )
+        return unavailable(
+            f"needs >= 3 completed trials with peak memory over >= 2 micro batch sizes, found "
+            f"{len(completed)} over {len(batches)}{single}"
+        )
     x = np.log([memory_batch(r) for r in completed])
     y = np.log([float(r["peak_memory_mb"]) for r in completed])
     fit = fit_loglinear(x, y, options, ["ln c", "d"])
-    return {"formula": "peak_mem_mb = c * batch^d", **_power_law(fit, "c", "d"),
-            "x_range": [batches[0], batches[-1]], "trial_ids": [r.get("trial_id") for r in completed]}
+    return {
+        "formula": "peak_mem_mb = c * batch^d",
+        **_power_law(fit, "c", "d"),
+        "x_range": [batches[0], batches[-1]],
+        "trial_ids": [r.get("trial_id") for r in completed],
+    }
 
 
 def loss_std_fit(feasible: list[dict], options: ScalingOptions) -> dict:
     with_std = [r for r in feasible if (number(r.get("early_loss_std")) or 0) > 0]
     if len(with_std) < 4 or len({r["lr"] for r in with_std}) < 2 or len({r["batch_size"] for r in with_std}) < 2:
-        return unavailable(f"needs >= 4 feasible trials with an early loss std over >= 2 lrs and >= 2 batch "
-                            f"sizes, found {len(with_std)}")
+        return unavailable(
+            f"needs >= 4 feasible trials with an early loss std over >= 2 lrs and >= 2 batch "
+            f"sizes, found {len(with_std)}"
+        )
     x = np.array([[math.log(1 / float(r["lr"])), math.log(float(r["batch_size"]))] for r in with_std])
     y = np.log([float(r["early_loss_std"]) for r in with_std])
     fit = fit_loglinear(x, y, options, ["k0", "k1", "k2"])
     names = ["k0", "k1", "k2"]
-    return {"formula": "ln loss_std = k0 + k1 * ln(1/lr) + k2 * ln(batch)", "status": "ok", **fit,
-            **{name: fit["params"][i] for i, name in enumerate(names)},
-            **{f"{name}_ci": [fit["ci_low"][i], fit["ci_high"][i]] for i, name in enumerate(names)},
-            "trial_ids": [r.get("trial_id") for r in with_std]}
+    return {
+        "formula": "ln loss_std = k0 + k1 * ln(1/lr) + k2 * ln(batch)",
+        "status": "ok",
+        **fit,
+        **{name: fit["params"][i] for i, name in enumerate(names)},
+        **{f"{name}_ci": [fit["ci_low"][i], fit["ci_high"][i]] for i, name in enumerate(names)},
+        "trial_ids": [r.get("trial_id") for r in with_std],
+    }

@@ -14,6 +14,7 @@ Each adjusted trial carries `seed_weight`: the share of a seed its lr's adjusted
 uncertainty is counted (Var(lr mean) from the model's covariance), which the vertex's bootstrap uses in place of
 the plain seed count.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,7 +25,8 @@ from scipy import stats
 
 
 def machine_of(row: dict) -> str:
-    """The numerics a trial ran with: the scan's group (machines that replay bit-identically share one), else its CPU."""
+    """The numerics a trial ran with: the scan's group (machines that replay bit-identically share one), else
+    its CPU."""
     return str(row.get("machine") or row.get("cpu") or "unknown")
 
 
@@ -37,8 +39,10 @@ def machine_adjust(feasible: list[dict], order: Optional[list[str]] = None) -> t
         cells.setdefault((str(row.get("size")), float(row["batch_size"])), []).append(row)
     adjusted, terms = [], []
     for (size, batch), trials in cells.items():
-        seen = sorted({machine_of(r) for r in trials},
-                      key=lambda m: (order.index(m) if order and m in order else len(order or []), m))
+        seen = sorted(
+            {machine_of(r) for r in trials},
+            key=lambda m: (order.index(m) if order and m in order else len(order or []), m),
+        )
         if len(seen) == 1:
             adjusted += trials
             continue
@@ -73,33 +77,59 @@ def _adjust_cell(trials: list[dict], machines: list[str]) -> tuple[list[dict], d
     df = len(y) - X.shape[1]
     if df < 1:
         return [r for r in trials if machine_of(r) == machines[0]], {
-            "status": "not_estimable", "reference": machines[0], "left_out": machines[1:], "lost_df": 0,
-            "reason": "no residual df to put an interval on the offsets"}
+            "status": "not_estimable",
+            "reference": machines[0],
+            "left_out": machines[1:],
+            "lost_df": 0,
+            "reason": "no residual df to put an interval on the offsets",
+        }
     sigma = math.sqrt(float(np.sum((y - X @ beta) ** 2)) / df)
-    cov = sigma ** 2 * np.linalg.inv(X.T @ X)
-    t95 = stats.t.ppf(0.975, df)
+    cov = sigma**2 * np.linalg.inv(X.T @ X)
+    term = {
+        "status": "ok",
+        "reference": machines[0],
+        "left_out": dropped,
+        "df": df,
+        "sigma": sigma,
+        "lost_df": len(machines) - 1,
+        "offsets": [],
+    }
     offsets = {machines[0]: 0.0}
-    rows = []
-    term = {"status": "ok", "reference": machines[0], "left_out": dropped, "df": df, "sigma": sigma,
-            "lost_df": len(machines) - 1, "offsets": []}
     for j, machine in enumerate(machines[1:]):
         k = len(lrs) + j
         offsets[machine] = float(beta[k])
-        se = math.sqrt(cov[k, k])
-        term["offsets"].append({"machine": machine, "offset": float(beta[k]), "se": se,
-                                "ci": [float(beta[k] - t95 * se), float(beta[k] + t95 * se)],
-                                "p": float(2 * stats.t.sf(abs(beta[k]) / se, df)) if se > 0 else None,
-                                "trials": int(X[:, k].sum()),
-                                "shared_lrs": len(shared[machine] & reference_lrs),
-                                "interaction": _interaction(X, y, lrs, lr_index, k)})
-    lr_var = np.diag(cov)[:len(lrs)]
+        record = _offset(beta[k], math.sqrt(cov[k, k]), df)
+        record.update(
+            machine=machine,
+            trials=int(X[:, k].sum()),
+            shared_lrs=len(shared[machine] & reference_lrs),
+            interaction=_interaction(X, y, lrs, lr_index, k),
+        )
+        term["offsets"].append(record)
+    # each lr mean's variance against sigma^2 / seeds: equal without machines, larger once an offset was estimated
+    lr_var = np.diag(cov)[: len(lrs)]
     counts = np.bincount(lr_index, minlength=len(lrs)).astype(float)
-    # the lr mean's variance over sigma^2 / seeds: 1 without machines, above 1 when an offset had to be estimated
-    weight = np.minimum(1.0, sigma ** 2 / counts / np.where(lr_var > 0, lr_var, np.inf))
-    for row, i in zip(trials, lr_index):
-        rows.append({**row, "final_loss": float(row["final_loss"]) - offsets[machine_of(row)],
-                     "raw_final_loss": float(row["final_loss"]), "seed_weight": float(weight[i])})
+    weight = np.minimum(1.0, sigma**2 / counts / np.where(lr_var > 0, lr_var, np.inf))
+    rows = [
+        {
+            **row,
+            "final_loss": float(row["final_loss"]) - offsets[machine_of(row)],
+            "raw_final_loss": float(row["final_loss"]),
+            "seed_weight": float(weight[i]),
+        }
+        for row, i in zip(trials, lr_index)
+    ]
     return rows, term
+
+
+def _offset(estimate: float, se: float, df: int) -> dict:
+    t95 = stats.t.ppf(0.975, df)
+    return {
+        "offset": float(estimate),
+        "se": se,
+        "ci": [float(estimate - t95 * se), float(estimate + t95 * se)],
+        "p": float(2 * stats.t.sf(abs(estimate) / se, df)) if se > 0 else None,
+    }
 
 
 def _interaction(X: np.ndarray, y: np.ndarray, lrs: np.ndarray, lr_index: np.ndarray, column: int) -> dict:
@@ -119,5 +149,11 @@ def _interaction(X: np.ndarray, y: np.ndarray, lrs: np.ndarray, lr_index: np.nda
     sigma2 = float(np.sum((y - Xi @ beta) ** 2)) / df
     se = math.sqrt(sigma2 * np.linalg.inv(Xi.T @ Xi)[-1, -1])
     detectable = (stats.t.ppf(0.975, df) + stats.t.ppf(0.8, df)) * se
-    return {"status": "ok", "slope": float(beta[-1]), "se": se, "df": df,
-            "p": float(2 * stats.t.sf(abs(beta[-1]) / se, df)), "detectable_slope": float(detectable)}
+    return {
+        "status": "ok",
+        "slope": float(beta[-1]),
+        "se": se,
+        "df": df,
+        "p": float(2 * stats.t.sf(abs(beta[-1]) / se, df)),
+        "detectable_slope": float(detectable),
+    }

@@ -14,6 +14,7 @@ the allocator's cache, which torch.cuda.max_memory_allocated leaves out.
 CPU RSS of tiny probes is never extrapolated: it is mostly torch itself. Only trials that measured
 `torch.cuda.max_memory_allocated` calibrate the model (median measured / predicted).
 """
+
 from __future__ import annotations
 
 import math
@@ -23,7 +24,7 @@ from typing import Optional
 from llmlab.core.errors import UserError
 from llmlab.train.components import OPTIMIZERS
 
-GIB = 2 ** 30
+GIB = 2**30
 CONTEXT_BYTES = 1 * GIB
 VOCAB = 50257
 
@@ -37,7 +38,7 @@ class Shape:
 
     @property
     def non_embedding(self) -> int:
-        return 12 * self.n_layer * self.n_embd ** 2
+        return 12 * self.n_layer * self.n_embd**2
 
     @property
     def total(self) -> int:  # tied input/output embedding + learned positions
@@ -50,10 +51,10 @@ def shape_for(params: float, seq_len: int, n_layer: Optional[int] = None, n_embd
     if n_layer and n_embd:
         return Shape(n_layer, n_embd, seq_len=seq_len)
     if n_embd:
-        return Shape(max(1, round(params / (12 * n_embd ** 2))), n_embd, seq_len=seq_len)
+        return Shape(max(1, round(params / (12 * n_embd**2))), n_embd, seq_len=seq_len)
     if n_layer:
         return Shape(n_layer, max(64, 64 * round(math.sqrt(params / (12 * n_layer)) / 64)), seq_len=seq_len)
-    layers = max(1, round((params / (12 * 64 ** 2)) ** (1 / 3)))
+    layers = max(1, round((params / (12 * 64**2)) ** (1 / 3)))
     return Shape(layers, max(64, 64 * round(math.sqrt(params / (12 * layers)) / 64)), seq_len=seq_len)
 
 
@@ -62,8 +63,10 @@ def state_bytes_per_param(optimizer: str, zero_stage: int, offload: bool, precis
     if zero_stage == 0:
         return 4.0 + 4.0 + states
     if precision == "no":
-        raise UserError("a ZeRO-2 memory plan needs mixed precision (bf16 or fp16): fp32 DeepSpeed keeps no 16-bit "
-                        "copy; pass --precision bf16")
+        raise UserError(
+            "a ZeRO-2 memory plan needs mixed precision (bf16 or fp16): fp32 DeepSpeed keeps no 16-bit "
+            "copy; pass --precision bf16"
+        )
     return 2.0 + 2.0 + (0.0 if offload else 4.0 + states)
 
 
@@ -75,17 +78,31 @@ def activation_bytes_per_token(shape: Shape, precision: str, gradient_checkpoint
     return shape.n_layer * per_layer + 4.0 * shape.n_embd * scale  # + embeddings and the final LayerNorm
 
 
-def predicted_bytes(shape: Shape, micro_batch: int, optimizer: str = "adamw", precision: str = "bf16",
-                    zero_stage: int = 0, offload: bool = False, gradient_checkpointing: bool = False,
-                    loss_chunk_tokens: int = 1024, calibration: float = 1.0) -> dict:
+def predicted_bytes(
+    shape: Shape,
+    micro_batch: int,
+    optimizer: str = "adamw",
+    precision: str = "bf16",
+    zero_stage: int = 0,
+    offload: bool = False,
+    gradient_checkpointing: bool = False,
+    loss_chunk_tokens: int = 1024,
+    calibration: float = 1.0,
+) -> dict:
     """Peak GPU bytes of one training step, by part."""
     states = shape.total * state_bytes_per_param(optimizer, zero_stage, offload, precision)
     tokens = micro_batch * shape.seq_len
     activations = tokens * activation_bytes_per_token(shape, precision, gradient_checkpointing)
     logits = min(tokens, loss_chunk_tokens or tokens) * shape.vocab_size * 4 * 2
     measured_parts = (states + activations + logits) * calibration
-    return {"states": states, "activations": activations, "logits": logits, "calibration": calibration,
-            "context": CONTEXT_BYTES, "total": measured_parts + CONTEXT_BYTES}
+    return {
+        "states": states,
+        "activations": activations,
+        "logits": logits,
+        "calibration": calibration,
+        "context": CONTEXT_BYTES,
+        "total": measured_parts + CONTEXT_BYTES,
+    }
 
 
 def calibrate(trials: list[dict]) -> tuple[float, str]:
@@ -96,9 +113,10 @@ def calibrate(trials: list[dict]) -> tuple[float, str]:
             continue
         shape = Shape(int(trial["model_depth"]), int(trial["model_width"]), seq_len=int(trial.get("seq_len") or 128))
         micro = int(trial.get("micro_batch_size") or trial["batch_size"])
-        parts = predicted_bytes(shape, micro, str(trial.get("optimizer", "adamw")),
-                                "no" if trial.get("precision") == "fp32" else "bf16")
-        ratios.append(float(trial["peak_memory_mb"]) * 2 ** 20 / (parts["total"] - CONTEXT_BYTES))
+        parts = predicted_bytes(
+            shape, micro, str(trial.get("optimizer", "adamw")), "no" if trial.get("precision") == "fp32" else "bf16"
+        )
+        ratios.append(float(trial["peak_memory_mb"]) * 2**20 / (parts["total"] - CONTEXT_BYTES))
     if not ratios:
         return 1.0, "uncalibrated: the scan measured no GPU peaks (CPU trials record RSS, which is not used)"
     ratios.sort()

@@ -14,6 +14,7 @@ the 95 % interval is open there, so the cell is a bound (`censored_low` / `censo
 extends the grid there (llmlab.sweep.scan) and the fits across sizes leave it out. The variance a fit uses is the
 squared half-width of the central 68 % of the draws, which censored draws (at +-inf) only widen.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,14 +30,14 @@ FAR = 1e6  # where a censored draw is placed, in ln lr
 ESTIMATOR = {
     "name": "bracketing-window-mean/v2",
     "vertex": f"mean vertex of every {WINDOW}-lr window containing the seed-mean minimum whose weighted quadratic in "
-              "ln lr has its vertex inside the window",
+    "ln lr has its vertex inside the window",
     "interval": f"parametric bootstrap of the whole estimator ({BOOTSTRAP} draws, seed {SEED}) around one quadratic "
-                "over the bracketing windows' lrs, Birge-scaled seed noise sigma(size, lr) / sqrt(seeds)",
+    "over the bracketing windows' lrs, Birge-scaled seed noise sigma(size, lr) / sqrt(seeds)",
     "censoring": f"a draw with its minimum on the grid's edge or no bracketing window is censored on that side; "
-                 f">= {CENSOR_SHARE:.1%} censored on a side makes the cell a bound (extend the grid), never a value",
+    f">= {CENSOR_SHARE:.1%} censored on a side makes the cell a bound (extend the grid), never a value",
     "variance": "((q84 - q16) / 2)^2 of the draws, censored draws at +-inf",
     "noise": "pure-error sigma per size (pooled over sizes below 5 df), times exp(b/2 (ln lr - mean ln lr)) when the "
-             "lr slope b of ln s^2 is significant at 5 %",
+    "lr slope b of ln s^2 is significant at 5 %",
 }
 
 
@@ -81,7 +82,7 @@ def pure_error(groups: list[list[float]], lost_df: int = 0) -> tuple[Optional[fl
 def _quadratic(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Weighted least-squares coefficients [c2, c1, c0] of y = c2 x^2 + c1 x + c0 (several y columns at once)."""
     root = np.sqrt(w)
-    design = np.stack([x ** 2, x, np.ones_like(x)], axis=1) * root[:, None]
+    design = np.stack([x**2, x, np.ones_like(x)], axis=1) * root[:, None]
     coef, *_ = np.linalg.lstsq(design, y * (root[:, None] if y.ndim == 2 else root), rcond=None)
     return coef
 
@@ -94,9 +95,9 @@ def window_vertices(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.nda
     starts = range(n - size + 1)
     vertices = np.full((len(starts), y.shape[1]), np.nan)
     for s in starts:
-        xs = x[s:s + size]
+        xs = x[s : s + size]
         centre = float(xs.mean())
-        c2, c1, _ = _quadratic(xs - centre, y[s:s + size], w[s:s + size])
+        c2, c1, _ = _quadratic(xs - centre, y[s : s + size], w[s : s + size])
         with np.errstate(divide="ignore", invalid="ignore"):
             vertex = centre - c1 / (2 * c2)
         ok = (c2 > 0) & (vertex >= xs[0]) & (vertex <= xs[-1]) & (best >= s) & (best < s + size)
@@ -115,37 +116,71 @@ def cell_optimum(trials: list[dict], sigma, confidence: float = 0.95) -> dict:
     censored_low / censored_high (the bootstrap puts more than CENSOR_SHARE of the vertex beyond that side of the
     grid), no_vertex (no window around the minimum brackets a parabola's vertex), or too_few. Only `measured` is a
     value; the rest are bounds."""
+    # long: 92 lines once ruff's layout puts its long calls one argument a line; one step, read top to bottom
     lrs, losses = lr_table(trials)
     means = np.array([np.mean(v) for v in losses])
     seeds = seed_counts(trials, lrs)
-    base = {"n_lrs": len(lrs), "n_trials": sum(len(v) for v in losses), "seeds_per_lr": float(np.median(seeds)) if len(lrs) else 0,
-            "lr_range": [float(lrs[0]), float(lrs[-1])] if len(lrs) else None, "estimator": ESTIMATOR["name"]}
+    base = {
+        "n_lrs": len(lrs),
+        "n_trials": sum(len(v) for v in losses),
+        "seeds_per_lr": float(np.median(seeds)) if len(lrs) else 0,
+        "lr_range": [float(lrs[0]), float(lrs[-1])] if len(lrs) else None,
+        "estimator": ESTIMATOR["name"],
+    }
     if len(lrs) < 3:
-        return {**base, "status": "too_few", "lr_opt": None, "reason": f"{len(lrs)} feasible lr(s); a vertex needs >= 3"}
+        return {
+            **base,
+            "status": "too_few",
+            "lr_opt": None,
+            "reason": f"{len(lrs)} feasible lr(s); a vertex needs >= 3",
+        }
     x = np.log(lrs)
     estimate, best, brackets = window_vertices(x, means[:, None], seeds)
     best = int(best[0])
     base.update(grid_lr=float(lrs[best]), best_loss=float(means[best]))
     if best == 0 or best == len(lrs) - 1:
         side = "below_grid" if best == 0 else "above_grid"
-        return {**base, "status": side, "lr_opt": float(lrs[best]),
-                "reason": f"the lowest seed-mean loss is at the {'smallest' if best == 0 else 'largest'} scanned lr"}
+        return {
+            **base,
+            "status": side,
+            "lr_opt": float(lrs[best]),
+            "reason": f"the lowest seed-mean loss is at the {'smallest' if best == 0 else 'largest'} scanned lr",
+        }
     if math.isnan(estimate[0]):
-        return {**base, "status": "no_vertex", "lr_opt": float(lrs[best]),
-                "reason": "no window of lrs around the minimum puts a parabola's vertex inside it"}
+        return {
+            **base,
+            "status": "no_vertex",
+            "lr_opt": float(lrs[best]),
+            "reason": "no window of lrs around the minimum puts a parabola's vertex inside it",
+        }
     vertex = float(estimate[0])
     used = np.flatnonzero(brackets[:, 0])
     span = slice(int(used[0]), int(used[-1]) + min(WINDOW, len(lrs)))
-    result = {**base, "status": "measured", "window": [float(lrs[span][0]), float(lrs[span][-1])],
-              "window_lrs": int(len(lrs[span])), "windows": int(len(used)), "ln_lr_opt": vertex,
-              "lr_opt": math.exp(vertex)}
+    result = {
+        **base,
+        "status": "measured",
+        "window": [float(lrs[span][0]), float(lrs[span][-1])],
+        "window_lrs": int(len(lrs[span])),
+        "windows": int(len(used)),
+        "ln_lr_opt": vertex,
+        "lr_opt": math.exp(vertex),
+    }
     sigmas = _sigma_per_lr(sigma, lrs)
     if sigmas is None:
-        return {**result, "var_ln": None, "ci": None, "censored_share": None,
-                "reason": "no seed SD to put an interval on the vertex"}
+        return {
+            **result,
+            "var_ln": None,
+            "ci": None,
+            "censored_share": None,
+            "reason": "no seed SD to put an interval on the vertex",
+        }
     truth, birge, curve = _smooth_curve(x, means, seeds, sigmas, span)
-    result.update(loss_at_opt=curve["loss_at_opt"], curvature=curve["curvature"], sigma=float(np.median(sigmas)),
-                  birge_ratio=birge)
+    result.update(
+        loss_at_opt=curve["loss_at_opt"],
+        curvature=curve["curvature"],
+        sigma=float(np.median(sigmas)),
+        birge_ratio=birge,
+    )
     rng = np.random.default_rng(SEED)
     noise = rng.normal(0.0, 1.0, (len(x), BOOTSTRAP)) * (birge * sigmas / np.sqrt(seeds))[:, None]
     draws, draw_best, _ = window_vertices(x, truth[:, None] + noise, seeds)
@@ -159,9 +194,14 @@ def cell_optimum(trials: list[dict], sigma, confidence: float = 0.95) -> dict:
     result.update(censored_share=shares["low"] + shares["high"], censored=shares)
     for side in sorted(shares, key=shares.get, reverse=True):  # the more open side names the bound
         if shares[side] >= CENSOR_SHARE:
-            return {**result, "status": f"censored_{side}", "var_ln": None, "ci": None,
-                    "reason": f"{shares[side]:.0%} of the bootstrap's vertices fall beyond the {side} end of the grid "
-                              f"(>= {CENSOR_SHARE:.1%}): the interval is open there; extend the grid or add seeds"}
+            return {
+                **result,
+                "status": f"censored_{side}",
+                "var_ln": None,
+                "ci": None,
+                "reason": f"{shares[side]:.0%} of the bootstrap's vertices fall beyond the {side} end of the grid "
+                f"(>= {CENSOR_SHARE:.1%}): the interval is open there; extend the grid or add seeds",
+            }
     return {**result, "var_ln": float(((q[2] - q[1]) / 2) ** 2), "ci": [math.exp(q[0]), math.exp(q[3])]}
 
 
@@ -172,11 +212,12 @@ def _sigma_per_lr(sigma, lrs: np.ndarray) -> Optional[np.ndarray]:
     return values if np.all(values > 0) else None
 
 
-def _smooth_curve(x: np.ndarray, means: np.ndarray, seeds: np.ndarray, sigmas: np.ndarray, span: slice
-                  ) -> tuple[np.ndarray, float, dict]:
+def _smooth_curve(
+    x: np.ndarray, means: np.ndarray, seeds: np.ndarray, sigmas: np.ndarray, span: slice
+) -> tuple[np.ndarray, float, dict]:
     """The bootstrap's truth: one weighted quadratic over the bracketing windows' lrs (the observed means elsewhere,
     far enough from the minimum that only their order matters) and its Birge ratio sqrt(chi^2 / df) >= 1."""
-    w = seeds / sigmas ** 2
+    w = seeds / sigmas**2
     xs, centre = x[span], float(x[span].mean())
     c2, c1, c0 = _quadratic(xs - centre, means[span], w[span])
     fitted = c2 * (xs - centre) ** 2 + c1 * (xs - centre) + c0
@@ -185,7 +226,7 @@ def _smooth_curve(x: np.ndarray, means: np.ndarray, seeds: np.ndarray, sigmas: n
     df = len(xs) - 3
     chi2 = float(np.sum(w[span] * (means[span] - fitted) ** 2))
     birge = math.sqrt(max(1.0, chi2 / df)) if df >= 1 else 1.0
-    loss_at_opt = float(c0 - c1 ** 2 / (4 * c2)) if c2 > 0 else float(means[span].min())
+    loss_at_opt = float(c0 - c1**2 / (4 * c2)) if c2 > 0 else float(means[span].min())
     return truth, birge, {"loss_at_opt": loss_at_opt, "curvature": float(c2)}
 
 
@@ -196,16 +237,23 @@ def grid_extension(lrs: list[float], means: list[float], status: str, step: floa
         return []  # nothing trained: no direction to extend in
     best = int(np.argmin(means))
     below, above = best, len(lrs) - 1 - best
-    new = [lrs[0] / step ** k for k in range(1, 3 - below)] if below < 2 else \
-        ([lrs[0] / step] if status == "censored_low" else [])
-    if not any(not math.isfinite(m) for m in means[best + 1:]):
-        new += [lrs[-1] * step ** k for k in range(1, 3 - above)] if above < 2 else \
-            ([lrs[-1] * step] if status == "censored_high" else [])
+    new = (
+        [lrs[0] / step**k for k in range(1, 3 - below)]
+        if below < 2
+        else ([lrs[0] / step] if status == "censored_low" else [])
+    )
+    if not any(not math.isfinite(m) for m in means[best + 1 :]):
+        new += (
+            [lrs[-1] * step**k for k in range(1, 3 - above)]
+            if above < 2
+            else ([lrs[-1] * step] if status == "censored_high" else [])
+        )
     return [float(f"{lr:.3g}") for lr in new]
 
 
-def lr_sensitivity(trials: list[dict], lr_opt: float, initial_loss: Optional[float], span: float = 2 ** 1.5
-                   ) -> Optional[dict]:
+def lr_sensitivity(
+    trials: list[dict], lr_opt: float, initial_loss: Optional[float], span: float = 2**1.5
+) -> Optional[dict]:
     """Wortsman et al. (2023): the mean over lrs of min(L(lr), L_init) - L*, here over the scanned lrs within
     [lr_opt / span, lr_opt * span] (the same relative range at every size), L* the lowest seed-mean loss."""
     lrs, losses = lr_table(trials)
@@ -216,5 +264,8 @@ def lr_sensitivity(trials: list[dict], lr_opt: float, initial_loss: Optional[flo
     if inside.sum() < 3:
         return None
     best = float(means.min())
-    return {"sensitivity": float(np.mean(np.minimum(means[inside], initial_loss) - best)),
-            "lrs": int(inside.sum()), "range": [float(lrs[inside][0]), float(lrs[inside][-1])]}
+    return {
+        "sensitivity": float(np.mean(np.minimum(means[inside], initial_loss) - best)),
+        "lrs": int(inside.sum()),
+        "range": [float(lrs[inside][0]), float(lrs[inside][-1])],
+    }

@@ -8,6 +8,7 @@ grid is centred on that forecast and whose true optimum is off the law by the pl
 verdicts over many scans gives P(within | exact), P(failed | 1.5x and 2x miss), P(a wrong call | exact) and the
 power that a design reaches, which is how the scan's design is chosen (bench/forecast_design.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -30,7 +31,7 @@ class Design:
     fit_seeds: int = 5
     held_lrs: int = 7
     held_seeds: int = 2
-    step: float = 2 ** 0.5
+    step: float = 2**0.5
     max_extensions: int = 3
 
     def trials(self) -> int:
@@ -41,6 +42,7 @@ class Design:
 @dataclass(frozen=True)
 class Truth:
     """The world a simulated scan measures: N, curvature (nats per (ln lr)^2) and seed SD of every size."""
+
     n_params: dict[str, float]
     curvature: dict[str, float]
     sigma: dict[str, float]
@@ -63,15 +65,24 @@ def _trials(rng, truth: Truth, size: str, lrs, seeds: int, ln_opt: float) -> lis
     for lr in lrs:
         offset = math.log(lr) - ln_opt
         sd = truth.sigma[size] * math.exp(truth.noise_lr_slope / 2 * offset)
-        for seed in range(seeds):
-            rows.append({"size": size, "batch_size": 4.0, "lr": float(lr), "n_params": truth.n_params[size],
-                         "final_loss": 6.5 + truth.curvature[size] * offset ** 2 + rng.normal(0.0, sd),
-                         "initial_loss": 10.8, "train_tokens": 1.0})
+        for _ in range(seeds):
+            rows.append(
+                {
+                    "size": size,
+                    "batch_size": 4.0,
+                    "lr": float(lr),
+                    "n_params": truth.n_params[size],
+                    "final_loss": 6.5 + truth.curvature[size] * offset**2 + rng.normal(0.0, sd),
+                    "initial_loss": 10.8,
+                    "train_tokens": 1.0,
+                }
+            )
     return rows
 
 
-def _measure_size(rng, truth: Truth, design: Design, size: str, centre: float, ln_opt: float, points: int,
-                  seeds: int) -> list[dict]:
+def _measure_size(
+    rng, truth: Truth, design: Design, size: str, centre: float, ln_opt: float, points: int, seeds: int
+) -> list[dict]:
     """One size's trials, with the scan's extension rule applied until it asks for nothing more."""
     lrs = _grid(centre, points, design.step)
     rows = _trials(rng, truth, size, lrs, seeds, ln_opt)
@@ -101,8 +112,9 @@ def simulate_once(rng, truth: Truth, design: Design, miss: float) -> dict:
     forecast = predict(law, truth.n_params[design.held_out], 4.0)
     # forecast / measured = miss: the held-out optimum sits 1/miss off the true law, the grid on the forecast
     ln_held = truth.ln_lr_opt(design.held_out) - math.log(miss)
-    held_rows = _measure_size(rng, truth, design, design.held_out, forecast["lr"], ln_held, design.held_lrs,
-                              design.held_seeds)
+    held_rows = _measure_size(
+        rng, truth, design, design.held_out, forecast["lr"], ln_held, design.held_lrs, design.held_seeds
+    )
     held = size_points(held_rows, seed_noise(rows + held_rows))[0]
     if held["status"] != "measured":
         return {"verdict": "undecided", "ln_r": None, "held_status": held["status"]}
@@ -123,11 +135,19 @@ def operating_characteristics(truth: Truth, design: Design, reps: int = 200, see
             verdicts.append(result["verdict"])
             ci = result.get("ci95")
             detected += bool(ci and (ci[0] > 1 or ci[1] < 1))
-        out[name] = {"within": verdicts.count(within) / reps, "failed": verdicts.count("failed") / reps,
-                     "undecided": verdicts.count("undecided") / reps, "ci_excludes_1": detected / reps,
-                     "no_law": verdicts.count("no law") / reps}
-    out["summary"] = {"P(within | exact)": out["exact"]["within"], "P(failed | exact)": out["exact"]["failed"],
-                      "P(failed | 1.5x miss)": out["1.5x"]["failed"], "P(failed | 2x miss)": out["2x"]["failed"],
-                      "power: P(95 % CI excludes 1 | 1.5x miss)": out["1.5x"]["ci_excludes_1"],
-                      "P(within | 1.5x miss)": out["1.5x"]["within"]}
+        out[name] = {
+            "within": verdicts.count(within) / reps,
+            "failed": verdicts.count("failed") / reps,
+            "undecided": verdicts.count("undecided") / reps,
+            "ci_excludes_1": detected / reps,
+            "no_law": verdicts.count("no law") / reps,
+        }
+    out["summary"] = {
+        "P(within | exact)": out["exact"]["within"],
+        "P(failed | exact)": out["exact"]["failed"],
+        "P(failed | 1.5x miss)": out["1.5x"]["failed"],
+        "P(failed | 2x miss)": out["2x"]["failed"],
+        "power: P(95 % CI excludes 1 | 1.5x miss)": out["1.5x"]["ci_excludes_1"],
+        "P(within | 1.5x miss)": out["1.5x"]["within"],
+    }
     return out

@@ -10,6 +10,7 @@ Var(ln R) = the forecast's variance from the fit (which already carries the lack
 + the held-out vertex's own variance; the interval uses t on the fit's residual df. Several held-out batches give
 several R: the worst one (max |ln R|) is reported, never an average of ratios.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,14 +30,26 @@ SEED_MULTIPLIERS = (1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 # Published fits, as the papers state them (D, C and B in tokens; N non-embedding parameters).
 LITERATURE = {
     "Step Law (Li et al. 2025)": {
-        "lr": lambda n, d: 1.79 * n ** -0.713 * d ** 0.307, "batch_tokens": lambda n, d: 0.58 * d ** 0.571,
-        "alpha": -0.713, "beta": 0.307, "basis": "eta = 1.79 N^-0.713 D^0.307, B = 0.58 D^0.571"},
+        "lr": lambda n, d: 1.79 * n**-0.713 * d**0.307,
+        "batch_tokens": lambda n, d: 0.58 * d**0.571,
+        "alpha": -0.713,
+        "beta": 0.307,
+        "basis": "eta = 1.79 N^-0.713 D^0.307, B = 0.58 D^0.571",
+    },
     "DeepSeek LLM (2024)": {
-        "lr": lambda n, d: 0.3118 * (6 * n * d) ** -0.125, "batch_tokens": lambda n, d: 0.2920 * (6 * n * d) ** 0.3271,
-        "alpha": -0.125, "beta": -0.125, "basis": "eta = 0.3118 C^-0.125, B = 0.2920 C^0.3271, C = 6 N D here"},
+        "lr": lambda n, d: 0.3118 * (6 * n * d) ** -0.125,
+        "batch_tokens": lambda n, d: 0.2920 * (6 * n * d) ** 0.3271,
+        "alpha": -0.125,
+        "beta": -0.125,
+        "basis": "eta = 0.3118 C^-0.125, B = 0.2920 C^0.3271, C = 6 N D here",
+    },
     "muP (Yang et al. 2022)": {
-        "lr": None, "batch_tokens": None, "alpha": 0.0, "beta": None,
-        "basis": "with the maximal-update parametrisation lr_opt does not move with width"},
+        "lr": None,
+        "batch_tokens": None,
+        "alpha": 0.0,
+        "beta": None,
+        "basis": "with the maximal-update parametrisation lr_opt does not move with width",
+    },
 }
 
 
@@ -66,8 +79,11 @@ def seed_noise(feasible: list[dict], lost_df: Optional[dict[str, int]] = None) -
     sd, df = pure_error([g for groups in groups_by_size.values() for g in groups], sum(lost_df.values()))
     trend = _noise_trend(trend_rows)
     for size, entry in per_size.items():
-        entry["mean_ln_lr"] = float(np.mean([x for s, x, _ in trend_rows if s == size])) \
-            if any(s == size for s, _, _ in trend_rows) else None
+        entry["mean_ln_lr"] = (
+            float(np.mean([x for s, x, _ in trend_rows if s == size]))
+            if any(s == size for s, _, _ in trend_rows)
+            else None
+        )
     return {"sigma": sd, "df": df, "per_size": per_size, "lr_trend": trend}
 
 
@@ -84,8 +100,15 @@ def _noise_trend(rows: list[tuple[str, float, list[float]]]) -> dict:
     fit = sm.WLS(y, X, weights=1 / special.polygamma(1, half_df)).fit(cov_type="fixed scale")
     slope, se = float(fit.params[0]), float(fit.bse[0])
     p = float(2 * stats.norm.sf(abs(slope / se)))
-    return {"status": "ok", "slope_ln_var": slope, "se": se, "ci": [slope - 1.96 * se, slope + 1.96 * se], "p": p,
-            "groups": len(usable), "used": p < 0.05}
+    return {
+        "status": "ok",
+        "slope_ln_var": slope,
+        "se": se,
+        "ci": [slope - 1.96 * se, slope + 1.96 * se],
+        "p": p,
+        "groups": len(usable),
+        "used": p < 0.05,
+    }
 
 
 def sigma_model(noise: dict, size: str):
@@ -113,8 +136,13 @@ def size_points(feasible: list[dict], noise: dict, confidence: float = 0.95) -> 
     points = []
     for (size, batch), trials in _cells(feasible).items():
         sigma = sigma_model(noise, size)
-        point = {"size": size, "batch_size": batch, "n_params": float(trials[0]["n_params"]),
-                 "tokens": finite(trials[0].get("train_tokens")), **cell_optimum(trials, sigma, confidence)}
+        point = {
+            "size": size,
+            "batch_size": batch,
+            "n_params": float(trials[0]["n_params"]),
+            "tokens": finite(trials[0].get("train_tokens")),
+            **cell_optimum(trials, sigma, confidence),
+        }
         if point["status"] == "measured":
             point["sensitivity"] = lr_sensitivity(trials, point["lr_opt"], _initial_loss(trials))
         points.append(point)
@@ -123,7 +151,7 @@ def size_points(feasible: list[dict], noise: dict, confidence: float = 0.95) -> 
 
 VERDICT_RULE = {
     "ratio": "R = forecast / measured lr_opt of the held-out size; ln R on t with the law's residual df, "
-             "Var(ln R) = the forecast mean's variance + the held-out vertex's variance",
+    "Var(ln R) = the forecast mean's variance + the held-out vertex's variance",
     "within": f"TOST at 5 %: the 90 % CI of R lies inside [1/{BAND:g}, {BAND:g}]",
     "failed": f"the 95 % CI of R excludes 1 and R itself lies outside [1/{BAND:g}, {BAND:g}]",
     "undecided": "neither",
@@ -144,8 +172,9 @@ def decide(ln_r: float, se: float, df: int) -> dict:
     return {"verdict": verdict, "ratio": math.exp(ln_r), "ci90": ci90, "ci95": ci95, "se_ln": se, "df": int(df)}
 
 
-def _forecast_se(fit_points: list[dict], law: dict, held: dict, seed_factor: float = 1.0,
-                 extra_sizes: int = 0) -> tuple[float, int]:
+def _forecast_se(
+    fit_points: list[dict], law: dict, held: dict, seed_factor: float = 1.0, extra_sizes: int = 0
+) -> tuple[float, int]:
     """SE of ln R and its df if every vertex variance shrank by `seed_factor` (more seeds) or `extra_sizes` more
     fit sizes (spread evenly in ln N over the fitted range, at the median variance) were added; tau^2 stays."""
     points = [{**p, "var_ln": (p.get("var_ln") or 0) / seed_factor} for p in fit_points]
@@ -153,8 +182,10 @@ def _forecast_se(fit_points: list[dict], law: dict, held: dict, seed_factor: flo
         ns = np.geomspace(law["n_range"][0], law["n_range"][1], extra_sizes + 2)[1:-1]
         median_var = float(np.median([p["var_ln"] for p in points]))
         batch = points[0]["batch_size"]
-        points += [{"size": f"extra{i}", "n_params": float(n), "batch_size": batch, "ln_lr_opt": 0.0,
-                    "var_ln": median_var} for i, n in enumerate(ns)]
+        points += [
+            {"size": f"extra{i}", "n_params": float(n), "batch_size": batch, "ln_lr_opt": 0.0, "var_ln": median_var}
+            for i, n in enumerate(ns)
+        ]
     refit = fit_law(points, law["with_batch"], law["confidence"], tau2=law["tau2"])
     x = np.array([1.0, math.log(held["n_params"])] + ([math.log(held["batch_size"])] if law["with_batch"] else []))
     # the covariance without the Knapp-Hartung scale: the planning question assumes the model's own variances
@@ -167,13 +198,28 @@ def what_decides(fit_points: list[dict], law: dict, held: dict, ln_r: float) -> 
     """For an undecided verdict: the fewest seeds per cell, or extra fit sizes, at which the same ln R would be
     decided (None: not within 32x the seeds / 12 more sizes, e.g. when the lack of fit tau dominates)."""
     seeds_now = held.get("seeds_per_lr") or 1
-    seeds = next((math.ceil(seeds_now * k) for k in SEED_MULTIPLIERS
-                  if decide(ln_r, *_forecast_se(fit_points, law, held, seed_factor=k))["verdict"] != "undecided"),
-                 None)
-    sizes = next((m for m in range(1, 13)
-                  if decide(ln_r, *_forecast_se(fit_points, law, held, extra_sizes=m))["verdict"] != "undecided"), None)
-    return {"seeds_per_cell": seeds, "seeds_now": seeds_now, "extra_fit_sizes": sizes,
-            "fit_sizes_now": len({p["size"] for p in fit_points})}
+    seeds = next(
+        (
+            math.ceil(seeds_now * k)
+            for k in SEED_MULTIPLIERS
+            if decide(ln_r, *_forecast_se(fit_points, law, held, seed_factor=k))["verdict"] != "undecided"
+        ),
+        None,
+    )
+    sizes = next(
+        (
+            m
+            for m in range(1, 13)
+            if decide(ln_r, *_forecast_se(fit_points, law, held, extra_sizes=m))["verdict"] != "undecided"
+        ),
+        None,
+    )
+    return {
+        "seeds_per_cell": seeds,
+        "seeds_now": seeds_now,
+        "extra_fit_sizes": sizes,
+        "fit_sizes_now": len({p["size"] for p in fit_points}),
+    }
 
 
 def power(se: float, df: int) -> dict:
@@ -187,12 +233,18 @@ def power(se: float, df: int) -> dict:
         return float(stats.t.sf((c - delta) / se, df) + stats.t.cdf((-c - delta) / se, df))
 
     def within(delta: float) -> float:
-        return max(0.0, float(stats.t.cdf((band - t90 * se - delta) / se, df) - stats.t.cdf((-band + t90 * se - delta) / se, df)))
+        return max(
+            0.0,
+            float(stats.t.cdf((band - t90 * se - delta) / se, df) - stats.t.cdf((-band + t90 * se - delta) / se, df)),
+        )
 
-    return {"detect_1.5x_miss": beyond(t95 * se, math.log(1.5)),
-            "failed_at_1.5x": beyond(max(t95 * se, band), math.log(1.5)),
-            "failed_at_2x": beyond(max(t95 * se, band), math.log(2.0)),
-            "failed_at_exact": beyond(max(t95 * se, band), 0.0), "within_at_exact": within(0.0)}
+    return {
+        "detect_1.5x_miss": beyond(t95 * se, math.log(1.5)),
+        "failed_at_1.5x": beyond(max(t95 * se, band), math.log(1.5)),
+        "failed_at_2x": beyond(max(t95 * se, band), math.log(2.0)),
+        "failed_at_exact": beyond(max(t95 * se, band), 0.0),
+        "within_at_exact": within(0.0),
+    }
 
 
 def registered_forecast(registration: Optional[dict], size: str, batch: float) -> Optional[dict]:
@@ -203,9 +255,14 @@ def registered_forecast(registration: Optional[dict], size: str, batch: float) -
     if not law:
         return None
     t = stats.t.ppf(0.975, law["df"])
-    return {"ln_lr": law["ln_lr"], "lr": math.exp(law["ln_lr"]), "se_mean": law["se_mean"], "df": law["df"],
-            "pi": [math.exp(law["ln_lr"] - t * law["se_pred"]), math.exp(law["ln_lr"] + t * law["se_pred"])],
-            "registered": True}
+    return {
+        "ln_lr": law["ln_lr"],
+        "lr": math.exp(law["ln_lr"]),
+        "se_mean": law["se_mean"],
+        "df": law["df"],
+        "pi": [math.exp(law["ln_lr"] - t * law["se_pred"]), math.exp(law["ln_lr"] + t * law["se_pred"])],
+        "registered": True,
+    }
 
 
 def _registered_trials(registration: Optional[dict], size: str) -> int:
@@ -219,6 +276,7 @@ def _registered_trials(registration: Optional[dict], size: str) -> int:
 def holdout_verdict(points: list[dict], confidence: float = 0.95, registration: Optional[dict] = None) -> dict:
     """Fit the law on every size but the largest, forecast the largest, and judge the forecast: the pre-registered
     one (llmlab.sweep.scan.preregister) when there is one, else the law refitted now (exploratory)."""
+    # long: 62 lines once ruff's layout puts its long calls one argument a line; one step, read top to bottom
     sizes = sorted({(p["n_params"], p["size"]) for p in points})
     if len(sizes) < 3:
         return {"status": "unavailable", "reason": f"{len(sizes)} sizes: a held-out check needs >= 3 (2 to fit)"}
@@ -230,15 +288,25 @@ def holdout_verdict(points: list[dict], confidence: float = 0.95, registration: 
     rows = []
     for held in (p for p in points if p["size"] == held_size):
         row: dict[str, Any] = {"batch_size": held["batch_size"], "measured_status": held["status"]}
-        forecast = registered_forecast(registration, held_size, held["batch_size"]) or \
-            {**predict(law, held_n, held["batch_size"]), "registered": False}
-        row.update(predicted=forecast["lr"], prediction_interval=forecast["pi"], measured=held.get("lr_opt"),
-                   measured_ci=held.get("ci"), registered=forecast["registered"],
-                   refit_now=predict(law, held_n, held["batch_size"])["lr"])
+        forecast = registered_forecast(registration, held_size, held["batch_size"]) or {
+            **predict(law, held_n, held["batch_size"]),
+            "registered": False,
+        }
+        row.update(
+            predicted=forecast["lr"],
+            prediction_interval=forecast["pi"],
+            measured=held.get("lr_opt"),
+            measured_ci=held.get("ci"),
+            registered=forecast["registered"],
+            refit_now=predict(law, held_n, held["batch_size"])["lr"],
+        )
         planned = _registered_trials(registration, held_size)
         if forecast["registered"] and held.get("n_trials", 0) < planned:
-            row.update(verdict="undecided", reason=f"{held.get('n_trials', 0)} of the {planned} registered held-out "
-                                                   "trials have finished: no verdict before they all have")
+            row.update(
+                verdict="undecided",
+                reason=f"{held.get('n_trials', 0)} of the {planned} registered held-out "
+                "trials have finished: no verdict before they all have",
+            )
         elif held["status"] != "measured" or held.get("var_ln") is None:
             row.update(verdict="undecided", reason=f"the held-out optimum is not a measurement ({held['status']})")
         else:
@@ -252,19 +320,36 @@ def holdout_verdict(points: list[dict], confidence: float = 0.95, registration: 
     judged = [r for r in rows if "ratio" in r]
     worst = max(judged, key=lambda r: abs(math.log(r["ratio"]))) if judged else None
     verdicts = {r["verdict"] for r in rows}
-    overall = "failed" if "failed" in verdicts else (f"within {BAND:g}x" if verdicts == {f"within {BAND:g}x"}
-                                                     else "undecided")
-    return {"status": "ok", "size": held_size, "n_params": held_n, "fitted_on": law["sizes"], "fit": law,
-            "extrapolation": held_n / fit_n, "rows": rows, "verdict": overall,
-            "worst_ratio": worst["ratio"] if worst else None}
+    overall = (
+        "failed"
+        if "failed" in verdicts
+        else (f"within {BAND:g}x" if verdicts == {f"within {BAND:g}x"} else "undecided")
+    )
+    return {
+        "status": "ok",
+        "size": held_size,
+        "n_params": held_n,
+        "fitted_on": law["sizes"],
+        "fit": law,
+        "extrapolation": held_n / fit_n,
+        "rows": rows,
+        "verdict": overall,
+        "worst_ratio": worst["ratio"] if worst else None,
+    }
 
 
 def literature_rows(points: list[dict], law: Optional[dict]) -> list[dict]:
     """Per (size, batch): the measured lr_opt, this lab's law, and each published law at the same N and D."""
     rows = []
     for point in points:
-        row: dict[str, Any] = {"size": point["size"], "n_params": point["n_params"], "batch_size": point["batch_size"],
-                               "tokens": point["tokens"], "measured": point.get("lr_opt"), "status": point["status"]}
+        row: dict[str, Any] = {
+            "size": point["size"],
+            "n_params": point["n_params"],
+            "batch_size": point["batch_size"],
+            "tokens": point["tokens"],
+            "measured": point.get("lr_opt"),
+            "status": point["status"],
+        }
         if law is not None and law.get("status") == "ok":
             row["this lab"] = predict(law, point["n_params"], point["batch_size"])["lr"]
         for name, published in LITERATURE.items():
@@ -283,8 +368,13 @@ def registered_rows(feasible: list[dict], registration: dict) -> list[dict]:
     return [r for r in feasible if str(r.get("size")) != held or int(r.get("replicate") or 0) < int(seeds)]
 
 
-def analyse_sizes(feasible: list[dict], confidence: float = 0.95, holdout: str = "auto",
-                  registration: Optional[dict] = None, machine_order: Optional[list[str]] = None) -> dict:
+def analyse_sizes(
+    feasible: list[dict],
+    confidence: float = 0.95,
+    holdout: str = "auto",
+    registration: Optional[dict] = None,
+    machine_order: Optional[list[str]] = None,
+) -> dict:
     """Noise, per-cell optima, the law on every measured cell, its RANSAC sensitivity and the held-out verdict.
     Trials from several machines (numerics that differ) are pooled with a machine term (llmlab.scaling.machines);
     a registered verdict is then also given as registered, without it, beside the blocked one."""
@@ -310,10 +400,18 @@ def analyse_sizes(feasible: list[dict], confidence: float = 0.95, holdout: str =
                 registered = registered_rows(feasible, registration)
                 raw = size_points(registered, seed_noise(registered), confidence)
                 verdict["as_registered"] = holdout_verdict(raw, confidence, registration)
-    return {"sizes": sorted({p["size"] for p in points}, key=lambda s: next(p["n_params"] for p in points
-                                                                            if p["size"] == s)),
-            "noise": noise, "points": points, "law": law, "machines": machines, "machine_terms": machine_terms,
-            "ransac": ransac_sensitivity(measured, law.get("with_batch", False)) if law["status"] == "ok" else None,
-            "bounds": [p for p in points if p["status"] != "measured"], "holdout": verdict,
-            "literature": literature_rows(points, law),
-            "published": {name: {k: v for k, v in law_.items() if not callable(v)} for name, law_ in LITERATURE.items()}}
+    return {
+        "sizes": sorted(
+            {p["size"] for p in points}, key=lambda s: next(p["n_params"] for p in points if p["size"] == s)
+        ),
+        "noise": noise,
+        "points": points,
+        "law": law,
+        "machines": machines,
+        "machine_terms": machine_terms,
+        "ransac": ransac_sensitivity(measured, law.get("with_batch", False)) if law["status"] == "ok" else None,
+        "bounds": [p for p in points if p["status"] != "measured"],
+        "holdout": verdict,
+        "literature": literature_rows(points, law),
+        "published": {name: {k: v for k, v in law_.items() if not callable(v)} for name, law_ in LITERATURE.items()},
+    }

@@ -3,6 +3,7 @@
 A design is a list of trials; a trial is a dict with `trial_id` plus hyperparameters. Factor levels are
 stored as their real values (e.g. clip 0.5), so a row reads the same in the design table and results.csv.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -34,8 +35,9 @@ def level_counts(points: list[list[int]], n_factors: int, n_levels: int = 3) -> 
     return counts
 
 
-def balance_design(points: list[list[int]], fixed: int = 1, min_count: int = MIN_LEVEL_COUNT,
-                   n_levels: int = 3) -> list[list[int]]:
+def balance_design(
+    points: list[list[int]], fixed: int = 1, min_count: int = MIN_LEVEL_COUNT, n_levels: int = 3
+) -> list[list[int]]:
     """Repair level indices so every level of every factor appears >= min_count times.
 
     The first `fixed` points (the control) are never changed. A deficient level takes over one point
@@ -55,8 +57,9 @@ def balance_design(points: list[list[int]], fixed: int = 1, min_count: int = MIN
             donor = int(counts.argmax())
             existing = {tuple(p) for p in points}
             candidates = [i for i in range(fixed, len(points)) if points[i][factor] == donor]
-            unique = [i for i in candidates
-                      if tuple(points[i][:factor] + [short] + points[i][factor + 1:]) not in existing]
+            unique = [
+                i for i in candidates if tuple(points[i][:factor] + [short] + points[i][factor + 1 :]) not in existing
+            ]
             points[(unique or candidates)[0]][factor] = short
     return points
 
@@ -89,9 +92,9 @@ def _remove_duplicates(points: list[list[int]]) -> list[list[int]]:
         if tuple(points[i]) not in {tuple(p) for j, p in enumerate(points) if j != i}:
             continue
         for factor, level in itertools.product(range(n_factors), range(3)):
-            trial = points[i][:factor] + [level] + points[i][factor + 1:]
+            trial = points[i][:factor] + [level] + points[i][factor + 1 :]
             others = {tuple(p) for j, p in enumerate(points) if j != i}
-            counts = level_counts(points[:i] + [trial] + points[i + 1:], n_factors)
+            counts = level_counts(points[:i] + [trial] + points[i + 1 :], n_factors)
             if tuple(trial) not in others and counts.min() >= MIN_LEVEL_COUNT:
                 points[i] = trial
                 break
@@ -100,8 +103,11 @@ def _remove_duplicates(points: list[list[int]]) -> list[list[int]]:
 
 def lr_bs_design(lrs: list[float], batch_sizes: list[int], sizes: list[str] | None = None) -> list[dict[str, Any]]:
     """Every learning rate x every (effective) batch size (x every model size), other factors at the control levels."""
-    grid = [{"trial_id": f"lr{lr:.0e}_bs{bs}".replace("e-0", "e-"), **CONTROL, "lr": lr, "batch_size": bs}
-            for bs in batch_sizes for lr in lrs]
+    grid = [
+        {"trial_id": f"lr{lr:.0e}_bs{bs}".replace("e-0", "e-"), **CONTROL, "lr": lr, "batch_size": bs}
+        for bs in batch_sizes
+        for lr in lrs
+    ]
     if not sizes:
         return grid
     return [{**trial, "trial_id": f"{size}_{trial['trial_id']}", "size": size} for size in sizes for trial in grid]
@@ -113,13 +119,17 @@ def parse_size(size: str, model: str, head_dim: int = 32) -> tuple[int, int]:
     match = SIZE_PATTERN.match(str(size))
     if not match:
         family = "minimal Transformer" if model == "minimal" else "GPT-2"
-        raise UserError(f"--sizes {size!r} is not WIDTHxDEPTH (e.g. 128x2): every size of one scan is a width and a "
-                        f"depth of the {family} family of --model {model}")
+        raise UserError(
+            f"--sizes {size!r} is not WIDTHxDEPTH (e.g. 128x2): every size of one scan is a width and a "
+            f"depth of the {family} family of --model {model}"
+        )
     width, depth = int(match.group(1)), int(match.group(2))
     head = head_dim if model == "minimal" else 64
     if width < head or width % head or depth < 1:
-        raise UserError(f"--sizes {size}: the width must be a multiple of the {head}-wide attention heads of "
-                        f"--model {model} and the depth >= 1")
+        raise UserError(
+            f"--sizes {size}: the width must be a multiple of the {head}-wide attention heads of "
+            f"--model {model} and the depth >= 1"
+        )
     return width, depth
 
 
@@ -134,8 +144,11 @@ def _check_value(key: str, value: Any, where: str) -> Any:
     try:
         if key == "seed":
             return number(integer=True)(value)
-        if not isinstance(value, (str, int)) or isinstance(value, bool) or \
-                not str(value).replace("-", "").replace("_", "").isalnum():
+        if (
+            not isinstance(value, (str, int))
+            or isinstance(value, bool)
+            or not str(value).replace("-", "").replace("_", "").isalnum()
+        ):
             raise BadLevel("letters, digits, - and _ only")
         return str(value)
     except BadLevel as bad:
@@ -145,8 +158,9 @@ def _check_value(key: str, value: Any, where: str) -> Any:
 def _check_keys(keys, where: str) -> None:
     unknown = sorted(set(keys) - GRID_KEYS)
     if unknown:
-        raise UserError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}; "
-                        f"allowed: {', '.join(sorted(GRID_KEYS))}")
+        raise UserError(
+            f"{where}: unknown key(s) {', '.join(map(str, unknown))}; allowed: {', '.join(sorted(GRID_KEYS))}"
+        )
 
 
 def grid_from_yaml(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -163,8 +177,10 @@ def grid_from_yaml(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, An
     except yaml.YAMLError as err:
         raise UserError(f"grid file {path} is not valid YAML ({str(err).splitlines()[0]})") from None
     if not isinstance(data, dict) or len(set(data) & {"trials", "factorial"}) != 1 or set(data) - GRID_FILE_KEYS:
-        raise UserError(f"grid file {path} must hold exactly one of `trials:` (a list of settings) or `factorial:` "
-                        "(factor: [levels]), plus optionally `replicates:` and `replicate_all:`")
+        raise UserError(
+            f"grid file {path} must hold exactly one of `trials:` (a list of settings) or `factorial:` "
+            "(factor: [levels]), plus optionally `replicates:` and `replicate_all:`"
+        )
     settings = _replication_settings(data, path)
     if "trials" in data:
         entries = data["trials"]
@@ -174,8 +190,9 @@ def grid_from_yaml(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, An
         for index, entry in enumerate(entries, start=1):
             where = f"grid file {path}, trial {index}"
             _check_keys(entry, where)
-            rows.append({"trial_id": f"g{index:02d}", **CONTROL,
-                         **{k: _check_value(k, v, where) for k, v in entry.items()}})
+            rows.append(
+                {"trial_id": f"g{index:02d}", **CONTROL, **{k: _check_value(k, v, where) for k, v in entry.items()}}
+            )
     else:
         levels = data["factorial"]
         if not isinstance(levels, dict) or not levels:
@@ -188,12 +205,16 @@ def grid_from_yaml(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, An
                 raise UserError(f"grid file {path}: factorial levels of {key} must be a non-empty list")
         names = list(levels)
         checked = [[_check_value(n, v, f"grid file {path}") for v in levels[n]] for n in names]
-        rows = [{"trial_id": f"g{i:02d}", **CONTROL, **dict(zip(names, combo))}
-                for i, combo in enumerate(itertools.product(*checked), start=1)]
+        rows = [
+            {"trial_id": f"g{i:02d}", **CONTROL, **dict(zip(names, combo))}
+            for i, combo in enumerate(itertools.product(*checked), start=1)
+        ]
     for row in rows:
         if row.get("clip_mode") == "value" and not (isinstance(row["clip"], float) and row["clip"] > 0):
-            raise UserError(f"grid file {path}, trial {row['trial_id']}: clip_mode value needs a number clip > 0 "
-                            f"(got {row['clip']!r}); fix the grid file")
+            raise UserError(
+                f"grid file {path}, trial {row['trial_id']}: clip_mode value needs a number clip > 0 "
+                f"(got {row['clip']!r}); fix the grid file"
+            )
     ids = Counter(r["trial_id"] for r in rows)
     repeated = [i for i, n in ids.items() if n > 1]
     if repeated:
@@ -225,8 +246,10 @@ def replicate(design: list[dict[str, Any]], replicates: int, replicate_all: bool
         base = {**trial, "seed": trial.get("seed", seed), "replicate": 0, "point": trial["trial_id"]}
         out.append(base)
         if replicate_all or trial["trial_id"] == reference:
-            out += [{**base, "trial_id": f"{trial['trial_id']}-r{r}", "seed": base["seed"] + r, "replicate": r}
-                    for r in range(1, replicates)]
+            out += [
+                {**base, "trial_id": f"{trial['trial_id']}-r{r}", "seed": base["seed"] + r, "replicate": r}
+                for r in range(1, replicates)
+            ]
     return out
 
 
@@ -235,9 +258,16 @@ def reference_id(design: list[dict]) -> str:
     ids = [t["trial_id"] for t in design]
     return "control" if "control" in ids else ids[0]
 
-def base_design(grid: str, lrs: list[float] | None = None, batch_sizes: list[int] | None = None,
-                model: str = "minimal", seed: int = 42, sizes: list[str] | None = None, head_dim: int = 32
-                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+
+def base_design(
+    grid: str,
+    lrs: list[float] | None = None,
+    batch_sizes: list[int] | None = None,
+    model: str = "minimal",
+    seed: int = 42,
+    sizes: list[str] | None = None,
+    head_dim: int = 32,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Resolve `--grid` (a registered name or a YAML file) to its trials before replication, plus the
     replication settings a YAML file gave."""
     if grid in GRIDS:
@@ -253,16 +283,25 @@ DEFAULT_REPLICATES = {"doe20": 6}
 
 def build_design(cfg) -> list[dict[str, Any]]:
     """The full design of a sweep config: its grid, then seed replicates (flags win over the grid file)."""
-    design, settings = base_design(cfg.grid, lrs=cfg.lrs, batch_sizes=cfg.batch_sizes, model=cfg.model,
-                                   seed=cfg.seed, sizes=cfg.sizes, head_dim=cfg.head_dim)
+    design, settings = base_design(
+        cfg.grid,
+        lrs=cfg.lrs,
+        batch_sizes=cfg.batch_sizes,
+        model=cfg.model,
+        seed=cfg.seed,
+        sizes=cfg.sizes,
+        head_dim=cfg.head_dim,
+    )
     replicates = cfg.replicates or settings.get("replicates") or DEFAULT_REPLICATES.get(cfg.grid, 1)
     replicate_all = cfg.replicate_all or settings.get("replicate_all", False) or cfg.grid == "lr_bs"
     replicated = replicate(design, replicates, replicate_all, cfg.seed)
     ids = Counter(t["trial_id"] for t in replicated)
     clash = next((i for i, n in ids.items() if n > 1), None)
     if clash is not None:  # a replicate's name `<id>-r<k>` taken by a grid trial would overwrite one of them
-        raise UserError(f"trial_id {clash!r} names two runs once replicates are added (replicates are named "
-                        "<trial_id>-r<k>); rename that grid trial")
+        raise UserError(
+            f"trial_id {clash!r} names two runs once replicates are added (replicates are named "
+            "<trial_id>-r<k>); rename that grid trial"
+        )
     return replicated
 
 
@@ -283,8 +322,9 @@ GRIDS: dict[str, Callable[..., list[dict[str, Any]]]] = {
 
 def design_table(trials: list[dict[str, Any]], columns: list[str] | None = None) -> str:
     """A Markdown table of the design (printed before any run starts, and put in report.md)."""
-    columns = columns or ["trial_id"] + [c for c in list(FACTORS) + list(EXTRA_FACTORS) + ["seed"]
-                                         if any(c in t for t in trials)]
+    columns = columns or ["trial_id"] + [
+        c for c in list(FACTORS) + list(EXTRA_FACTORS) + ["seed"] if any(c in t for t in trials)
+    ]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for trial in trials:
         lines.append("| " + " | ".join(str(trial.get(c, "")) for c in columns) + " |")

@@ -4,6 +4,7 @@ Adding a factor is one `Factor` entry here plus the trial code that reads `hp.<n
 the typed `Hparams` from this registry): designs, YAML grids, results.csv, the report's contrasts, the sensitivity
 map and the interaction tests then pick it up by name.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,7 +27,13 @@ FACTORS: dict[str, list[Any]] = {
     "weight_decay": [0.0, 0.001, 0.01],
     "optimizer": ["adamw", "lion", "adafactor"],
 }
-CONTROL: dict[str, Any] = {"scheduler": "cosine", "clip": 1.0, "warmup": 500, "weight_decay": 0.01, "optimizer": "adamw"}
+CONTROL: dict[str, Any] = {
+    "scheduler": "cosine",
+    "clip": 1.0,
+    "warmup": 500,
+    "weight_decay": 0.01,
+    "optimizer": "adamw",
+}
 
 
 class BadLevel(ValueError):
@@ -43,12 +50,14 @@ class Factor:
 
 def one_of(*choices: str, aliases: dict[str, str] | None = None, registry=None) -> Callable[[Any], Any]:
     """A level among `choices`, or among a registry's names when it is checked (a later registration counts)."""
+
     def check(value):
         choices_now = tuple(registry) if registry is not None else choices
         value = (aliases or {}).get(str(value).lower(), str(value).lower()) if isinstance(value, str) else value
         if value not in choices_now:
             raise BadLevel(f"one of {', '.join(choices_now)}")
         return value
+
     return check
 
 
@@ -68,6 +77,7 @@ def number(low: float = 0.0, high: float = math.inf, open_low: bool = False, int
         if not math.isfinite(value) or value < low or (open_low and value == low) or value >= high:
             raise BadLevel(expected)
         return int(value) if integer else float(value)
+
     return check
 
 
@@ -94,28 +104,64 @@ def _clip_default(cfg) -> Any:
     return parse_clip(cfg.clip) if cfg.clip is not None else CONTROL["clip"]
 
 
-REGISTRY: dict[str, Factor] = {f.name: f for f in (
-    Factor("scheduler", one_of(aliases={"constant_with_warmup": "constant"}, registry=SCHEDULES), _control("scheduler"),
-           "lr schedule after warmup (llmlab.train.optim)"),
-    Factor("clip", clip_level, _clip_default, "clip bound (0 = off, adaptive = 1.5 x recent mean norm)"),
-    Factor("warmup", number(integer=True), _control("warmup"), "warmup steps of the full protocol, scaled to the budget"),
-    Factor("weight_decay", number(), _control("weight_decay"), "weight decay on matrices"),
-    Factor("optimizer", one_of(registry=OPTIMIZERS), _control("optimizer"), "optimizer (llmlab.train.optim)"),
-    Factor("lr", number(), lambda cfg: cfg.default_lr(), "peak learning rate (0 freezes the model: a flat-loss drill)"),
-    Factor("batch_size", number(1, integer=True), lambda cfg: cfg.batch_size or cfg.budget_spec.batch_size,
-           "sequences per optimizer step"),
-    Factor("accumulation", number(1, integer=True), lambda cfg: 1,
-           "micro batches per step at equal effective batch: micro batch = batch_size / accumulation"),
-    Factor("position_encoding", one_of(*POSITION_ENCODINGS), lambda cfg: cfg.position_encoding,
-           "the minimal model's positions"),
-    Factor("clip_mode", one_of(*CLIP_MODES), lambda cfg: "norm", "clip the global norm or every element"),
-    Factor("label_smoothing", number(0, 1), lambda cfg: cfg.label_smoothing, "label smoothing of the training loss"),
-    Factor("loss_mask", one_of(*LOSS_MASKS), lambda cfg: "full",
-           "full: packed blocks, loss on every next token; padding: one document per row, padded, padding masked"),
-    Factor("token_mask_ratio", number(0, 1), lambda cfg: 0.0,
-           "share of target positions left out of the training loss (every k-th, alternating even/odd rows)"),
-    Factor("size", size_level, lambda cfg: None, "WIDTHxDEPTH of the model family"),
-)}
+REGISTRY: dict[str, Factor] = {
+    f.name: f
+    for f in (
+        Factor(
+            "scheduler",
+            one_of(aliases={"constant_with_warmup": "constant"}, registry=SCHEDULES),
+            _control("scheduler"),
+            "lr schedule after warmup (llmlab.train.optim)",
+        ),
+        Factor("clip", clip_level, _clip_default, "clip bound (0 = off, adaptive = 1.5 x recent mean norm)"),
+        Factor(
+            "warmup",
+            number(integer=True),
+            _control("warmup"),
+            "warmup steps of the full protocol, scaled to the budget",
+        ),
+        Factor("weight_decay", number(), _control("weight_decay"), "weight decay on matrices"),
+        Factor("optimizer", one_of(registry=OPTIMIZERS), _control("optimizer"), "optimizer (llmlab.train.optim)"),
+        Factor(
+            "lr", number(), lambda cfg: cfg.default_lr(), "peak learning rate (0 freezes the model: a flat-loss drill)"
+        ),
+        Factor(
+            "batch_size",
+            number(1, integer=True),
+            lambda cfg: cfg.batch_size or cfg.budget_spec.batch_size,
+            "sequences per optimizer step",
+        ),
+        Factor(
+            "accumulation",
+            number(1, integer=True),
+            lambda cfg: 1,
+            "micro batches per step at equal effective batch: micro batch = batch_size / accumulation",
+        ),
+        Factor(
+            "position_encoding",
+            one_of(*POSITION_ENCODINGS),
+            lambda cfg: cfg.position_encoding,
+            "the minimal model's positions",
+        ),
+        Factor("clip_mode", one_of(*CLIP_MODES), lambda cfg: "norm", "clip the global norm or every element"),
+        Factor(
+            "label_smoothing", number(0, 1), lambda cfg: cfg.label_smoothing, "label smoothing of the training loss"
+        ),
+        Factor(
+            "loss_mask",
+            one_of(*LOSS_MASKS),
+            lambda cfg: "full",
+            "full: packed blocks, loss on every next token; padding: one document per row, padded, padding masked",
+        ),
+        Factor(
+            "token_mask_ratio",
+            number(0, 1),
+            lambda cfg: 0.0,
+            "share of target positions left out of the training loss (every k-th, alternating even/odd rows)",
+        ),
+        Factor("size", size_level, lambda cfg: None, "WIDTHxDEPTH of the model family"),
+    )
+}
 EXTRA_FACTORS = tuple(name for name in REGISTRY if name not in FACTORS)  # what a YAML grid may vary beyond doe20
 
 

@@ -1,4 +1,5 @@
 """Per-trial summary metrics computed from a trial's recorded curves (pure functions, easy to test)."""
+
 from __future__ import annotations
 
 import math

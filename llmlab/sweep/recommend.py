@@ -9,6 +9,7 @@
 - Optimizer and schedule: the best level a doe20 (--doe) resolved against its reference, else the defaults; warmup,
   clip (1.5 x the measured mean grad norm) and label smoothing. The YAML says where every value came from.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,16 +26,16 @@ import yaml
 import llmlab.scaling.memory as memory
 from llmlab.core.config import Parser, add_dataclass_args, config_from_namespace, load_yaml, opt
 from llmlab.core.errors import UserError
-from llmlab.train.components import OPTIMIZERS
 from llmlab.core.io import atomic_write_text
 from llmlab.scaling.fits import ScalingOptions, predict_band
 from llmlab.scaling.law import predict
 from llmlab.scaling.report import FITS_FILE, write_lr_bs_report
 from llmlab.sweep import report
+from llmlab.train.components import OPTIMIZERS
 
 MAX_CONTEXT = 1024  # the GPT-2 family train_pretrain.py builds has 1024 positions
 MAX_PARAMS = 1e13
-MAX_STEPS = 10 ** 9
+MAX_STEPS = 10**9
 
 
 @dataclass
@@ -44,23 +45,31 @@ class RecommendConfig(ScalingOptions):
 
     from_dir: str = opt("", "output folder of `sweep.py --grid lr_bs` (holds scaling_fits.json); also --from")
     memory_gb: Optional[float] = opt(None, "memory of the target GPU in GiB (required); also --memory-gb")
-    params: Optional[int] = opt(None, "non-embedding parameter count N of the target model (12 x layers x width^2 "
-                                "for GPT-2); unset = the swept model")
+    params: Optional[int] = opt(
+        None,
+        "non-embedding parameter count N of the target model (12 x layers x width^2 "
+        "for GPT-2); unset = the swept model",
+    )
     n_layer: Optional[int] = opt(None, "target layers (unset: from --params at GPT-2 small's width = 64 x layers)")
     n_embd: Optional[int] = opt(None, "target width (unset: from --params and --n_layer)")
     tokens: Optional[int] = opt(None, "training tokens of the target run (unset = tokens_per_param x params)")
     tokens_per_param: float = opt(20.0, "tokens per parameter when --tokens is not given (Chinchilla)")
     seq_len: int = opt(1024, "sequence length (block_size) of the target run, at most 1024 (GPT-2 positions)")
-    effective_batch_size: Optional[int] = opt(None, "sequences per optimizer step (unset: DeepSeek LLM's B_opt at "
-                                                    "the target's compute)")
+    effective_batch_size: Optional[int] = opt(
+        None, "sequences per optimizer step (unset: DeepSeek LLM's B_opt at the target's compute)"
+    )
     precision: Literal["bf16", "fp16", "no"] = opt("bf16", "training precision on the target GPU")
     zero_stage: int = opt(0, "0: plain accelerate; 2: DeepSpeed ZeRO-2")
     offload: bool = opt(False, "ZeRO-2 with the optimizer states and step on the CPU (one_gpu_zero2_offload.yaml)")
     gradient_checkpointing: bool = opt(False, "plan with activation recomputation (less memory, ~30 %% slower)")
-    optimizer: Optional[str] = opt(None, "a registered optimizer (unset: the best the --doe sweep resolved, else "
-                                         "adamw)", choices=OPTIMIZERS)
-    doe: Optional[str] = opt(None, "a doe20 / YAML-grid sweep folder whose resolved contrasts pick the optimizer and "
-                                   "schedule (unset: the defaults)")
+    optimizer: Optional[str] = opt(
+        None, "a registered optimizer (unset: the best the --doe sweep resolved, else adamw)", choices=OPTIMIZERS
+    )
+    doe: Optional[str] = opt(
+        None,
+        "a doe20 / YAML-grid sweep folder whose resolved contrasts pick the optimizer and "
+        "schedule (unset: the defaults)",
+    )
     output: Optional[str] = opt(None, "YAML file to write; unset = FROM/recommended_config.yaml")
     memory_headroom: float = opt(0.10, "fraction of --memory-gb kept free on top of the prediction")
 
@@ -75,19 +84,25 @@ class RecommendConfig(ScalingOptions):
             if value is not None and value <= 0:
                 raise UserError(f"--{name} must be > 0, got {value}")
         if self.params is not None and self.params > MAX_PARAMS:
-            raise UserError(f"--params {self.params:.3g} is beyond any model this trainer builds (max {MAX_PARAMS:.0e})")
+            raise UserError(
+                f"--params {self.params:.3g} is beyond any model this trainer builds (max {MAX_PARAMS:.0e})"
+            )
         if not 1 <= self.seq_len <= MAX_CONTEXT:
             raise UserError(f"--seq_len must be in [1, {MAX_CONTEXT}] (GPT-2's positions), got {self.seq_len}")
         if self.n_embd is not None and self.n_embd % 64:
             raise UserError(f"--n_embd must be a multiple of 64 (GPT-2's head size), got {self.n_embd}")
-        if not 0 <= self.memory_headroom < 1 or not (math.isfinite(self.tokens_per_param) and self.tokens_per_param > 0):
+        if not 0 <= self.memory_headroom < 1 or not (
+            math.isfinite(self.tokens_per_param) and self.tokens_per_param > 0
+        ):
             raise UserError("--memory_headroom must be in [0, 1) and --tokens_per_param > 0")
         if self.zero_stage not in (0, 2):
             raise UserError(f"--zero_stage must be 0 or 2 (the configs this project ships), got {self.zero_stage}")
         if self.offload and self.zero_stage != 2:
             raise UserError("--offload needs --zero_stage 2 (CPU offload is a DeepSpeed ZeRO feature)")
         if self.output and Path(self.output).is_dir():
-            raise UserError(f"--output {self.output} is a folder; give a file name, e.g. {self.output}/recommended.yaml")
+            raise UserError(
+                f"--output {self.output} is a folder; give a file name, e.g. {self.output}/recommended.yaml"
+            )
 
 
 def load_fits(from_dir: str) -> dict:
@@ -96,16 +111,19 @@ def load_fits(from_dir: str) -> dict:
         raise UserError(f"--from {folder}: folder not found; pass the output folder of `python sweep.py --grid lr_bs`")
     path = folder / FITS_FILE
     if not path.is_file():
-        raise UserError(f"--from {folder}: no {FITS_FILE} (no finished lr_bs sweep there); run "
-                        f"`python sweep.py --grid lr_bs --output_dir {folder}` first (rerunning a finished sweep "
-                        f"with its original flags skips its trials and only rewrites the reports)")
+        raise UserError(
+            f"--from {folder}: no {FITS_FILE} (no finished lr_bs sweep there); run "
+            f"`python sweep.py --grid lr_bs --output_dir {folder}` first (rerunning a finished sweep "
+            f"with its original flags skips its trials and only rewrites the reports)"
+        )
     try:
         fits = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise UserError(f"{path} is not valid JSON ({err}); rerun the lr_bs sweep to rewrite it") from None
     if not isinstance(fits, dict) or not {"fits", "trials", "options", "measured"} <= set(fits):
-        raise UserError(f"{path} is not a scaling analysis (wrong shape); rerun the lr_bs sweep with --report_only "
-                        "to rewrite it")
+        raise UserError(
+            f"{path} is not a scaling analysis (wrong shape); rerun the lr_bs sweep with --report_only to rewrite it"
+        )
     return fits
 
 
@@ -118,8 +136,10 @@ def recommend(cfg: RecommendConfig, reanalyse: tuple[str, ...] = ()) -> dict:
     stored = {k: v for k, v in fits.get("options", {}).items() if k in ANALYSIS_OPTIONS}
     options = ScalingOptions(**{**stored, **{name: getattr(cfg, name) for name in reanalyse}})
     if reanalyse and vars(options) != fits.get("options"):
-        print(f"re-analysing the {fits['n_trials']} stored trials with the given analysis options "
-              f"(rewrites {FITS_FILE}, the scaling report and plots)")
+        print(
+            f"re-analysing the {fits['n_trials']} stored trials with the given analysis options "
+            f"(rewrites {FITS_FILE}, the scaling report and plots)"
+        )
         write_lr_bs_report(cfg.from_dir, fits["trials"], options)
         fits = load_fits(cfg.from_dir)
     params = float(cfg.params or fits["measured"].get("non_embedding") or fits["measured"].get("params") or 0)
@@ -139,8 +159,11 @@ def recommend(cfg: RecommendConfig, reanalyse: tuple[str, ...] = ()) -> dict:
 
 def _methods(cfg: RecommendConfig, notes: list[str]) -> dict:
     """Optimizer, schedule and label smoothing: a doe20's resolved improvement over its reference, else defaults."""
-    chosen = {"optimizer": ("adamw", "default (AdamW)"), "lr_scheduler": ("cosine", "default (cosine to min_lr)"),
-              "label_smoothing": (0.0, "default (none)")}
+    chosen = {
+        "optimizer": ("adamw", "default (AdamW)"),
+        "lr_scheduler": ("cosine", "default (cosine to min_lr)"),
+        "label_smoothing": (0.0, "default (none)"),
+    }
     if cfg.doe:
         for factor, (level, why) in resolved_improvements(cfg.doe).items():
             key = "lr_scheduler" if factor == "scheduler" else factor
@@ -161,21 +184,29 @@ def resolved_improvements(folder: str) -> dict[str, tuple[str, str]]:
     try:
         design = json.loads((path / "design.json").read_text())
         with open(path / "results.csv", newline="") as f:
-            rows = [{k: (float(v) if k == "final_loss" and v not in ("", "None") else v) for k, v in r.items()}
-                    for r in csv.DictReader(f)]
+            rows = [
+                {k: (float(v) if k == "final_loss" and v not in ("", "None") else v) for k, v in r.items()}
+                for r in csv.DictReader(f)
+            ]
     except (OSError, ValueError) as err:
-        raise UserError(f"--doe {folder}: not a finished sweep folder ({str(err).splitlines()[0][:120]}); pass the "
-                        "output folder of `sweep.py --grid doe20`") from None
+        raise UserError(
+            f"--doe {folder}: not a finished sweep folder ({str(err).splitlines()[0][:120]}); pass the "
+            "output folder of `sweep.py --grid doe20`"
+        ) from None
     best: dict[str, tuple[float, str, str]] = {}
     for c in report.effects(rows, design)["contrasts"]:
         if c["verdict"] == "resolved" and c["effect"] < 0 and c["effect"] < best.get(c["factor"], (0.0,))[0]:
-            best[c["factor"]] = (c["effect"], c["level"], f"{folder}: {c['level']} - {c['reference']} = "
-                                                          f"{c['effect']:+.3f} nats, Holm p = {c['p_holm']:.2g}")
+            best[c["factor"]] = (
+                c["effect"],
+                c["level"],
+                f"{folder}: {c['level']} - {c['reference']} = {c['effect']:+.3f} nats, Holm p = {c['p_holm']:.2g}",
+            )
     return {factor: (level, why) for factor, (_, level, why) in best.items()}
 
 
-def _batch_plan(cfg: RecommendConfig, shape: memory.Shape, tokens: int, optimizer: str, fits: dict,
-                notes: list[str]) -> dict:
+def _batch_plan(
+    cfg: RecommendConfig, shape: memory.Shape, tokens: int, optimizer: str, fits: dict, notes: list[str]
+) -> dict:
     """The effective batch, and the largest micro batch the memory model fits under it (then accumulation)."""
     if cfg.effective_batch_size:
         effective, basis = cfg.effective_batch_size, "--effective_batch_size"
@@ -185,16 +216,28 @@ def _batch_plan(cfg: RecommendConfig, shape: memory.Shape, tokens: int, optimize
         basis = f"DeepSeek LLM (2024) B_opt = 0.292 C^0.3271 = {b_tokens:,.0f} tokens at C = 6 N D"
     factor, calibration = memory.calibrate(fits.get("trials") or [])
     usable = cfg.memory_gb * memory.GIB * (1 - cfg.memory_headroom)
-    plan = dict(optimizer=optimizer, precision=cfg.precision, zero_stage=cfg.zero_stage, offload=cfg.offload,
-                gradient_checkpointing=cfg.gradient_checkpointing, calibration=factor)
+    plan = dict(
+        optimizer=optimizer,
+        precision=cfg.precision,
+        zero_stage=cfg.zero_stage,
+        offload=cfg.offload,
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        calibration=factor,
+    )
     need = lambda micro: memory.predicted_bytes(shape, micro, **plan)  # noqa: E731
     if need(1)["total"] > usable:
         parts = need(1)
-        fix = ("use ZeRO-2 with CPU offload (--zero_stage 2 --offload), gradient checkpointing, a smaller model or "
-               "a larger GPU" if not cfg.offload else "use a smaller model or a larger GPU")
-        raise UserError(f"even micro batch 1 needs {parts['total'] / memory.GIB:.1f} GiB (model states "
-                        f"{parts['states'] / memory.GIB:.1f} GiB for {shape.total:,} parameters with {optimizer}) > "
-                        f"{usable / memory.GIB:.1f} GiB usable of --memory-gb {cfg.memory_gb:g}; {fix}")
+        fix = (
+            "use ZeRO-2 with CPU offload (--zero_stage 2 --offload), gradient checkpointing, a smaller model or "
+            "a larger GPU"
+            if not cfg.offload
+            else "use a smaller model or a larger GPU"
+        )
+        raise UserError(
+            f"even micro batch 1 needs {parts['total'] / memory.GIB:.1f} GiB (model states "
+            f"{parts['states'] / memory.GIB:.1f} GiB for {shape.total:,} parameters with {optimizer}) > "
+            f"{usable / memory.GIB:.1f} GiB usable of --memory-gb {cfg.memory_gb:g}; {fix}"
+        )
     micro = 1
     while micro < effective and need(micro + 1)["total"] <= usable:
         micro += 1
@@ -203,10 +246,15 @@ def _batch_plan(cfg: RecommendConfig, shape: memory.Shape, tokens: int, optimize
     accumulation = math.ceil(effective / micro)
     parts = need(micro)
     notes.append(f"memory model {calibration}")
-    return {"batch_size": micro, "effective_batch_size": micro * accumulation, "accumulation": accumulation,
-            "batch_basis": basis, "predicted_memory_gb": parts["total"] / memory.GIB,
-            "usable_memory_gb": usable / memory.GIB, "memory_parts": {k: v / memory.GIB for k, v in parts.items()
-                                                                     if k != "calibration"}}
+    return {
+        "batch_size": micro,
+        "effective_batch_size": micro * accumulation,
+        "accumulation": accumulation,
+        "batch_basis": basis,
+        "predicted_memory_gb": parts["total"] / memory.GIB,
+        "usable_memory_gb": usable / memory.GIB,
+        "memory_parts": {k: v / memory.GIB for k, v in parts.items() if k != "calibration"},
+    }
 
 
 def _learning_rate(cfg: RecommendConfig, fits: dict, params: float, batch_tokens: float, notes: list[str]) -> dict:
@@ -216,21 +264,31 @@ def _learning_rate(cfg: RecommendConfig, fits: dict, params: float, batch_tokens
         return _lr_across_sizes(fits, transfer, params, batch_tokens, notes)
     lr_fit = fits["fits"].get("lr_opt", {})
     if lr_fit.get("status") != "ok":
-        raise UserError(f"no learning-rate fit in {cfg.from_dir}: {lr_fit.get('reason', 'missing')}; scan several "
-                        "sizes (--sizes default) or >= 3 batch sizes")
+        raise UserError(
+            f"no learning-rate fit in {cfg.from_dir}: {lr_fit.get('reason', 'missing')}; scan several "
+            "sizes (--sizes default) or >= 3 batch sizes"
+        )
     seq = fits["measured"].get("seq_len") or cfg.seq_len
     batch = batch_tokens / seq  # the swept model's batch in its own sequences, at the same tokens per step
     center, low, high = predict_band(lr_fit, np.array([[math.log(batch)]]), fits["options"]["confidence"])
     lo_b, hi_b = lr_fit["x_range"]
     if not lo_b <= batch <= hi_b:
-        notes.append(f"lr extrapolated: {batch:,.0f} swept-length sequences per step is outside the swept {lo_b:g}-{hi_b:g}")
+        notes.append(
+            f"lr extrapolated: {batch:,.0f} swept-length sequences per step is outside the swept {lo_b:g}-{hi_b:g}"
+        )
     if cfg.params:
-        notes.append("WARNING: lr fitted on one model size does not follow N; scan several sizes (--sizes default) to "
-                     "forecast it for a bigger model, and run the confirmation runs")
+        notes.append(
+            "WARNING: lr fitted on one model size does not follow N; scan several sizes (--sizes default) to "
+            "forecast it for a bigger model, and run the confirmation runs"
+        )
     lr = float(math.exp(center[0]))
-    return {"learning_rate": lr, "learning_rate_interval": [float(math.exp(low[0])), float(math.exp(high[0]))],
-            "extrapolation": None, "lr_basis": f"lr_opt = a * batch^b fit of the swept model at batch {batch:.3g}",
-            "confirm_lrs": [float(f"{lr * m:.3g}") for m in (0.5, 1.0, 2.0)]}
+    return {
+        "learning_rate": lr,
+        "learning_rate_interval": [float(math.exp(low[0])), float(math.exp(high[0]))],
+        "extrapolation": None,
+        "lr_basis": f"lr_opt = a * batch^b fit of the swept model at batch {batch:.3g}",
+        "confirm_lrs": [float(f"{lr * m:.3g}") for m in (0.5, 1.0, 2.0)],
+    }
 
 
 def _lr_across_sizes(fits: dict, transfer: dict, params: float, batch_tokens: float, notes: list[str]) -> dict:
@@ -246,27 +304,46 @@ def _lr_across_sizes(fits: dict, transfer: dict, params: float, batch_tokens: fl
     verdict = holdout.get("verdict") if holdout.get("status") == "ok" else None
     validated = holdout["extrapolation"] if verdict and verdict.startswith("within") else 1.0
     if factor > validated:
-        why = {None: f"no held-out check ran: {holdout.get('reason', 'the scan has one size')}",
-               "failed": "the held-out forecast failed",
-               "undecided": "the held-out check was undecided"}.get(verdict, f"held-out verdict: {verdict}")
-        covered = (f"the held-out check validated {validated:.1f}x only" if validated > 1
-                   else "nothing validated an extrapolation in N")
-        notes.append(f"WARNING: target N is {factor:.1f}x the largest scanned size and {covered} ({why}): run the "
-                     "confirmation runs before the long job")
+        why = {
+            None: f"no held-out check ran: {holdout.get('reason', 'the scan has one size')}",
+            "failed": "the held-out forecast failed",
+            "undecided": "the held-out check was undecided",
+        }.get(verdict, f"held-out verdict: {verdict}")
+        covered = (
+            f"the held-out check validated {validated:.1f}x only"
+            if validated > 1
+            else "nothing validated an extrapolation in N"
+        )
+        notes.append(
+            f"WARNING: target N is {factor:.1f}x the largest scanned size and {covered} ({why}): run the "
+            "confirmation runs before the long job"
+        )
     if verdict == "failed":
-        notes.append(f"WARNING: the law failed its held-out check (worst forecast / measured "
-                     f"{holdout['worst_ratio']:.2f}): treat this lr as a starting point only")
+        notes.append(
+            f"WARNING: the law failed its held-out check (worst forecast / measured "
+            f"{holdout['worst_ratio']:.2f}): treat this lr as a starting point only"
+        )
     seq = fits["measured"].get("seq_len") or 128
     if not law["with_batch"] and abs(math.log(batch_tokens / (batch * seq))) >= math.log(2):
-        notes.append(f"the scan measured lr_opt at {batch * seq:,.0f} tokens per step only; at {batch_tokens:,.0f} "
-                     "the optimum may be higher (Adam: about sqrt of the batch ratio, Malladi et al. 2022), which "
-                     "the confirmation runs bracket")
-    basis = (f"law ln lr = {law['k0']:.3f} {law['alpha']:+.3f} ln N" + (f" {law['beta']:+.3f} ln B" if law["with_batch"]
-                                                                       else "")
-             + f" at N = {params:,.0f}; {forecast['confidence']:.0%} prediction interval on {law['df']} df")
-    return {"learning_rate": forecast["lr"], "learning_rate_interval": forecast["pi"], "extrapolation": factor,
-            "validated_extrapolation": validated, "heldout_verdict": verdict, "lr_basis": basis,
-            "confirm_lrs": [float(f"{forecast['lr'] * m:.3g}") for m in (0.5, 1.0, 2.0)]}
+        notes.append(
+            f"the scan measured lr_opt at {batch * seq:,.0f} tokens per step only; at {batch_tokens:,.0f} "
+            "the optimum may be higher (Adam: about sqrt of the batch ratio, Malladi et al. 2022), which "
+            "the confirmation runs bracket"
+        )
+    basis = (
+        f"law ln lr = {law['k0']:.3f} {law['alpha']:+.3f} ln N"
+        + (f" {law['beta']:+.3f} ln B" if law["with_batch"] else "")
+        + f" at N = {params:,.0f}; {forecast['confidence']:.0%} prediction interval on {law['df']} df"
+    )
+    return {
+        "learning_rate": forecast["lr"],
+        "learning_rate_interval": forecast["pi"],
+        "extrapolation": factor,
+        "validated_extrapolation": validated,
+        "heldout_verdict": verdict,
+        "lr_basis": basis,
+        "confirm_lrs": [float(f"{forecast['lr'] * m:.3g}") for m in (0.5, 1.0, 2.0)],
+    }
 
 
 def _schedule(tokens: int, batch: int, seq_len: int, notes: list[str]) -> dict:
@@ -274,8 +351,10 @@ def _schedule(tokens: int, batch: int, seq_len: int, notes: list[str]) -> dict:
     if total_steps > MAX_STEPS:
         raise UserError(f"{tokens:,} tokens at {batch} x {seq_len} per step is {total_steps:.3g} steps; lower --tokens")
     if total_steps < 10:
-        raise UserError(f"--tokens {tokens:,} is only {total_steps} optimizer step(s) of {batch} x {seq_len} tokens; "
-                        "give at least 10 steps of tokens")
+        raise UserError(
+            f"--tokens {tokens:,} is only {total_steps} optimizer step(s) of {batch} x {seq_len} tokens; "
+            "give at least 10 steps of tokens"
+        )
     warmup = max(50, round(0.03 * total_steps * batch / 32))
     if warmup > total_steps // 2:
         warmup = max(1, total_steps // 2)
@@ -286,21 +365,31 @@ def _schedule(tokens: int, batch: int, seq_len: int, notes: list[str]) -> dict:
 def _clip(fits: dict, lr: float, notes: list[str]) -> dict:
     """1.5 x the mean grad norm of the feasible trial nearest in lr (log space), else the trainer's 1.0."""
     trials = {t.get("trial_id"): t for t in fits["trials"]}
-    candidates = [trials[i] for i in fits["feasible_ids"] if isinstance(trials[i].get("grad_norm_mean"), (int, float))
-                  and math.isfinite(trials[i]["grad_norm_mean"]) and trials[i]["grad_norm_mean"] > 0]
+    candidates = [
+        trials[i]
+        for i in fits["feasible_ids"]
+        if isinstance(trials[i].get("grad_norm_mean"), (int, float))
+        and math.isfinite(trials[i]["grad_norm_mean"])
+        and trials[i]["grad_norm_mean"] > 0
+    ]
     if not candidates:
         notes.append("no grad norms recorded: clip left at the trainer's default 1.0")
         return {"clip": 1.0, "clip_basis": "trainer default"}
     nearest = min(candidates, key=lambda t: math.log(float(t["lr"]) / lr) ** 2)
-    return {"clip": round(1.5 * float(nearest["grad_norm_mean"]), 4),
-            "clip_basis": f"1.5 x mean grad norm {float(nearest['grad_norm_mean']):.4g} of trial {nearest['trial_id']}"}
+    return {
+        "clip": round(1.5 * float(nearest["grad_norm_mean"]), 4),
+        "clip_basis": f"1.5 x mean grad norm {float(nearest['grad_norm_mean']):.4g} of trial {nearest['trial_id']}",
+    }
 
 
 def confirmation_commands(rec: dict, output: str) -> list[str]:
     """Three short runs around the forecast at the target size: cheap insurance before the long job."""
     steps = min(rec["max_steps"], max(200, rec["max_steps"] // 10))
-    return [f"accelerate launch train_pretrain.py --config {output} --learning_rate {lr:g} --max_steps {steps} "
-            f"--output_dir runs/confirm_lr{lr:g}" for lr in rec["confirm_lrs"]]
+    return [
+        f"accelerate launch train_pretrain.py --config {output} --learning_rate {lr:g} --max_steps {steps} "
+        f"--output_dir runs/confirm_lr{lr:g}"
+        for lr in rec["confirm_lrs"]
+    ]
 
 
 def yaml_values(rec: dict) -> list[tuple[str, object, str]]:
@@ -313,14 +402,19 @@ def yaml_values(rec: dict) -> list[tuple[str, object, str]]:
         ("optimizer", rec["optimizer"], rec["basis"]["optimizer"]),
         ("lr_scheduler", rec["lr_scheduler"], rec["basis"]["lr_scheduler"]),
         ("n_layer", shape.n_layer, f"N = 12 x layers x width^2 = {shape.non_embedding:,}"),
-        ("n_embd", shape.n_embd, "width"), ("n_head", shape.n_embd // 64, "heads of 64"),
+        ("n_embd", shape.n_embd, "width"),
+        ("n_head", shape.n_embd // 64, "heads of 64"),
         ("block_size", shape.seq_len, "the memory plan and max_steps hold for this sequence length"),
         ("learning_rate", lr, f"{rec['lr_basis']}: [{low:.3g}, {high:.3g}]{extrapolation}"),
         ("min_lr", float(f"{lr / 10:.4g}"), "cosine floor lr / 10 (nanoGPT, Chinchilla)"),
         ("effective_batch_size", rec["effective_batch_size"], rec["batch_basis"]),
-        ("batch_size", rec["batch_size"], f"largest micro batch the memory model fits: {rec['predicted_memory_gb']:.2f} "
-                                          f"of {rec['usable_memory_gb']:.2f} GiB usable; accumulation "
-                                          f"{rec['accumulation']}"),
+        (
+            "batch_size",
+            rec["batch_size"],
+            f"largest micro batch the memory model fits: {rec['predicted_memory_gb']:.2f} "
+            f"of {rec['usable_memory_gb']:.2f} GiB usable; accumulation "
+            f"{rec['accumulation']}",
+        ),
         ("max_steps", rec["max_steps"], f"{rec['tokens']:,} tokens / (effective batch x block_size)"),
         ("warmup_steps", rec["warmup_steps"], "max(50, 0.03 x max_steps x batch / 32)"),
         ("clip", str(rec["clip"]), rec["clip_basis"]),
@@ -335,8 +429,10 @@ def config_yaml(rec: dict, cfg: RecommendConfig, output: str = "RECOMMENDED.yaml
     lines += [f"# note: {n}" for n in rec["notes"]]
     lines += ["# confirm the lr first: three short runs at the target size, keep the lowest validation loss"]
     lines += [f"#   {c}" for c in confirmation_commands(rec, output)]
-    lines += [f"{key}: {yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
-              f"  # {basis}" for key, value, basis in yaml_values(rec)]
+    lines += [
+        f"{key}: {yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}  # {basis}"
+        for key, value, basis in yaml_values(rec)
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -1,5 +1,6 @@
 """The sweep report: the noise floor first, then results.csv, least-squares main effects judged against that
 noise, a sensitivity map (which knob moves which outcome), interaction hints, the effective-gain verdict, plots."""
+
 from __future__ import annotations
 
 import csv
@@ -21,27 +22,73 @@ from llmlab.train.components import OPTIMIZERS
 from llmlab.train.schedules import mean_lr_share
 
 GAIN_DELTA, GAIN_STABILITY, GAIN_SPEEDUP = -0.05, 0.8, 0.9
-SCALAR_KEYS = ("initial_loss", "final_loss", "final_train_loss", "val_perplexity", "stability_index", "initial_loss_slope",
-               "early_loss_std", "attention_entropy_last_layer", "update_ratio_mean", "grad_param_ratio_mean", "grad_norm_mean",
-               "grad_norm_std", "clipped_steps", "skipped_steps", "peak_memory_mb", "time_per_step_s",
-               "tokens_per_s", "wall_time_s", "startup_s", "warmup_steps", "accumulation_steps", "train_tokens",
-               "n_params", "n_params_total", "compute_flops", "precision", "compiled", "memory_source",
-               "model_width", "model_depth", "seq_len", "micro_batch_size")
-CALIBRATED = {"final_loss": "final (validation) loss, nats", "stability_index": "stability index",
-              "steps_to_target": "steps to target loss", "attention_entropy_last_layer": "attention entropy, nats"}
-SENSITIVITY_OUTCOMES = ("final_loss", "stability_index", "steps_to_target", "attention_entropy_last_layer",
-                        "grad_norm_mean", "grad_norm_std", "peak_memory_mb")
+SCALAR_KEYS = (
+    "initial_loss",
+    "final_loss",
+    "final_train_loss",
+    "val_perplexity",
+    "stability_index",
+    "initial_loss_slope",
+    "early_loss_std",
+    "attention_entropy_last_layer",
+    "update_ratio_mean",
+    "grad_param_ratio_mean",
+    "grad_norm_mean",
+    "grad_norm_std",
+    "clipped_steps",
+    "skipped_steps",
+    "peak_memory_mb",
+    "time_per_step_s",
+    "tokens_per_s",
+    "wall_time_s",
+    "startup_s",
+    "warmup_steps",
+    "accumulation_steps",
+    "train_tokens",
+    "n_params",
+    "n_params_total",
+    "compute_flops",
+    "precision",
+    "compiled",
+    "memory_source",
+    "model_width",
+    "model_depth",
+    "seq_len",
+    "micro_batch_size",
+)
+CALIBRATED = {
+    "final_loss": "final (validation) loss, nats",
+    "stability_index": "stability index",
+    "steps_to_target": "steps to target loss",
+    "attention_entropy_last_layer": "attention entropy, nats",
+}
+SENSITIVITY_OUTCOMES = (
+    "final_loss",
+    "stability_index",
+    "steps_to_target",
+    "attention_entropy_last_layer",
+    "grad_norm_mean",
+    "grad_norm_std",
+    "peak_memory_mb",
+)
 
 
 def flat_row(result: dict) -> dict[str, Any]:
     """One CSV row / one dict for the scaling analysis: hyperparameters, seed, status and scalar metrics."""
     hp = result.get("hparams", {})
-    row: dict[str, Any] = {"trial_id": result["trial_id"], "status": result.get("status"),
-                           "seed": result.get("seed"), "replicate": result.get("replicate", 0),
-                           "boundary": result.get("boundary", False), "attempts": result.get("attempts"),
-                           "model": result.get("model"), "steps": result.get("steps"), "node": result.get("node"),
-                           "cpu": result.get("cpu"),
-                           **hp}
+    row: dict[str, Any] = {
+        "trial_id": result["trial_id"],
+        "status": result.get("status"),
+        "seed": result.get("seed"),
+        "replicate": result.get("replicate", 0),
+        "boundary": result.get("boundary", False),
+        "attempts": result.get("attempts"),
+        "model": result.get("model"),
+        "steps": result.get("steps"),
+        "node": result.get("node"),
+        "cpu": result.get("cpu"),
+        **hp,
+    }
     row["fallback"] = result.get("fallback")
     row.update({k: result.get(k) for k in SCALAR_KEYS})
     for segment, loss in (result.get("val_loss_by_position") or {}).items():
@@ -79,22 +126,38 @@ def derived_metrics(design: list[dict], results: list[dict], target_loss: Option
     for trial in design:
         result = by_id.get(trial["trial_id"])
         if result is None:
-            rows.append({"trial_id": trial["trial_id"], "status": "pending", "point": trial.get("point"),
-                         **{k: trial.get(k) for k in FACTORS}})
+            rows.append(
+                {
+                    "trial_id": trial["trial_id"],
+                    "status": "pending",
+                    "point": trial.get("point"),
+                    **{k: trial.get(k) for k in FACTORS},
+                }
+            )
             continue
         row = {**flat_row(result), "point": trial.get("point", trial["trial_id"])}
         ok = result.get("status") == "ok"
-        row["steps_to_target"] = (M.steps_to_target(result["curves"]["loss"], target)
-                                  if ok and target is not None else None)
+        row["steps_to_target"] = (
+            M.steps_to_target(result["curves"]["loss"], target) if ok and target is not None else None
+        )
         rows.append(row)
-    reference = {"final_loss": [r["final_loss"] for r in ref_runs],
-                 "stability_index": _mean(r.get("stability_index") for r in ref_runs),
-                 "steps_to_target": _mean(r["steps_to_target"] for r in rows
-                                          if r["point"] == ref_point and r.get("status") == "ok")}
+    reference = {
+        "final_loss": [r["final_loss"] for r in ref_runs],
+        "stability_index": _mean(r.get("stability_index") for r in ref_runs),
+        "steps_to_target": _mean(
+            r["steps_to_target"] for r in rows if r["point"] == ref_point and r.get("status") == "ok"
+        ),
+    }
     noise = stats.pure_error(rows, "final_loss")
     _judge_points(rows, ref_point, reference, noise)
-    return rows, {"reference": ref_point, "reference_ok": bool(ref_runs), "reference_runs": len(ref_runs),
-                  "target_loss": target, "reference_steps_to_target": reference["steps_to_target"], "noise": noise}
+    return rows, {
+        "reference": ref_point,
+        "reference_ok": bool(ref_runs),
+        "reference_runs": len(ref_runs),
+        "target_loss": target,
+        "reference_steps_to_target": reference["steps_to_target"],
+        "noise": noise,
+    }
 
 
 def _judge_points(rows: list[dict], ref_point: str, reference: dict, noise: dict) -> None:
@@ -104,24 +167,43 @@ def _judge_points(rows: list[dict], ref_point: str, reference: dict, noise: dict
     for point in dict.fromkeys(r["point"] for r in rows):
         ok = [r for r in rows if r["point"] == point and r.get("status") == "ok"]
         if ok and reference["final_loss"]:
-            judged[point] = (ok, stats.compare_to_reference([r["final_loss"] for r in ok], reference["final_loss"],
-                                                            noise["sd"], noise["df"]))
+            judged[point] = (
+                ok,
+                stats.compare_to_reference(
+                    [r["final_loss"] for r in ok], reference["final_loss"], noise["sd"], noise["df"]
+                ),
+            )
     tested = [p for p, (_, c) in judged.items() if p != ref_point and c["p_value"] is not None]
     adjusted = dict(zip(tested, stats.holm([judged[p][1]["p_value"] for p in tested])))
     for point in dict.fromkeys(r["point"] for r in rows):
-        verdict: dict[str, Any] = {"delta_loss": None, "delta_ci_low": None, "delta_ci_high": None,
-                                   "delta_p_holm": None, "gain_resolved": False, "effective_gain": False}
+        verdict: dict[str, Any] = {
+            "delta_loss": None,
+            "delta_ci_low": None,
+            "delta_ci_high": None,
+            "delta_p_holm": None,
+            "gain_resolved": False,
+            "effective_gain": False,
+        }
         if point in judged:
             ok, compared = judged[point]
             resolved = adjusted.get(point, 1.0) < stats.ALPHA
             stability, steps = _mean(r.get("stability_index") for r in ok), _mean(r["steps_to_target"] for r in ok)
-            gain = (resolved and compared["delta"] < GAIN_DELTA
-                    and _lt(stability, reference["stability_index"], GAIN_STABILITY)
-                    and steps is not None and reference["steps_to_target"] is not None
-                    and steps <= GAIN_SPEEDUP * reference["steps_to_target"])
-            verdict = {"delta_loss": compared["delta"], "delta_ci_low": compared["ci_low"],
-                       "delta_ci_high": compared["ci_high"], "delta_p_holm": adjusted.get(point),
-                       "gain_resolved": resolved, "effective_gain": bool(gain)}
+            gain = (
+                resolved
+                and compared["delta"] < GAIN_DELTA
+                and _lt(stability, reference["stability_index"], GAIN_STABILITY)
+                and steps is not None
+                and reference["steps_to_target"] is not None
+                and steps <= GAIN_SPEEDUP * reference["steps_to_target"]
+            )
+            verdict = {
+                "delta_loss": compared["delta"],
+                "delta_ci_low": compared["ci_low"],
+                "delta_ci_high": compared["ci_high"],
+                "delta_p_holm": adjusted.get(point),
+                "gain_resolved": resolved,
+                "effective_gain": bool(gain),
+            }
         for row in (r for r in rows if r["point"] == point):
             row.update(verdict)
 
@@ -178,8 +260,14 @@ def plot_loss_curves(path: Path, results: list[dict], reference: str) -> None:
         if not curve:
             continue
         is_ref = result["trial_id"] == reference
-        ax.plot(np.arange(1, len(curve) + 1), M.smooth(curve), lw=2.5 if is_ref else 1, color="black" if is_ref else None,
-                alpha=1 if is_ref else 0.7, label=f"{result['trial_id']} ({result.get('status')})")
+        ax.plot(
+            np.arange(1, len(curve) + 1),
+            M.smooth(curve),
+            lw=2.5 if is_ref else 1,
+            color="black" if is_ref else None,
+            alpha=1 if is_ref else 0.7,
+            label=f"{result['trial_id']} ({result.get('status')})",
+        )
     ax.set(xlabel="step", ylabel="training loss (moving average of 10)", title="Loss curves of all trials")
     ax.legend(fontsize=6, ncol=3)
     fig.tight_layout()
@@ -189,13 +277,19 @@ def plot_loss_curves(path: Path, results: list[dict], reference: str) -> None:
 
 def plot_main_effects(path: Path, effects: list[dict], factors: list[str]) -> None:
     plt = _pyplot()
-    fig, axes = plt.subplots(1, max(1, len(factors)), figsize=(3.2 * max(1, len(factors)), 3.6), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(
+        1, max(1, len(factors)), figsize=(3.2 * max(1, len(factors)), 3.6), sharey=True, squeeze=False
+    )
     for ax, factor in zip(axes[0], factors):
         mine = [e for e in effects if e["factor"] == factor]
         x = np.arange(len(mine))
         y = [e["effect"] for e in mine]
-        err = np.array([[e["effect"] - e["ci_low"] if e["ci_low"] is not None else 0 for e in mine],
-                        [e["ci_high"] - e["effect"] if e["ci_high"] is not None else 0 for e in mine]])
+        err = np.array(
+            [
+                [e["effect"] - e["ci_low"] if e["ci_low"] is not None else 0 for e in mine],
+                [e["ci_high"] - e["effect"] if e["ci_high"] is not None else 0 for e in mine],
+            ]
+        )
         ax.errorbar(x, y, yerr=err, fmt="none", ecolor="grey", capsize=4)
         colours = ["C3" if e["verdict"] == "resolved" else "C0" for e in mine]
         ax.scatter(x, y, c=colours, zorder=3)
@@ -218,8 +312,9 @@ def plot_sensitivity(path: Path, shares: dict[str, dict[str, float]], factors: l
     ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right")
     ax.set_yticks(range(len(outcomes)), outcomes)
     for (i, j), value in np.ndenumerate(grid):
-        ax.text(j, i, f"{100 * value:.0f}%", ha="center", va="center", color="white" if value < 0.6 else "black",
-                fontsize=8)
+        ax.text(
+            j, i, f"{100 * value:.0f}%", ha="center", va="center", color="white" if value < 0.6 else "black", fontsize=8
+        )
     fig.colorbar(image, ax=ax, label="share of variance (type II sums of squares)")
     ax.set_title("Which knob moves which outcome")
     fig.tight_layout()
@@ -252,31 +347,43 @@ def calibration_section(rows: list[dict], facts: dict, fitted: dict) -> list[str
     lines = ["## Calibration: the noise floor", ""]
     noise = facts["noise"]
     if noise["sd"] is None:
-        return lines + ["**No seed replicates: this report cannot tell an effect from seed noise.** Every effect "
-                        "below is judged against the fit's residual at best. Rerun with `--replicates 6` (resume "
-                        "keeps the finished trials and runs only the new seeds).", ""]
-    lines += ["Seed replicates rerun one configuration with other seeds (model init and data order; the data "
-              "split is fixed). Their spread is the noise every effect below is judged against.", "",
-              "| outcome | replicate groups | replicated runs | mean (reference) | seed SD | 95% CI of SD | df |",
-              "|---|---|---|---|---|---|---|"]
+        return lines + [
+            "**No seed replicates: this report cannot tell an effect from seed noise.** Every effect "
+            "below is judged against the fit's residual at best. Rerun with `--replicates 6` (resume "
+            "keeps the finished trials and runs only the new seeds).",
+            "",
+        ]
+    lines += [
+        "Seed replicates rerun one configuration with other seeds (model init and data order; the data "
+        "split is fixed). Their spread is the noise every effect below is judged against.",
+        "",
+        "| outcome | replicate groups | replicated runs | mean (reference) | seed SD | 95% CI of SD | df |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for metric, label in CALIBRATED.items():
         floor = stats.pure_error(rows, metric)
         ref = _mean(r.get(metric) for r in rows if r.get("point") == facts["reference"] and r.get("status") == "ok")
-        lines.append(f"| {label} | {floor['groups']} | {floor['runs']} | {cell(ref)} | {cell(floor['sd'])} | "
-                     f"{_ci(*floor['ci'], digits=4)} | {floor['df']} |")
+        lines.append(
+            f"| {label} | {floor['groups']} | {floor['runs']} | {cell(ref)} | {cell(floor['sd'])} | "
+            f"{_ci(*floor['ci'], digits=4)} | {floor['df']} |"
+        )
     k = facts["reference_runs"]
     single = sps_t(noise["df"]) * noise["sd"] * math.sqrt(1 + 1 / max(k, 1))
     needed = stats.replicates_needed(noise["sd"], noise["df"])
     worst = stats.replicates_needed(noise["ci"][1], noise["df"])
     mde = stats.minimum_detectable_effect(fitted) if fitted.get("contrasts") else None
     error = fitted.get("noise") or {}
-    lines += ["", f"- **Smallest difference one run can show against the reference ({k} runs) at 95 %:** "
-              f"{single:.3f} nats of final loss (t with {noise['df']} df x seed SD x sqrt(1 + 1/{k})).",
-              f"- **Smallest level contrast this design detects with 80 % power** (5 %, two-sided, before the Holm "
-              f"correction; median over the contrasts, t on the residual's {error.get('df', '-')} df): {cell(mde)} nats.",
-              f"- **Runs per configuration to detect {stats.TARGET_EFFECT} nats** (two configurations, 5 % two-sided, "
-              f"80 % power, t with the SD's {noise['df']} df): {needed} at the measured seed SD, {worst} at the upper "
-              f"end of its 95 % interval.", ""]
+    lines += [
+        "",
+        f"- **Smallest difference one run can show against the reference ({k} runs) at 95 %:** "
+        f"{single:.3f} nats of final loss (t with {noise['df']} df x seed SD x sqrt(1 + 1/{k})).",
+        f"- **Smallest level contrast this design detects with 80 % power** (5 %, two-sided, before the Holm "
+        f"correction; median over the contrasts, t on the residual's {error.get('df', '-')} df): {cell(mde)} nats.",
+        f"- **Runs per configuration to detect {stats.TARGET_EFFECT} nats** (two configurations, 5 % two-sided, "
+        f"80 % power, t with the SD's {noise['df']} df): {needed} at the measured seed SD, {worst} at the upper "
+        f"end of its 95 % interval.",
+        "",
+    ]
     return lines
 
 
@@ -290,8 +397,10 @@ def effects_section(fitted: dict, plots: Path) -> list[str]:
         return lines + [f"_not estimable: {fitted['n']} finished trials for {fitted['params']} parameters_", ""]
     noise = fitted["noise"]
     plot_main_effects(plots / "main_effects.png", fitted["contrasts"], fitted["factors"])
-    table = [{**c, "contrast": f"{c['level']} - {c['reference']}", "95% CI": _ci(c["ci_low"], c["ci_high"])}
-             for c in fitted["contrasts"]]
+    table = [
+        {**c, "contrast": f"{c['level']} - {c['reference']}", "95% CI": _ci(c["ci_low"], c["ci_high"])}
+        for c in fitted["contrasts"]
+    ]
     tests = stats.factor_tests(fitted)
     lof = fitted.get("lack_of_fit")
     pure = noise["pure_error"]
@@ -302,15 +411,30 @@ def effects_section(fitted: dict, plots: Path) -> list[str]:
         f"a Latin hypercube is not orthogonal, so marginal level means would mix the factors. Error term: "
         f"{noise['source']}, SD {cell(noise['sd'])} on {noise['df']} df"
         + (f"; the replicates' pure error alone is {cell(pure['sd'])} on {pure['df']} df" if pure["sd"] else "")
-        + (f" (lack of fit F = {lof['F']:.2f} on {lof['df'][0]}, {lof['df'][1]} df, p = {lof['p_value']:.3g})"
-           if lof else "") + ". 95 % CIs are per contrast; `resolved` = Holm-adjusted p < 0.05 across all "
-        f"{len(table)} contrasts (one family).", "",
-        _table(table, ["factor", "contrast", "n", "effect", "95% CI", "p_value", "p_holm", "verdict"]), ""]
+        + (
+            f" (lack of fit F = {lof['F']:.2f} on {lof['df'][0]}, {lof['df'][1]} df, p = {lof['p_value']:.3g})"
+            if lof
+            else ""
+        )
+        + ". 95 % CIs are per contrast; `resolved` = Holm-adjusted p < 0.05 across all "
+        f"{len(table)} contrasts (one family).",
+        "",
+        _table(table, ["factor", "contrast", "n", "effect", "95% CI", "p_value", "p_holm", "verdict"]),
+        "",
+    ]
     if tests:
-        lines += ["Does each factor matter at all? F test of its type II sum of squares against the same error term, "
-                  "Holm across the factors: " + "; ".join(f"**{t['factor']}** F = {t['F']:.2f} ({t['df']}, "
-                                                          f"{noise['df']} df), p = {t['p_value']:.3g}, Holm "
-                                                          f"{t['p_holm']:.3g} ({t['verdict']})" for t in tests) + ".", ""]
+        lines += [
+            "Does each factor matter at all? F test of its type II sum of squares against the same error term, "
+            "Holm across the factors: "
+            + "; ".join(
+                f"**{t['factor']}** F = {t['F']:.2f} ({t['df']}, "
+                f"{noise['df']} df), p = {t['p_value']:.3g}, Holm "
+                f"{t['p_holm']:.3g} ({t['verdict']})"
+                for t in tests
+            )
+            + ".",
+            "",
+        ]
     return lines + [*caveats(fitted), "![main effects](plots/main_effects.png)", ""]
 
 
@@ -321,16 +445,21 @@ def caveats(fitted: dict) -> list[str]:
     scaled = [entry for entry in levels if entry.lr_divisor != 1.0]
     if "optimizer" in fitted["factors"] and scaled:
         plain = " and ".join(entry.label for entry in levels if entry.lr_divisor == 1.0)
-        notes += [f"- **optimizer is confounded with step size:** {entry.label} runs at lr / {entry.lr_divisor:g} with "
-                  f"weight decay x {entry.lr_divisor:g} (its authors' advice), {plain} at the lr itself, so the "
-                  f"{entry.label} contrast is {entry.label}-at-that-step-size, not {entry.label} at its own best lr."
-                  for entry in scaled]
+        notes += [
+            f"- **optimizer is confounded with step size:** {entry.label} runs at lr / {entry.lr_divisor:g} with "
+            f"weight decay x {entry.lr_divisor:g} (its authors' advice), {plain} at the lr itself, so the "
+            f"{entry.label} contrast is {entry.label}-at-that-step-size, not {entry.label} at its own best lr."
+            for entry in scaled
+        ]
     if "scheduler" in fitted["factors"]:
         shares = {name: mean_lr_share(name) for name in fitted["levels"]["scheduler"]}
-        notes.append("- **scheduler is confounded with the mean lr:** over a run (warmup excluded) the schedules "
-                     "average " + ", ".join(f"{name} {share:.2f}" for name, share in shares.items())
-                     + " of the peak lr, so part of a scheduler contrast is an lr effect.")
-    return (["Caveats:", "", *notes, ""] if notes else [])
+        notes.append(
+            "- **scheduler is confounded with the mean lr:** over a run (warmup excluded) the schedules "
+            "average "
+            + ", ".join(f"{name} {share:.2f}" for name, share in shares.items())
+            + " of the peak lr, so part of a scheduler contrast is an lr effect."
+        )
+    return ["Caveats:", "", *notes, ""] if notes else []
 
 
 def sensitivity_section(rows: list[dict], design: list[dict], plots: Path) -> list[str]:
@@ -342,10 +471,16 @@ def sensitivity_section(rows: list[dict], design: list[dict], plots: Path) -> li
     plot_sensitivity(plots / "sensitivity.png", shares, [f for f in factors if any(f in s for s in shares.values())])
     columns = [f for f in factors if any(f in s for s in shares.values())] + ["residual", "shared"]
     table = [{"outcome": o, **{c: f"{100 * s.get(c, 0.0):.0f}%" for c in columns}} for o, s in shares.items()]
-    return lines + ["Each factor's type II sum of squares as a share of the outcome's **total** sum of squares; "
-                    "`residual` is what the main effects leave (interactions and noise); `shared` is the rest: in a "
-                    "non-orthogonal design part of the variance belongs to no factor alone.", "",
-                    _table(table, ["outcome"] + columns), "", "![sensitivity](plots/sensitivity.png)", ""]
+    return lines + [
+        "Each factor's type II sum of squares as a share of the outcome's **total** sum of squares; "
+        "`residual` is what the main effects leave (interactions and noise); `shared` is the rest: in a "
+        "non-orthogonal design part of the variance belongs to no factor alone.",
+        "",
+        _table(table, ["outcome"] + columns),
+        "",
+        "![sensitivity](plots/sensitivity.png)",
+        "",
+    ]
 
 
 def verdict_section(rows: list[dict], facts: dict) -> list[str]:
@@ -354,34 +489,59 @@ def verdict_section(rows: list[dict], facts: dict) -> list[str]:
     for row in rows:
         if row.get("delta_loss") is not None and row["point"] != facts["reference"]:
             points.setdefault(row["point"], row)
-    table = [{"point": p, "delta_loss": r["delta_loss"], "95% CI": _ci(r["delta_ci_low"], r["delta_ci_high"]),
-              "p_holm": r.get("delta_p_holm"), "resolved": r["gain_resolved"], "effective_gain": r["effective_gain"]}
-             for p, r in points.items()]
-    lines = ["## Verdict: effective gain", "",
-             f"A design point shows an effective gain when its final loss is below the reference's by more than "
-             f"{-GAIN_DELTA} nats AND that difference is resolved (t test against the seed noise, Holm-adjusted p < "
-             f"0.05 across the {len(table)} points) AND its stability index is < {GAIN_STABILITY} x the reference's "
-             f"AND it reaches the target loss in <= {GAIN_SPEEDUP} x the reference's steps.", ""]
+    table = [
+        {
+            "point": p,
+            "delta_loss": r["delta_loss"],
+            "95% CI": _ci(r["delta_ci_low"], r["delta_ci_high"]),
+            "p_holm": r.get("delta_p_holm"),
+            "resolved": r["gain_resolved"],
+            "effective_gain": r["effective_gain"],
+        }
+        for p, r in points.items()
+    ]
+    lines = [
+        "## Verdict: effective gain",
+        "",
+        f"A design point shows an effective gain when its final loss is below the reference's by more than "
+        f"{-GAIN_DELTA} nats AND that difference is resolved (t test against the seed noise, Holm-adjusted p < "
+        f"0.05 across the {len(table)} points) AND its stability index is < {GAIN_STABILITY} x the reference's "
+        f"AND it reaches the target loss in <= {GAIN_SPEEDUP} x the reference's steps.",
+        "",
+    ]
     if facts["noise"]["sd"] is None:
         lines += ["_No seed replicates, so no difference can be resolved: no verdict is possible._", ""]
     if table:
         lines += [_table(table, ["point", "delta_loss", "95% CI", "p_holm", "resolved", "effective_gain"]), ""]
-    lines += [("**Effective gain:** " + ", ".join(f"`{g}`" for g in gains)) if gains else
-              "**No design point shows an effective gain** over the reference under these criteria.", ""]
+    lines += [
+        ("**Effective gain:** " + ", ".join(f"`{g}`" for g in gains))
+        if gains
+        else "**No design point shows an effective gain** over the reference under these criteria.",
+        "",
+    ]
     return lines
 
 
 def interactions_section(fitted: dict) -> list[str]:
     pairs = stats.interaction_tests(fitted)
-    lines = ["## Two-factor interactions", "",
-             "Every pair, one family: each pair's extra sum of squares over the main-effects model (a screening design "
-             "cannot hold every pair's df at once), F against the replicates' pure error, Holm across the pairs.", ""]
+    lines = [
+        "## Two-factor interactions",
+        "",
+        "Every pair, one family: each pair's extra sum of squares over the main-effects model (a screening design "
+        "cannot hold every pair's df at once), F against the replicates' pure error, Holm across the pairs.",
+        "",
+    ]
     table = [{**p, "df": f"{p['df'][0]}, {p['df'][1]}"} for p in pairs]
-    return lines + [_table(table, ["factors", "df", "F", "p_value", "p_holm", "verdict"]) if pairs
-                    else "_no pure error (replicates) or too few runs to test any_", ""]
+    return lines + [
+        _table(table, ["factors", "df", "F", "p_value", "p_holm", "verdict"])
+        if pairs
+        else "_no pure error (replicates) or too few runs to test any_",
+        "",
+    ]
 
 
 def write_report(out_dir: Path, design: list[dict], results: list[dict], cfg) -> dict:
+    # long: a Markdown template, section by section in the order the page reads
     out_dir = Path(out_dir)
     rows, facts = derived_metrics(design, results, getattr(cfg, "target_loss", None))
     write_csv(out_dir / "results.csv", rows)
@@ -391,30 +551,60 @@ def write_report(out_dir: Path, design: list[dict], results: list[dict], cfg) ->
     fitted = effects(rows, design)
     statuses = {s: sum(r["status"] == s for r in rows) for s in sorted({r["status"] for r in rows})}
     lines = [
-        f"# Sweep report: {cfg.grid} ({cfg.budget} budget, model {cfg.model})", "",
-        f"{len(rows)} runs: " + ", ".join(f"{n} {s}" for s, n in statuses.items())
+        f"# Sweep report: {cfg.grid} ({cfg.budget} budget, model {cfg.model})",
+        "",
+        f"{len(rows)} runs: "
+        + ", ".join(f"{n} {s}" for s, n in statuses.items())
         + f". Reference: `{facts['reference']}` ({facts['reference_runs']} finished run(s))"
         + ("" if facts["reference_ok"] else " (did not finish ok: no deltas)")
         + f". Target loss for convergence speed: {cell(facts['target_loss'])}"
-        + f" (the reference reaches it at step {cell(facts['reference_steps_to_target'])} on average).", "",
+        + f" (the reference reaches it at step {cell(facts['reference_steps_to_target'])} on average).",
+        "",
         *_reference_lines(out_dir, cfg),
         *calibration_section(rows, facts, fitted),
-        "## Design", "", design_table(design), "",
-        "## Results", "",
-        _table(rows, ["trial_id", "seed", "status", "boundary", "final_loss", "delta_loss", "val_perplexity",
-                      "stability_index", "steps_to_target", "grad_norm_mean", "peak_memory_mb", "time_per_step_s",
-                      "effective_gain"]), "",
+        "## Design",
+        "",
+        design_table(design),
+        "",
+        "## Results",
+        "",
+        _table(
+            rows,
+            [
+                "trial_id",
+                "seed",
+                "status",
+                "boundary",
+                "final_loss",
+                "delta_loss",
+                "val_perplexity",
+                "stability_index",
+                "steps_to_target",
+                "grad_norm_mean",
+                "peak_memory_mb",
+                "time_per_step_s",
+                "effective_gain",
+            ],
+        ),
+        "",
         *effects_section(fitted, plots),
         *sensitivity_section(rows, design, plots),
         *interactions_section(fitted),
         *verdict_section(rows, facts),
-        "## Loss curves", "", "![loss curves](plots/loss_curves.png)", "",
+        "## Loss curves",
+        "",
+        "![loss curves](plots/loss_curves.png)",
+        "",
     ]
     lines += _problems_section(rows)
     lines += ["", f"TensorBoard (curves and HParams tab): `tensorboard --logdir {out_dir / 'trials'}`", ""]
     atomic_write_text(out_dir / "report.md", "\n".join(lines))
-    return {"rows": rows, "effects": fitted["contrasts"], "facts": facts,
-            "gains": list(dict.fromkeys(r["point"] for r in rows if r.get("effective_gain")))}
+    return {
+        "rows": rows,
+        "effects": fitted["contrasts"],
+        "facts": facts,
+        "gains": list(dict.fromkeys(r["point"] for r in rows if r.get("effective_gain"))),
+    }
 
 
 def _reference_lines(out_dir: Path, cfg) -> list[str]:
@@ -423,9 +613,12 @@ def _reference_lines(out_dir: Path, cfg) -> list[str]:
     if not ref or ref["unigram"] is None:
         return []
     atomic_write_json(out_dir / "reference_lines.json", ref)  # a shipped folder keeps them without its data/
-    return [f"Reference lines on the {ref['eval_tokens']:,} validation tokens every trial is scored on: uniform "
-            f"guess {ref['uniform']:.2f} nats, add-one unigram model of the training split {ref['unigram']:.2f} "
-            "nats. A final loss below the unigram line means the model uses context.", ""]
+    return [
+        f"Reference lines on the {ref['eval_tokens']:,} validation tokens every trial is scored on: uniform "
+        f"guess {ref['uniform']:.2f} nats, add-one unigram model of the training split {ref['unigram']:.2f} "
+        "nats. A final loss below the unigram line means the model uses context.",
+        "",
+    ]
 
 
 def _problems_section(rows: list[dict]) -> list[str]:
@@ -434,8 +627,12 @@ def _problems_section(rows: list[dict]) -> list[str]:
         return []
     lines = ["## Failed, crashed and boundary trials", ""]
     for row in problems:
-        lines.append(f"- `{row['trial_id']}` {row['status']}" + (" (boundary case)" if row.get("boundary") else "")
-                     + f": {row.get('failures') or '-'}" + (f"; retried with {row['fallback']}" if row.get("fallback") else ""))
+        lines.append(
+            f"- `{row['trial_id']}` {row['status']}"
+            + (" (boundary case)" if row.get("boundary") else "")
+            + f": {row.get('failures') or '-'}"
+            + (f"; retried with {row['fallback']}" if row.get("fallback") else "")
+        )
         if row.get("log_tail"):
             lines += ["", "```", row["log_tail"], "```", ""]
     return lines

@@ -3,6 +3,7 @@
 The trials reach their processes through a launcher (llmlab.sweep.launchers): this machine's fork server or fresh
 interpreters, or the nodes of a Ray cluster. Resume, results.csv and the report never depend on which.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -55,8 +56,12 @@ def prepare_data(cfg: SweepConfig, out_dir: Path) -> dict:
     """Tokenise and pack once (llmlab.data.prepare cache), then export token arrays the trials memory-map."""
     budget = cfg.budget_spec
     block = cfg.block_size or budget.block_size
-    key = {"dataset": cfg.dataset, "block_size": block, "max_documents": cfg.max_documents or budget.max_documents,
-           "max_train_tokens": budget.max_train_tokens}
+    key = {
+        "dataset": cfg.dataset,
+        "block_size": block,
+        "max_documents": cfg.max_documents or budget.max_documents,
+        "max_train_tokens": budget.max_train_tokens,
+    }
     if cfg.dataset_config or cfg.text_field != "text":  # left out at their defaults: earlier sweeps' keys stay valid
         key.update(dataset_config=cfg.dataset_config, text_field=cfg.text_field)
     data_dir = out_dir / "data"
@@ -65,8 +70,14 @@ def prepare_data(cfg: SweepConfig, out_dir: Path) -> dict:
     if cached is not None:
         return cached
     extra = {"cache_dir": cfg.data_cache_dir} if cfg.data_cache_dir else {}
-    data_cfg = DataConfig(dataset=cfg.dataset, dataset_config=cfg.dataset_config, text_field=cfg.text_field,
-                          block_size=block, max_documents=key["max_documents"], **extra)
+    data_cfg = DataConfig(
+        dataset=cfg.dataset,
+        dataset_config=cfg.dataset_config,
+        text_field=cfg.text_field,
+        block_size=block,
+        max_documents=key["max_documents"],
+        **extra,
+    )
     prepared = prepare_dataset(data_cfg, load_tokenizer())
     arrays = {}
     for split, dataset in zip(SPLITS, (prepared.train, prepared.validation)):
@@ -74,13 +85,20 @@ def prepare_data(cfg: SweepConfig, out_dir: Path) -> dict:
         if split == "train" and budget.max_train_tokens:
             tokens = tokens[: max(1, budget.max_train_tokens // block)]
         if not len(tokens):
-            raise UserError(f"the {split} split of {cfg.dataset} has no block of {block} tokens; use more "
-                            "documents (--max_documents) or a smaller --block_size")
+            raise UserError(
+                f"the {split} split of {cfg.dataset} has no block of {block} tokens; use more "
+                "documents (--max_documents) or a smaller --block_size"
+            )
         arrays[split] = tokens.astype(np.uint16 if tokens.max() < 2**16 else np.int32)
     save_token_arrays(data_dir, arrays, "free space or pick another --output_dir")
-    info = {"key": key, "cache_path": str(prepared.cache_path), "block_size": block,
-            "train_rows": len(arrays["train"]), "validation_rows": len(arrays["validation"]),
-            "train_tokens": int(arrays["train"].size)}
+    info = {
+        "key": key,
+        "cache_path": str(prepared.cache_path),
+        "block_size": block,
+        "train_rows": len(arrays["train"]),
+        "validation_rows": len(arrays["validation"]),
+        "train_tokens": int(arrays["train"].size),
+    }
     atomic_write_json(info_path, info)
     return info
 
@@ -104,22 +122,38 @@ def _cached_data(info_path: Path, key: dict) -> Optional[dict]:
 
 
 # ---------------------------------------------------------------- specs
-def trial_specs(cfg: SweepConfig, design: list[dict], data_info: dict, out_dir: Path,
-                precision: Optional[str] = None) -> list[TrialSpec]:
+def trial_specs(
+    cfg: SweepConfig, design: list[dict], data_info: dict, out_dir: Path, precision: Optional[str] = None
+) -> list[TrialSpec]:
     """One spec per design point; `precision`: a scan's pinned precision instead of what this machine would pick."""
     budget = cfg.budget_spec
     device, resolved = trial_device(cfg)
     precision = precision or resolved
-    shared = dict(data_dir=str(out_dir / "data"), model=cfg.model, embedding=cfg.embedding,
-                  gradient_checkpointing=cfg.gradient_checkpointing, block_size=data_info["block_size"],
-                  eval_batch_size=budget.batch_size, eval_batches=budget.eval_batches, log_every=budget.log_every,
-                  fail_loss=cfg.fail_loss, fail_margin=cfg.fail_margin, fail_grad_norm=cfg.fail_grad_norm,
-                  flat_tolerance=cfg.flat_tolerance, flat_window=cfg.flat_window, precheck_steps=cfg.precheck_steps,
-                  retry=cfg.retry, timeout_s=cfg.trial_timeout or budget.trial_timeout, device=device,
-                  precision=precision,
-                  compile=cfg.budget != "smoke" if cfg.compile is None else cfg.compile,
-                  parametrization=cfg.parametrization, mup_base_width=cfg.mup_base_width, head_dim=cfg.head_dim,
-                  report_to=cfg.report_to)
+    shared = dict(
+        data_dir=str(out_dir / "data"),
+        model=cfg.model,
+        embedding=cfg.embedding,
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        block_size=data_info["block_size"],
+        eval_batch_size=budget.batch_size,
+        eval_batches=budget.eval_batches,
+        log_every=budget.log_every,
+        fail_loss=cfg.fail_loss,
+        fail_margin=cfg.fail_margin,
+        fail_grad_norm=cfg.fail_grad_norm,
+        flat_tolerance=cfg.flat_tolerance,
+        flat_window=cfg.flat_window,
+        precheck_steps=cfg.precheck_steps,
+        retry=cfg.retry,
+        timeout_s=cfg.trial_timeout or budget.trial_timeout,
+        device=device,
+        precision=precision,
+        compile=cfg.budget != "smoke" if cfg.compile is None else cfg.compile,
+        parametrization=cfg.parametrization,
+        mup_base_width=cfg.mup_base_width,
+        head_dim=cfg.head_dim,
+        report_to=cfg.report_to,
+    )
     steps = trial_steps(cfg, data_info)
     specs = []
     for trial in design:
@@ -127,10 +161,19 @@ def trial_specs(cfg: SweepConfig, design: list[dict], data_info: dict, out_dir: 
         run_steps = steps or max(1, budget.epochs * data_info["train_rows"] // hp.batch_size)
         micro = cfg.micro_batch_size or (hp.batch_size if cfg.grid == "lr_bs" else budget.batch_size)
         width, depth = parse_size(hp.size, cfg.model, cfg.head_dim) if hp.size else (None, None)
-        spec = TrialSpec(**shared, trial_id=trial["trial_id"], trial_dir=str(out_dir / "trials" / trial["trial_id"]),
-                         model_width=width, model_depth=depth, hparams=hp, seed=trial["seed"],
-                         replicate=trial["replicate"], steps=run_steps, micro_batch_size=micro,
-                         warmup_scale=warmup_scale(cfg, run_steps))
+        spec = TrialSpec(
+            **shared,
+            trial_id=trial["trial_id"],
+            trial_dir=str(out_dir / "trials" / trial["trial_id"]),
+            model_width=width,
+            model_depth=depth,
+            hparams=hp,
+            seed=trial["seed"],
+            replicate=trial["replicate"],
+            steps=run_steps,
+            micro_batch_size=micro,
+            warmup_scale=warmup_scale(cfg, run_steps),
+        )
         check_runnable(spec)
         specs.append(spec)
     return specs
@@ -152,11 +195,15 @@ def check_runnable(spec: TrialSpec) -> None:
     hp = spec.hparams
     warmup = max(0, round(hp.warmup * spec.warmup_scale))
     if warmup >= spec.steps:
-        raise UserError(f"trial {spec.trial_id}: warmup {hp.warmup} scales to {warmup} steps, not below its {spec.steps} "
-                        "steps, so its lr would never reach its peak; lower the warmup level or train longer")
+        raise UserError(
+            f"trial {spec.trial_id}: warmup {hp.warmup} scales to {warmup} steps, not below its {spec.steps} "
+            "steps, so its lr would never reach its peak; lower the warmup level or train longer"
+        )
     if hp.batch_size % hp.accumulation:
-        raise UserError(f"trial {spec.trial_id}: batch_size {hp.batch_size} is not a multiple of accumulation "
-                        f"{hp.accumulation}; pick levels whose micro batch is whole")
+        raise UserError(
+            f"trial {spec.trial_id}: batch_size {hp.batch_size} is not a multiple of accumulation "
+            f"{hp.accumulation}; pick levels whose micro batch is whole"
+        )
 
 
 def trial_steps(cfg: SweepConfig, data_info: dict) -> Optional[int]:
@@ -186,8 +233,13 @@ def settings_fingerprint(cfg: SweepConfig) -> str:
     defaults = asdict(SweepConfig())
     # Options at their default are left out, so a new option added to llmlab never orphans an existing sweep.
     settings = {k: v for k, v in asdict(cfg).items() if k not in ignore and v != defaults.get(k)}
-    design = None if is_size_scan(cfg) else base_design(cfg.grid, lrs=cfg.lrs, batch_sizes=cfg.batch_sizes,
-                                                         model=cfg.model, seed=cfg.seed, sizes=cfg.sizes)[0]
+    design = (
+        None
+        if is_size_scan(cfg)
+        else base_design(
+            cfg.grid, lrs=cfg.lrs, batch_sizes=cfg.batch_sizes, model=cfg.model, seed=cfg.seed, sizes=cfg.sizes
+        )[0]
+    )
     return hashlib.sha256(json.dumps([settings, design], sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -201,7 +253,11 @@ def load_results(out_dir: Path, design: list[dict], rerun: bool = True) -> list[
         if path.is_file():
             try:
                 result = json.loads(path.read_text())
-                if not isinstance(result, dict) or result.get("trial_id") != trial["trial_id"] or "status" not in result:
+                if (
+                    not isinstance(result, dict)
+                    or result.get("trial_id") != trial["trial_id"]
+                    or "status" not in result
+                ):
                     raise ValueError("not a trial result")
                 rows.append(result)
             except (ValueError, UnicodeDecodeError):
@@ -219,9 +275,11 @@ def read_sweep_state(state_path: Path) -> Optional[dict]:
             raise ValueError("not a sweep state")
         return state
     except (ValueError, UnicodeDecodeError):
-        raise UserError(f"{state_path} is damaged, so this folder's settings are unknown; if it holds the sweep you "
-                        f"are rerunning, delete {state_path.name} to adopt its finished trials, else pick a new "
-                        "--output_dir") from None
+        raise UserError(
+            f"{state_path} is damaged, so this folder's settings are unknown; if it holds the sweep you "
+            f"are rerunning, delete {state_path.name} to adopt its finished trials, else pick a new "
+            "--output_dir"
+        ) from None
 
 
 def is_size_scan(cfg: SweepConfig) -> bool:
@@ -253,8 +311,10 @@ def run_sweep(cfg: SweepConfig) -> list[dict]:
         fingerprint = settings_fingerprint(cfg)
         state = read_sweep_state(out_dir / "sweep.json")
         if state is not None and state.get("fingerprint") != fingerprint:
-            raise UserError(f"{out_dir} holds a sweep with different settings; rerun with its original options to "
-                            "resume, or pick a new --output_dir")
+            raise UserError(
+                f"{out_dir} holds a sweep with different settings; rerun with its original options to "
+                "resume, or pick a new --output_dir"
+            )
         if cfg.report_only:
             design = scan_design(cfg, out_dir) if is_size_scan(cfg) else design
             rows = load_results(out_dir, design, rerun=False)
@@ -271,8 +331,9 @@ def run_sweep(cfg: SweepConfig) -> list[dict]:
         release_lock(out_dir)
 
 
-def _run_trials(cfg: SweepConfig, design: list[dict], out_dir: Path, fingerprint: str,
-                precision: Optional[str] = None) -> list[dict]:
+def _run_trials(
+    cfg: SweepConfig, design: list[dict], out_dir: Path, fingerprint: str, precision: Optional[str] = None
+) -> list[dict]:
     atomic_write_json(out_dir / "sweep.json", {"fingerprint": fingerprint, "grid": cfg.grid, "budget": cfg.budget})
     write_run_info(out_dir, cfg)
     _print_parameters(cfg)
@@ -285,8 +346,9 @@ def _run_trials(cfg: SweepConfig, design: list[dict], out_dir: Path, fingerprint
     if launcher == "ray":
         from llmlab.sweep.launchers.ray import RayLauncher  # only when asked for: Ray's import takes seconds
 
-        launch = RayLauncher(cfg.ray_address, out_dir / "data", cfg.cpus_per_trial, cfg.gpus_per_trial,
-                             cfg.node_retries)
+        launch = RayLauncher(
+            cfg.ray_address, out_dir / "data", cfg.cpus_per_trial, cfg.gpus_per_trial, cfg.node_retries
+        )
     else:
         launch = TrialLauncher(launcher, cfg.workers, cfg.threads_per_worker)
 
@@ -297,8 +359,11 @@ def _run_trials(cfg: SweepConfig, design: list[dict], out_dir: Path, fingerprint
         atomic_write_text(out_dir / "design.md", design_table(design) + "\n")
         atomic_write_json(out_dir / "design.json", design)
         specs = trial_specs(cfg, run_order(design), data_info, out_dir, precision)
-        done = {r["trial_id"]: r for r in load_results(out_dir, design)
-                if r.get("status") in FINISHED or (r.get("status") in ("crashed", "timeout") and not cfg.rerun_crashed)}
+        done = {
+            r["trial_id"]: r
+            for r in load_results(out_dir, design)
+            if r.get("status") in FINISHED or (r.get("status") in ("crashed", "timeout") and not cfg.rerun_crashed)
+        }
         pending = [s for s in specs if s.trial_id not in done]
         if done:
             names = f" ({', '.join(sorted(done))})" if announce else ""
@@ -313,8 +378,15 @@ def _run_trials(cfg: SweepConfig, design: list[dict], out_dir: Path, fingerprint
         return launch.run(replace(spec, trial_dir=str(folder)), 0)
 
     if is_size_scan(cfg):
-        return run_scan(cfg, out_dir, cfg.replicates or DEFAULT_SEEDS, precision, run_design,
-                        lambda design: load_results(out_dir, design), replay)
+        return run_scan(
+            cfg,
+            out_dir,
+            cfg.replicates or DEFAULT_SEEDS,
+            precision,
+            run_design,
+            lambda design: load_results(out_dir, design),
+            replay,
+        )
     return run_design(design, announce=True)
 
 
@@ -332,9 +404,11 @@ def _launch_all(launch, pending: list[dict], total: int, done: int) -> None:
             with slot_lock:
                 slots.append(slot)
         bar.update(1)
-        bar.write(f"{spec.trial_id}: {result['status']}"
-                  + (f" final_loss={result['final_loss']:.4f}" if result.get("final_loss") is not None else "")
-                  + (f" ({'; '.join(result['failures'])})" if result.get("failures") else ""))
+        bar.write(
+            f"{spec.trial_id}: {result['status']}"
+            + (f" final_loss={result['final_loss']:.4f}" if result.get("final_loss") is not None else "")
+            + (f" ({'; '.join(result['failures'])})" if result.get("failures") else "")
+        )
         return result
 
     pool = ThreadPoolExecutor(max_workers=launch.workers)
@@ -359,8 +433,10 @@ def reap_stale_trials(out_dir: Path) -> None:
             continue
         if process_start_time(pid) != started:
             continue  # gone, or the pid now belongs to someone else
-        print(f"note: trial {pid_file.parent.name} (pid {pid}) of an earlier sweep is still running; stopping it",
-              flush=True)
+        print(
+            f"note: trial {pid_file.parent.name} (pid {pid}) of an earlier sweep is still running; stopping it",
+            flush=True,
+        )
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -374,16 +450,28 @@ def _print_parameters(cfg: SweepConfig) -> None:
     if cfg.model != "minimal":
         return
     block = cfg.block_size or cfg.budget_spec.block_size
-    table, trainable, frozen = parameter_table(MinimalTransformer(MinimalTransformerConfig(
-        max_seq_len=block, position_encoding=cfg.position_encoding, embedding=cfg.embedding)))
-    print(f"minimal Transformer ({cfg.position_encoding} positions, {cfg.embedding} embedding): {trainable:,} "
-          f"trainable, {frozen:,} frozen parameters\n{table}", flush=True)
+    table, trainable, frozen = parameter_table(
+        MinimalTransformer(
+            MinimalTransformerConfig(
+                max_seq_len=block, position_encoding=cfg.position_encoding, embedding=cfg.embedding
+            )
+        )
+    )
+    print(
+        f"minimal Transformer ({cfg.position_encoding} positions, {cfg.embedding} embedding): {trainable:,} "
+        f"trainable, {frozen:,} frozen parameters\n{table}",
+        flush=True,
+    )
 
 
 def _scaling_hook(out_dir: Path, rows: list[dict], holdout: str = "auto") -> None:
     """Hand lr_bs results to the scaling analysis: fits, the held-out check across sizes, the report. A scan's rows
     carry the numerics group of their machine (machines that replayed bit-identically share one)."""
     plan = load_plan(out_dir)
-    write_lr_bs_report(out_dir, with_machines([report.flat_row(r) for r in rows], plan),
-                       ScalingOptions(holdout=holdout, preregistration=read_preregistration(out_dir),
-                                      machine_order=machine_order(plan) or None))
+    write_lr_bs_report(
+        out_dir,
+        with_machines([report.flat_row(r) for r in rows], plan),
+        ScalingOptions(
+            holdout=holdout, preregistration=read_preregistration(out_dir), machine_order=machine_order(plan) or None
+        ),
+    )

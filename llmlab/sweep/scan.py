@@ -8,6 +8,7 @@ up to --max_lr_extensions times, so an optimum on the grid edge is never taken f
 written to scan_plan.json before it runs: a rerun resumes with the same grids, and the held-out size's forecast is
 on disk before its first trial.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,7 @@ from llmlab.core.runinfo import machine_label
 from llmlab.scaling.fits import ScalingOptions, feasible_region
 from llmlab.scaling.law import fit_law, predict
 from llmlab.scaling.machines import machine_adjust
-from llmlab.scaling.optimum import cell_optimum, finite, grid_extension
-from llmlab.scaling.optimum import ESTIMATOR
+from llmlab.scaling.optimum import ESTIMATOR, cell_optimum, finite, grid_extension
 from llmlab.scaling.transfer import BAND, VERDICT_RULE, seed_noise, sigma_model, size_points
 from llmlab.sweep.design import CONTROL, parse_size, replicate
 from llmlab.sweep.factors import REGISTRY
@@ -39,8 +39,10 @@ PLAN_FILE = "scan_plan.json"
 PREREGISTRATION = "preregistration.json"
 DEFAULT_SEEDS = 2  # seeds per (size, lr) of a multi-size scan: the pure error behind every vertex's interval
 DEFAULT_CENTER = {"minimal": 3e-3, "gpt2": 1e-3}
-DEFAULT_SIZES = {"minimal": ["32x2", "64x2", "96x2", "128x2", "160x2", "320x2"],
-                 "gpt2": ["64x2", "128x2", "192x2", "256x2", "320x2", "640x2"]}
+DEFAULT_SIZES = {
+    "minimal": ["32x2", "64x2", "96x2", "128x2", "160x2", "320x2"],
+    "gpt2": ["64x2", "128x2", "192x2", "256x2", "320x2", "640x2"],
+}
 
 
 def round_lr(lr: float) -> float:
@@ -64,8 +66,18 @@ def size_parameters(size: str, model: str, head_dim: int = 32) -> int:
     """Non-embedding N of one scanned size, built on the meta device (no memory, no time)."""
     width, depth = parse_size(size, model, head_dim)
     hp = Hparams(**{**{name: None for name in REGISTRY}, "position_encoding": "rope"})
-    spec = TrialSpec(trial_id=size, trial_dir="", data_dir="", hparams=hp, seed=0, steps=1, model=model,
-                     model_width=width, model_depth=depth, head_dim=head_dim)
+    spec = TrialSpec(
+        trial_id=size,
+        trial_dir="",
+        data_dir="",
+        hparams=hp,
+        seed=0,
+        steps=1,
+        model=model,
+        model_width=width,
+        model_depth=depth,
+        head_dim=head_dim,
+    )
     with torch.device("meta"):
         return non_embedding_parameters(build_trial_model(spec, hp))
 
@@ -108,16 +120,29 @@ def running_centre(cfg, size: str, batch: int, rows: list[dict], n_of: dict[str,
         law = fit_law(measured, with_batch=False)
         if law["status"] == "ok":
             forecast = predict(law, n_of[size], batch)
-            return {"centre": forecast["lr"], "source": f"law fitted on {', '.join(law['sizes'])}",
-                    "prediction_interval": forecast["pi"], "alpha": law["alpha"],
-                    "law": {"params": law["params"], "cov": law["cov"], "df": law["df"], "tau2": law["tau2"],
-                            "ln_lr": forecast["ln_lr"], "se_mean": forecast["se_mean"], "se_pred": forecast["se_pred"],
-                            "sizes": law["sizes"]}}
+            return {
+                "centre": forecast["lr"],
+                "source": f"law fitted on {', '.join(law['sizes'])}",
+                "prediction_interval": forecast["pi"],
+                "alpha": law["alpha"],
+                "law": {
+                    "params": law["params"],
+                    "cov": law["cov"],
+                    "df": law["df"],
+                    "tau2": law["tau2"],
+                    "ln_lr": forecast["ln_lr"],
+                    "se_mean": forecast["se_mean"],
+                    "se_pred": forecast["se_pred"],
+                    "sizes": law["sizes"],
+                },
+            }
     if len(measured) == 2:  # a line through two optima: a forecast without an interval
         (a, b) = sorted(measured, key=lambda m: m["n_params"])
         slope = (b["ln_lr_opt"] - a["ln_lr_opt"]) / math.log(b["n_params"] / a["n_params"])
-        return {"centre": math.exp(b["ln_lr_opt"] + slope * math.log(n_of[size] / b["n_params"])),
-                "source": f"line through the optima of {a['size']} and {b['size']}"}
+        return {
+            "centre": math.exp(b["ln_lr_opt"] + slope * math.log(n_of[size] / b["n_params"])),
+            "source": f"line through the optima of {a['size']} and {b['size']}",
+        }
     if measured:
         return {"centre": measured[0]["lr_opt"], "source": f"optimum measured at {measured[0]['size']}"}
     lr = cfg.lr_center or DEFAULT_CENTER["minimal" if cfg.model == "minimal" else "gpt2"]
@@ -142,8 +167,16 @@ def design_for(plan: dict, seeds: int, seed: int) -> list[dict]:
     machine falls between blocks and never leaves high lrs to a later machine."""
     design, order_seed = [], int(plan.get("order_seed", seed))
     for index, cell in enumerate(plan["cells"]):
-        base = [{"trial_id": cell_id(cell["size"], lr, cell["batch_size"]), **CONTROL, "lr": lr,
-                 "batch_size": cell["batch_size"], "size": cell["size"]} for lr in sorted(cell["lrs"])]
+        base = [
+            {
+                "trial_id": cell_id(cell["size"], lr, cell["batch_size"]),
+                **CONTROL,
+                "lr": lr,
+                "batch_size": cell["batch_size"],
+                "size": cell["size"],
+            }
+            for lr in sorted(cell["lrs"])
+        ]
         trials = replicate(base, cell.get("seeds", seeds), True, seed)
         for trial in trials:
             trial["block"] = f"{cell['size']}/bs{cell['batch_size']}/r{trial['replicate']}"
@@ -171,8 +204,10 @@ def load_plan(out_dir: Path) -> dict:
             raise ValueError("not a plan")
         return plan
     except ValueError:
-        raise UserError(f"{path} is damaged, so the grids this scan already chose are unknown; restore it or "
-                        "pick a new --output_dir") from None
+        raise UserError(
+            f"{path} is damaged, so the grids this scan already chose are unknown; restore it or "
+            "pick a new --output_dir"
+        ) from None
 
 
 def scan_precision(cfg, out_dir: Path, resolved: str, device: str) -> str:
@@ -182,9 +217,11 @@ def scan_precision(cfg, out_dir: Path, resolved: str, device: str) -> str:
     plan = load_plan(out_dir)
     precision = plan.get("precision") or _recorded_precision(out_dir, plan) or resolved
     if precision == "bf16" and device == "cpu" and not cpu_has_fast_bf16():
-        raise UserError(f"this scan trains in bf16 and {machine_label()} has no bf16 units (bf16 would be emulated, "
-                        "tens of times slower): run it on a CPU with AVX512-BF16 or AMX, or start an fp32 scan "
-                        "(--precision fp32) in a new --output_dir")
+        raise UserError(
+            f"this scan trains in bf16 and {machine_label()} has no bf16 units (bf16 would be emulated, "
+            "tens of times slower): run it on a CPU with AVX512-BF16 or AMX, or start an fp32 scan "
+            "(--precision fp32) in a new --output_dir"
+        )
     return precision
 
 
@@ -218,8 +255,14 @@ def _known_machines(plan: dict, out_dir: Path) -> list[dict]:
     return plan["machines"]
 
 
-def admit_machine(cfg, plan: dict, out_dir: Path, seeds: int, finished: Callable[[list[dict]], list[dict]],
-                  replay: Callable[[dict, Path], dict]) -> None:
+def admit_machine(
+    cfg,
+    plan: dict,
+    out_dir: Path,
+    seeds: int,
+    finished: Callable[[list[dict]], list[dict]],
+    replay: Callable[[dict, Path], dict],
+) -> None:
     """A machine the scan has not seen first replays one finished trial (the quickest). Bit-identical (same final
     loss and loss curve): it shares the numerics and the scan simply goes on. Otherwise it is a new machine: every
     cell it finds part-done gets --new_machine_blocks complete blocks, and the analysis fits a machine term."""
@@ -235,36 +278,65 @@ def admit_machine(cfg, plan: dict, out_dir: Path, seeds: int, finished: Callable
     trial = next(t for t in design if t["trial_id"] == reference["trial_id"])
     print(f"scan: {here} is new to this scan; replaying {trial['trial_id']} (run on {reference['cpu']})", flush=True)
     again = replay(trial, out_dir / "replays" / _slug(here) / trial["trial_id"])
-    identical = again.get("status") == "ok" and again.get("final_loss") == reference.get("final_loss") and \
-        (again.get("curves") or {}).get("loss") == (reference.get("curves") or {}).get("loss")
+    identical = (
+        again.get("status") == "ok"
+        and again.get("final_loss") == reference.get("final_loss")
+        and (again.get("curves") or {}).get("loss") == (reference.get("curves") or {}).get("loss")
+    )
     groups = machine_groups(plan)
-    record = {"trial_id": trial["trial_id"], "of": reference["cpu"], "identical": identical,
-              "final_loss": [reference.get("final_loss"), again.get("final_loss")], "status": again.get("status")}
-    machines.append({"label": here, "numerics": groups.get(reference["cpu"], reference["cpu"]) if identical else here,
-                     "replay": record})
+    record = {
+        "trial_id": trial["trial_id"],
+        "of": reference["cpu"],
+        "identical": identical,
+        "final_loss": [reference.get("final_loss"), again.get("final_loss")],
+        "status": again.get("status"),
+    }
+    machines.append(
+        {
+            "label": here,
+            "numerics": groups.get(reference["cpu"], reference["cpu"]) if identical else here,
+            "replay": record,
+        }
+    )
     if identical:
         print(f"scan: the replay is bit-identical; {here} shares the numerics of {reference['cpu']}", flush=True)
         return
-    finished_ids = {r["trial_id"] for r in done}
+    added = _add_blocks(plan, design, {r["trial_id"] for r in done}, seeds, cfg.new_machine_blocks, here)
+    print(
+        f"scan: the replay differs (final loss {reference.get('final_loss')} -> {again.get('final_loss')}): "
+        f"{here} starts new blocks"
+        + (f" ({cfg.new_machine_blocks} per part-done size: {', '.join(added)})" if added else "")
+        + "; the analysis fits a machine term",
+        flush=True,
+    )
+
+
+def _add_blocks(plan: dict, design: list[dict], finished: set, seeds: int, blocks: int, machine: str) -> list[str]:
+    """Give every part-done cell `blocks` more complete blocks (new seeds) for `machine`; the sizes that got them."""
     added = []
     for cell in plan["cells"]:
         ids = {t["trial_id"] for t in design if t["size"] == cell["size"] and t["batch_size"] == cell["batch_size"]}
-        if ids & finished_ids and ids - finished_ids:
+        if ids & finished and ids - finished:
             first = cell.get("seeds", seeds)
-            cell["seeds"] = first + cfg.new_machine_blocks
-            cell.setdefault("machine_blocks", []).append({"machine": here, "replicates": [first, cell["seeds"] - 1]})
+            cell["seeds"] = first + blocks
+            cell.setdefault("machine_blocks", []).append({"machine": machine, "replicates": [first, cell["seeds"] - 1]})
             added.append(cell["size"])
-    print(f"scan: the replay differs (final loss {reference.get('final_loss')} -> {again.get('final_loss')}): "
-          f"{here} starts new blocks" + (f" ({cfg.new_machine_blocks} per part-done size: {', '.join(added)})"
-                                         if added else "") + "; the analysis fits a machine term", flush=True)
+    return added
 
 
 def _slug(label: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in label).strip("-")[:80]
 
 
-def run_scan(cfg, out_dir: Path, seeds: int, precision: str, run_design: Callable[[list[dict]], list[dict]],
-             finished: Callable[[list[dict]], list[dict]], replay: Callable[[dict, Path], dict]) -> list[dict]:
+def run_scan(
+    cfg,
+    out_dir: Path,
+    seeds: int,
+    precision: str,
+    run_design: Callable[[list[dict]], list[dict]],
+    finished: Callable[[list[dict]], list[dict]],
+    replay: Callable[[dict, Path], dict],
+) -> list[dict]:
     """Run the scan size by size; `run_design(design)` runs what is pending and returns every finished row,
     `finished(design)` only returns them, `replay(trial, folder)` runs one trial again in another folder."""
     sizes = scan_sizes(cfg)
@@ -285,16 +357,28 @@ def run_scan(cfg, out_dir: Path, seeds: int, precision: str, run_design: Callabl
                 held = size == held_out
                 start = running_centre(cfg, size, batch, rows, n_of, plan)
                 points = (cfg.holdout_lr_points or cfg.lr_points) if held else cfg.lr_points
-                lrs = sorted(round_lr(lr) for lr in cfg.lrs) if cfg.lrs else centred_grid(start["centre"], points,
-                                                                                            cfg.lr_step)
-                cell = {"size": size, "batch_size": batch, **start, "extensions": 0, "lrs": lrs,
-                        "seeds": (cfg.holdout_replicates or seeds) if held else seeds}
+                lrs = (
+                    sorted(round_lr(lr) for lr in cfg.lrs)
+                    if cfg.lrs
+                    else centred_grid(start["centre"], points, cfg.lr_step)
+                )
+                cell = {
+                    "size": size,
+                    "batch_size": batch,
+                    **start,
+                    "extensions": 0,
+                    "lrs": lrs,
+                    "seeds": (cfg.holdout_replicates or seeds) if held else seeds,
+                }
                 if held:
                     preregister(cfg, out_dir, plan, cell, rows)
                 plan["cells"].append(cell)
                 atomic_write_json(out_dir / PLAN_FILE, plan)
-                print(f"scan: {size} batch {batch}: {len(cell['lrs'])} lrs x {cell['seeds']} seeds centred on "
-                      f"{start['centre']:.3g} ({start['source']})", flush=True)
+                print(
+                    f"scan: {size} batch {batch}: {len(cell['lrs'])} lrs x {cell['seeds']} seeds centred on "
+                    f"{start['centre']:.3g} ({start['source']})",
+                    flush=True,
+                )
         rows = _run_size(cfg, out_dir, plan, size, seeds, run_design)
     return run_design(design_for(plan, seeds, cfg.seed))
 
@@ -310,11 +394,17 @@ def read_preregistration(out_dir: Path) -> Optional[dict]:
         if not isinstance(registration, dict) or "forecast" not in registration:
             raise ValueError("not a pre-registration")
     except (ValueError, UnicodeDecodeError):
-        raise UserError(f"{path} is damaged: the held-out verdict has no registered forecast to judge; restore it "
-                        "from version control (a forecast made now would not be a pre-registration)") from None
-    return {**registration, "sha256": file_sha256(path), "file": PREREGISTRATION,
-            "estimator_unchanged": registration.get("estimator") == ESTIMATOR,
-            "rule_unchanged": registration.get("verdict_rule") == VERDICT_RULE}
+        raise UserError(
+            f"{path} is damaged: the held-out verdict has no registered forecast to judge; restore it "
+            "from version control (a forecast made now would not be a pre-registration)"
+        ) from None
+    return {
+        **registration,
+        "sha256": file_sha256(path),
+        "file": PREREGISTRATION,
+        "estimator_unchanged": registration.get("estimator") == ESTIMATOR,
+        "rule_unchanged": registration.get("verdict_rule") == VERDICT_RULE,
+    }
 
 
 def preregister(cfg, out_dir: Path, plan: dict, cell: dict, rows: list[dict]) -> None:
@@ -330,20 +420,46 @@ def preregister(cfg, out_dir: Path, plan: dict, cell: dict, rows: list[dict]) ->
         except (OSError, ValueError) as err:
             raise UserError(f"--design_rationale {cfg.design_rationale}: not a readable JSON file ({err})") from None
     held_rows = [r for r in rows if str(r.get("size")) == cell["size"]]
-    atomic_write_json(path, {
-        "written_before_held_out_trials": not held_rows, "held_out": cell["size"], "batch_size": cell["batch_size"],
-        "n_params": plan["n_params"][cell["size"]],
-        "forecast": {"lr": cell["centre"], "prediction_interval": cell.get("prediction_interval"),
-                     "source": cell["source"], "alpha": cell.get("alpha"), "law": cell.get("law")},
-        "estimator": ESTIMATOR, "verdict_rule": VERDICT_RULE, "band": BAND,
-        "design": {"fit_cells": [{k: c[k] for k in ("size", "batch_size", "lrs", "seeds", "extensions")}
-                                 for c in plan["cells"]],
-                   "held_out_lrs": cell["lrs"], "held_out_seeds": cell["seeds"], "lr_step": cfg.lr_step,
-                   "max_lr_extensions": cfg.max_lr_extensions, "budget": cfg.budget, "steps": cfg.steps,
-                   "head_dim": cfg.head_dim, "parametrization": cfg.parametrization},
-        "machines": plan["machines"], "fit_trials": len(rows), "design_rationale": rationale})
-    print(f"scan: pre-registered the {cell['size']} forecast {cell['centre']:.3g} in {path} "
-          f"(sha256 {file_sha256(path)[:16]})", flush=True)
+    atomic_write_json(
+        path,
+        {
+            "written_before_held_out_trials": not held_rows,
+            "held_out": cell["size"],
+            "batch_size": cell["batch_size"],
+            "n_params": plan["n_params"][cell["size"]],
+            "forecast": {
+                "lr": cell["centre"],
+                "prediction_interval": cell.get("prediction_interval"),
+                "source": cell["source"],
+                "alpha": cell.get("alpha"),
+                "law": cell.get("law"),
+            },
+            "estimator": ESTIMATOR,
+            "verdict_rule": VERDICT_RULE,
+            "band": BAND,
+            "design": {
+                "fit_cells": [
+                    {k: c[k] for k in ("size", "batch_size", "lrs", "seeds", "extensions")} for c in plan["cells"]
+                ],
+                "held_out_lrs": cell["lrs"],
+                "held_out_seeds": cell["seeds"],
+                "lr_step": cfg.lr_step,
+                "max_lr_extensions": cfg.max_lr_extensions,
+                "budget": cfg.budget,
+                "steps": cfg.steps,
+                "head_dim": cfg.head_dim,
+                "parametrization": cfg.parametrization,
+            },
+            "machines": plan["machines"],
+            "fit_trials": len(rows),
+            "design_rationale": rationale,
+        },
+    )
+    print(
+        f"scan: pre-registered the {cell['size']} forecast {cell['centre']:.3g} in {path} "
+        f"(sha256 {file_sha256(path)[:16]})",
+        flush=True,
+    )
 
 
 def _run_size(cfg, out_dir: Path, plan: dict, size: str, seeds: int, run_design) -> list[dict]:
@@ -355,16 +471,22 @@ def _run_size(cfg, out_dir: Path, plan: dict, size: str, seeds: int, run_design)
         grew = False
         for cell in (c for c in plan["cells"] if c["size"] == size):
             # the lrs of every trial (a diverged lr counts), the machine-adjusted losses of the feasible ones
-            trials = [r for r in feasible + [r for r in rows if r["trial_id"] not in feasible_ids]
-                      if str(r.get("size")) == size and finite(r.get("batch_size")) == cell["batch_size"]]
+            trials = [
+                r
+                for r in feasible + [r for r in rows if r["trial_id"] not in feasible_ids]
+                if str(r.get("size")) == size and finite(r.get("batch_size")) == cell["batch_size"]
+            ]
             status = cell_optimum([r for r in trials if r["trial_id"] in feasible_ids], sigma)["status"]
             new = [lr for lr in extension(trials, feasible_ids, cfg.lr_step, status) if lr not in cell["lrs"]]
             if new and cell["extensions"] < cfg.max_lr_extensions:
                 cell["lrs"] = sorted(cell["lrs"] + new)
                 cell["extensions"] += 1
                 grew = True
-                print(f"scan: {size} batch {cell['batch_size']}: minimum near the grid edge; adding lrs "
-                      f"{', '.join(f'{lr:.3g}' for lr in new)}", flush=True)
+                print(
+                    f"scan: {size} batch {cell['batch_size']}: minimum near the grid edge; adding lrs "
+                    f"{', '.join(f'{lr:.3g}' for lr in new)}",
+                    flush=True,
+                )
             elif new:
                 cell["unresolved_edge"] = True
         atomic_write_json(out_dir / PLAN_FILE, plan)

@@ -3,6 +3,7 @@
 `Hparams` has one field per factor of the registry (llmlab.sweep.factors), so a new factor reaches the trial without
 touching this file. `TrialSpec` holds everything else a trial needs, with its defaults here and nowhere else.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,12 @@ from llmlab.sweep.factors import REGISTRY
 
 SPLITS = ("train", "validation")  # the token arrays (data/<split>.npy) every trial memory-maps
 
-Hparams = make_dataclass("Hparams", [(name, Any) for name in REGISTRY], frozen=True,
-                         namespace={"__doc__": "One trial's level of every factor (llmlab.sweep.factors.REGISTRY)."})
+Hparams = make_dataclass(
+    "Hparams",
+    [(name, Any) for name in REGISTRY],
+    frozen=True,
+    namespace={"__doc__": "One trial's level of every factor (llmlab.sweep.factors.REGISTRY)."},
+)
 
 
 @dataclass(frozen=True)

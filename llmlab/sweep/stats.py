@@ -10,6 +10,7 @@ multiplicity control.
   reference) is Holm-corrected (statsmodels multipletests); `resolved` means the Holm-adjusted p < 0.05.
 - Power: the minimum detectable effect at 80 % power, and replicate counts, use t with the SD's df.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -64,8 +65,13 @@ def pure_error(rows: list[dict], metric: str) -> dict:
     if df == 0:
         return {"sd": None, "df": 0, "ci": (None, None), "groups": 0, "runs": 0}
     sd = math.sqrt(sum(float(((v - v.mean()) ** 2).sum()) for v in replicated) / df)
-    return {"sd": sd, "df": df, "ci": sd_interval(sd, df), "groups": len(replicated),
-            "runs": sum(len(v) for v in replicated)}
+    return {
+        "sd": sd,
+        "df": df,
+        "ci": sd_interval(sd, df),
+        "groups": len(replicated),
+        "runs": sum(len(v) for v in replicated),
+    }
 
 
 def replicates_needed(sd: Optional[float], df: int, effect: float = TARGET_EFFECT) -> Optional[int]:
@@ -90,8 +96,13 @@ def machine_of(row: dict) -> str:
 
 def _frame(rows: list[dict], metric: str, factors: list[str]) -> tuple[pd.DataFrame, list[str]]:
     ok = _ok(rows, metric)
-    frame = pd.DataFrame({"y": [float(r[metric]) for r in ok], **{f: [str(r.get(f)) for r in ok] for f in factors},
-                          "machine": [machine_of(r) for r in ok]})
+    frame = pd.DataFrame(
+        {
+            "y": [float(r[metric]) for r in ok],
+            **{f: [str(r.get(f)) for r in ok] for f in factors},
+            "machine": [machine_of(r) for r in ok],
+        }
+    )
     return frame, [f for f in factors if frame[f].nunique() > 1]
 
 
@@ -118,17 +129,30 @@ def _term(factor: str, reference: str) -> str:
     return f"C({factor}, Treatment(reference={reference!r}))"
 
 
-def fit_effects(rows: list[dict], factors: list[str], reference: dict[str, Any], metric: str = "final_loss",
-                order: Optional[dict[str, list]] = None) -> dict:
+def fit_effects(
+    rows: list[dict],
+    factors: list[str],
+    reference: dict[str, Any],
+    metric: str = "final_loss",
+    order: Optional[dict[str, list]] = None,
+) -> dict:
     """Least-squares treatment contrasts (level - reference level) of every varying factor on `metric`, with
     95 % CIs on the residual's df, raw and Holm-adjusted p-values across all contrasts."""
+    # long: 76 lines once ruff's layout puts its long calls one argument a line; one step, read top to bottom
     frame, usable = _frame(rows, metric, factors)
     refs = {f: str(reference.get(f)) for f in usable}
     usable = [f for f in usable if refs[f] in set(frame[f])]  # a reference level that never ran cannot anchor
     block, machine_ref = _machine_block(frame)
     n_params = 1 + sum(frame[f].nunique() - 1 for f in usable) + (frame["machine"].nunique() - 1 if block else 0)
-    empty = {"contrasts": [], "noise": None, "n": len(frame), "params": n_params, "factors": usable,
-             "reference": refs, "metric": metric}
+    empty = {
+        "contrasts": [],
+        "noise": None,
+        "n": len(frame),
+        "params": n_params,
+        "factors": usable,
+        "reference": refs,
+        "metric": metric,
+    }
     if not usable or len(frame) <= n_params:
         return empty
     levels = {f: sorted(frame[f].unique(), key=lambda v: _order_key(f, v, order)) for f in usable}
@@ -148,17 +172,40 @@ def fit_effects(rows: list[dict], factors: list[str], reference: dict[str, Any],
                 continue
             name = f"{_term(factor, refs[factor])}[T.{level}]"
             effect, se = float(fit.params[name]), float(fit.bse[name])
-            contrasts.append({"factor": factor, "level": level, "reference": refs[factor],
-                              "n": int((frame[factor] == level).sum()), "effect": effect, "se": se,
-                              "ci_low": effect - t * se, "ci_high": effect + t * se, "df": df,
-                              "p_value": float(2 * sps.t.sf(abs(effect / se), df)), "mde_80": detectable(se, df)})
+            contrasts.append(
+                {
+                    "factor": factor,
+                    "level": level,
+                    "reference": refs[factor],
+                    "n": int((frame[factor] == level).sum()),
+                    "effect": effect,
+                    "se": se,
+                    "ci_low": effect - t * se,
+                    "ci_high": effect + t * se,
+                    "df": df,
+                    "p_value": float(2 * sps.t.sf(abs(effect / se), df)),
+                    "mde_80": detectable(se, df),
+                }
+            )
     for contrast, adjusted in zip(contrasts, holm([c["p_value"] for c in contrasts])):
         contrast.update(p_holm=adjusted, verdict="resolved" if adjusted < ALPHA else "within noise")
-    noise = {"sd": sigma, "df": df, "source": "residual of the main-effects fit (pure error + lack of fit)"
-             + (", with a fixed machine effect" if block else ""), "pure_error": pure_error(rows, metric),
-             "machines": _machine_effects(fit, frame, machine_ref, t) if block else None}
-    return {**empty, "contrasts": contrasts, "noise": noise, "fit": fit, "frame": typed, "levels": levels,
-            "lack_of_fit": lack_of_fit(fit, noise["pure_error"])}
+    noise = {
+        "sd": sigma,
+        "df": df,
+        "source": "residual of the main-effects fit (pure error + lack of fit)"
+        + (", with a fixed machine effect" if block else ""),
+        "pure_error": pure_error(rows, metric),
+        "machines": _machine_effects(fit, frame, machine_ref, t) if block else None,
+    }
+    return {
+        **empty,
+        "contrasts": contrasts,
+        "noise": noise,
+        "fit": fit,
+        "frame": typed,
+        "levels": levels,
+        "lack_of_fit": lack_of_fit(fit, noise["pure_error"]),
+    }
 
 
 def _machine_effects(fit, frame: pd.DataFrame, reference: str, t: float) -> list[dict]:
@@ -167,10 +214,16 @@ def _machine_effects(fit, frame: pd.DataFrame, reference: str, t: float) -> list
     for machine in sorted(set(frame["machine"]) - {reference}):
         name = f"C(machine, Treatment(reference={reference!r}))[T.{machine}]"
         effect, se = float(fit.params[name]), float(fit.bse[name])
-        effects.append({"machine": machine or "not recorded", "reference": reference or "not recorded",
-                        "runs": int((frame["machine"] == machine).sum()), "effect": effect,
-                        "ci": [effect - t * se, effect + t * se], "p_value": float(2 * sps.t.sf(abs(effect / se),
-                                                                                              fit.df_resid))})
+        effects.append(
+            {
+                "machine": machine or "not recorded",
+                "reference": reference or "not recorded",
+                "runs": int((frame["machine"] == machine).sum()),
+                "effect": effect,
+                "ci": [effect - t * se, effect + t * se],
+                "p_value": float(2 * sps.t.sf(abs(effect / se), fit.df_resid)),
+            }
+        )
     return effects
 
 
@@ -191,9 +244,16 @@ def factor_tests(fitted: dict) -> list[dict]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         table = anova_lm(fitted["fit"], typ=2).drop(index="Residual")
-    found = [{"factor": name.split("(")[1].split(",")[0], "df": int(row["df"]), "F": float(row["F"]),
-              "p_value": float(row["PR(>F)"])} for name, row in table.iterrows()
-             if not name.startswith("C(machine")]  # a nuisance block, not a factor of the design
+    found = [
+        {
+            "factor": name.split("(")[1].split(",")[0],
+            "df": int(row["df"]),
+            "F": float(row["F"]),
+            "p_value": float(row["PR(>F)"]),
+        }
+        for name, row in table.iterrows()
+        if not name.startswith("C(machine")
+    ]  # a nuisance block, not a factor of the design
     for test, adjusted in zip(found, holm([t["p_value"] for t in found])):
         test.update(p_holm=adjusted, verdict="resolved" if adjusted < ALPHA else "within noise")
     return found
@@ -214,8 +274,14 @@ def level_difference(fitted: dict, factor: str, a: str, b: str) -> dict:
     se = math.sqrt(float(contrast @ fit.cov_params().values @ contrast))
     half = sps.t.ppf(1 - ALPHA / 2, fit.df_resid) * se
     p_value = float(2 * sps.t.sf(abs(effect) / se, fit.df_resid)) if se > 0 else 1.0
-    return {"difference": effect, "ci_low": effect - half, "ci_high": effect + half, "p_value": p_value,
-            "df": int(fit.df_resid), "verdict": "resolved" if p_value < ALPHA else "within noise"}
+    return {
+        "difference": effect,
+        "ci_low": effect - half,
+        "ci_high": effect + half,
+        "p_value": p_value,
+        "df": int(fit.df_resid),
+        "verdict": "resolved" if p_value < ALPHA else "within noise",
+    }
 
 
 def minimum_detectable_effect(fitted: dict) -> Optional[float]:
@@ -244,15 +310,27 @@ def interaction_tests(fitted: dict) -> list[dict]:
         if gained < 1 or bigger.df_resid < 0:
             continue
         f_value = ((base.ssr - bigger.ssr) / gained) / pure["sd"] ** 2
-        found.append({"factors": f"{a} x {b}", "df": [gained, pure["df"]], "of_df": extra, "F": float(f_value),
-                      "p_value": float(sps.f.sf(f_value, gained, pure["df"]))})
+        found.append(
+            {
+                "factors": f"{a} x {b}",
+                "df": [gained, pure["df"]],
+                "of_df": extra,
+                "F": float(f_value),
+                "p_value": float(sps.f.sf(f_value, gained, pure["df"])),
+            }
+        )
     for test, adjusted in zip(found, holm([t["p_value"] for t in found])):
         test.update(p_holm=adjusted, verdict="resolved" if adjusted < ALPHA else "within noise")
     return sorted(found, key=lambda t: t["p_value"])
 
 
-def variance_shares(rows: list[dict], factors: list[str], metrics: list[str], reference: dict[str, Any],
-                    order: Optional[dict[str, list]] = None) -> dict[str, dict[str, float]]:
+def variance_shares(
+    rows: list[dict],
+    factors: list[str],
+    metrics: list[str],
+    reference: dict[str, Any],
+    order: Optional[dict[str, list]] = None,
+) -> dict[str, dict[str, float]]:
     """metric -> {factor: type II SS / total SS, 'residual': residual SS / total SS, 'shared': the rest}. In a
     non-orthogonal design the type II sums do not add up to the total: `shared` is what no factor owns alone."""
     shares: dict[str, dict[str, float]] = {}
@@ -266,8 +344,10 @@ def variance_shares(rows: list[dict], factors: list[str], metrics: list[str], re
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             table = anova_lm(fitted["fit"], typ=2)
-        share = {("residual" if name == "Residual" else name.split("(")[1].split(",")[0]): float(value) / total
-                 for name, value in table["sum_sq"].items()}
+        share = {
+            ("residual" if name == "Residual" else name.split("(")[1].split(",")[0]): float(value) / total
+            for name, value in table["sum_sq"].items()
+        }
         share["shared"] = 1.0 - sum(share.values())
         shares[metric] = share
     return shares
@@ -280,5 +360,9 @@ def compare_to_reference(values: list[float], reference: list[float], sd: Option
         return {"delta": delta, "ci_low": None, "ci_high": None, "p_value": None}
     se = sd * math.sqrt(1 / len(values) + 1 / len(reference))
     half = sps.t.ppf(1 - ALPHA / 2, df) * se
-    return {"delta": delta, "ci_low": delta - half, "ci_high": delta + half,
-            "p_value": float(2 * sps.t.sf(abs(delta) / se, df))}
+    return {
+        "delta": delta,
+        "ci_low": delta - half,
+        "ci_high": delta + half,
+        "p_value": float(2 * sps.t.sf(abs(delta) / se, df)),
+    }

@@ -5,6 +5,7 @@ losses stop the run; one retry with a fallback), evaluates, and writes TRIAL_DIR
 No result.json after the process ends means it crashed or was killed; the runner records that.
 Heavy imports sit at module level so a forkserver can preload them once for every trial.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,26 +25,26 @@ from llmlab.core.notices import quiet_known_notices
 
 quiet_known_notices()  # before transformers.optimization imports peft -> bitsandbytes (the forkserver preloads us)
 
-import threading
+import threading  # noqa: E402
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-from accelerate.utils import set_seed
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from accelerate.utils import set_seed  # noqa: E402
 
-from llmlab.core.device import cpu_has_fast_bf16, peak_rss_mb
-from llmlab.core.errors import UserError
-from llmlab.core.io import atomic_write_json
-from llmlab.core.runfolder import process_start_time
-from llmlab.core.runinfo import machine_label
-from llmlab.core.tracking import MetricsLogger
-from llmlab.models.gpt2 import build_gpt2_model
-from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig
-from llmlab.sweep import metrics as M
-from llmlab.sweep.spec import SPLITS, Hparams, TrialSpec
-from llmlab.train.common import GradClipper, causal_lm_loss, perplexity
-from llmlab.train.engine import Engine, TorchBackend
-from llmlab.train.optim import build_optimizer, build_schedule
+from llmlab.core.device import cpu_has_fast_bf16, peak_rss_mb  # noqa: E402
+from llmlab.core.errors import UserError  # noqa: E402
+from llmlab.core.io import atomic_write_json  # noqa: E402
+from llmlab.core.runfolder import process_start_time  # noqa: E402
+from llmlab.core.runinfo import machine_label  # noqa: E402
+from llmlab.core.tracking import MetricsLogger  # noqa: E402
+from llmlab.models.gpt2 import build_gpt2_model  # noqa: E402
+from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig  # noqa: E402
+from llmlab.sweep import metrics as M  # noqa: E402
+from llmlab.sweep.spec import SPLITS, Hparams, TrialSpec  # noqa: E402
+from llmlab.train.common import GradClipper, causal_lm_loss, perplexity  # noqa: E402
+from llmlab.train.engine import Engine, TorchBackend  # noqa: E402
+from llmlab.train.optim import build_optimizer, build_schedule  # noqa: E402
 
 RESULT_NAME = "result.json"
 FAIL_SMOOTH = 10  # losses in the fail-safes' moving average: one noisy batch moves it by a tenth
@@ -61,13 +62,19 @@ class TrialStop(Exception):
 def build_trial_model(spec: TrialSpec, hp: Hparams) -> torch.nn.Module:
     width, depth = spec.model_width, spec.model_depth
     if spec.model == "minimal":
-        options = dict(max_seq_len=spec.block_size, embedding=spec.embedding,
-                       position_encoding=hp.position_encoding,
-                       parametrization=spec.parametrization,
-                       mup_base_width=spec.mup_base_width,
-                       gradient_checkpointing=spec.gradient_checkpointing)
-        cfg = (MinimalTransformerConfig.of_size(width, depth, spec.head_dim, **options) if width
-               else MinimalTransformerConfig(**options))
+        options = dict(
+            max_seq_len=spec.block_size,
+            embedding=spec.embedding,
+            position_encoding=hp.position_encoding,
+            parametrization=spec.parametrization,
+            mup_base_width=spec.mup_base_width,
+            gradient_checkpointing=spec.gradient_checkpointing,
+        )
+        cfg = (
+            MinimalTransformerConfig.of_size(width, depth, spec.head_dim, **options)
+            if width
+            else MinimalTransformerConfig(**options)
+        )
         return MinimalTransformer(cfg)
     shape = {"n_embd": width, "n_layer": depth, "n_head": width // 64} if width else {}
     model = build_gpt2_model(spec.model, vocab_size=50257, n_positions=spec.block_size, **shape)
@@ -103,7 +110,7 @@ def document_rows(tokens: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarra
     rows, real = [], []
     for start, stop in zip(np.concatenate([[0], ends[:-1]]), ends):
         for piece in range(start, stop, block):
-            chunk = stream[piece:min(piece + block, stop)]
+            chunk = stream[piece : min(piece + block, stop)]
             rows.append(np.pad(chunk, (0, block - len(chunk)), constant_values=EOS))
             real.append(np.arange(block) < len(chunk))
     return np.stack(rows), np.stack(real)
@@ -135,7 +142,7 @@ class Batches:
             if self.cursor >= len(self.order):
                 self.order, self.cursor = self.rng.permutation(len(self.tokens)), 0
             take = min(count - len(rows), len(self.order) - self.cursor)
-            rows.extend(self.order[self.cursor:self.cursor + take])
+            rows.extend(self.order[self.cursor : self.cursor + take])
             self.cursor += take
         picked = np.sort(rows)
         ids = np.asarray(self.tokens[picked], dtype=np.int64)
@@ -170,6 +177,7 @@ def update_ratios(model, before: dict[str, torch.Tensor]) -> dict[str, float]:
 @dataclass
 class TrialSetup:
     """Everything one attempt trains with; built fresh (same seed) for the retry."""
+
     model: torch.nn.Module
     params: list
     optimizer: Any
@@ -187,8 +195,11 @@ def build_setup(spec: TrialSpec, hp: Hparams, device: torch.device) -> TrialSetu
     set_seed(spec.seed)
     model = build_trial_model(spec, hp).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
-    multipliers = ({id(p): model.lr_multipliers()[n] for n, p in model.named_parameters() if p.requires_grad}
-                   if hasattr(model, "lr_multipliers") else None)
+    multipliers = (
+        {id(p): model.lr_multipliers()[n] for n, p in model.named_parameters() if p.requires_grad}
+        if hasattr(model, "lr_multipliers")
+        else None
+    )
     optimizer = build_optimizer(hp.optimizer, params, hp.lr, hp.weight_decay, lr_multipliers=multipliers)
     steps, warmup = spec.steps, warmup_steps(spec, hp)
     scheduler = build_schedule(optimizer, hp.scheduler, warmup, steps)
@@ -205,11 +216,19 @@ def build_setup(spec: TrialSpec, hp: Hparams, device: torch.device) -> TrialSetu
     batch = hp.batch_size
     micro = batch // hp.accumulation if hp.accumulation > 1 else min(spec.micro_batch_size or batch, batch)
     scaler = torch.amp.GradScaler(device.type, init_scale=1024, enabled=dtype is torch.float16)
-    return TrialSetup(model=model, params=params, optimizer=optimizer, scheduler=scheduler,
-                      clipper=GradClipper(hp.clip, warmup_steps=warmup, clip_mode=hp.clip_mode),
-                      engine=Engine(TorchBackend(scaler)),
-                      loss_fn=torch.compile(loss_of) if spec.compile else loss_of, autocast=autocast,
-                      batch=batch, micro=micro, warmup=warmup)
+    return TrialSetup(
+        model=model,
+        params=params,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        clipper=GradClipper(hp.clip, warmup_steps=warmup, clip_mode=hp.clip_mode),
+        engine=Engine(TorchBackend(scaler)),
+        loss_fn=torch.compile(loss_of) if spec.compile else loss_of,
+        autocast=autocast,
+        batch=batch,
+        micro=micro,
+        warmup=warmup,
+    )
 
 
 @dataclass
@@ -272,8 +291,10 @@ class FailSafes:
         if smoothed > self.ceiling:
             raise TrialStop("diverged", f"smoothed loss {smoothed:.3f} > {self.ceiling:.3f} at step {step}")
         if smoothed > self.best + margin:
-            raise TrialStop("diverged", f"smoothed loss {smoothed:.3f} rose more than {margin:g} above its "
-                                        f"best {self.best:.3f} (step {step})")
+            raise TrialStop(
+                "diverged",
+                f"smoothed loss {smoothed:.3f} rose more than {margin:g} above its best {self.best:.3f} (step {step})",
+            )
         if len(self.recent) == self.recent.maxlen:  # the best of full windows only: the start is noisy
             self.best = min(self.best, smoothed)
         if not overflow and not math.isfinite(norm):
@@ -284,8 +305,11 @@ class FailSafes:
             self.probes.append(self.probe_loss())
             moved = abs(self.probes[-1] - self.probes[-2]) if len(self.probes) >= 2 else math.inf
             if moved < self.spec.flat_tolerance:
-                raise TrialStop("flat", f"probe loss moved {moved:.2e} < {self.spec.flat_tolerance:g} over "
-                                        f"{self.spec.flat_window} steps (step {step})")
+                raise TrialStop(
+                    "flat",
+                    f"probe loss moved {moved:.2e} < {self.spec.flat_tolerance:g} over "
+                    f"{self.spec.flat_window} steps (step {step})",
+                )
 
 
 def _precheck(spec: TrialSpec, step: int, step_times: list[float], started: float) -> None:
@@ -294,15 +318,22 @@ def _precheck(spec: TrialSpec, step: int, step_times: list[float], started: floa
     # the median ignores the first step's one-off costs (torch.compile, allocator warm-up)
     projected = (time.time() - started) + (spec.steps - step - 1) * float(np.median(step_times))
     if projected > spec.timeout_s:
-        raise TrialStop("slow", f"pre-check: projected {projected:.0f} s exceeds the trial timeout "
-                                f"{spec.timeout_s} s; lower --steps or raise --trial_timeout")
+        raise TrialStop(
+            "slow",
+            f"pre-check: projected {projected:.0f} s exceeds the trial timeout "
+            f"{spec.timeout_s} s; lower --steps or raise --trial_timeout",
+        )
 
 
-def train_attempt(spec: TrialSpec, hp: Hparams, data: dict, device: torch.device, log_dir: Path, started: float) -> dict:
+def train_attempt(
+    spec: TrialSpec, hp: Hparams, data: dict, device: torch.device, log_dir: Path, started: float
+) -> dict:
     """Train once with hyperparameters `hp`; returns the curves and metrics, or raises TrialStop."""
     s = build_setup(spec, hp, device)
     batches = Batches(data["train"], spec.seed, hp, spec.block_size)
-    probe = torch.from_numpy(np.asarray(data["validation"][: min(4, len(data["validation"]))], dtype=np.int64)).to(device)
+    probe = torch.from_numpy(np.asarray(data["validation"][: min(4, len(data["validation"]))], dtype=np.int64)).to(
+        device
+    )
     logger = MetricsLogger(log_dir, spec.report_to, {k: v for k, v in asdict(hp).items() if v is not None})
     safes = FailSafes(spec, lambda: probe_loss(s, probe))
     curves: dict[str, list] = {"loss": [], "grad_norm": [], "lr": [], "attention_entropy": []}
@@ -333,8 +364,7 @@ def train_attempt(spec: TrialSpec, hp: Hparams, data: dict, device: torch.device
             safes.check(step, out.loss, out.grad_norm, out.skipped)
             _precheck(spec, step, step_times, started)
         evaluation = evaluate_trial(s.model, data["validation"], spec, device, s.autocast)
-        logger.log({"eval/loss": evaluation["val_loss"], "eval/perplexity": evaluation["val_perplexity"]},
-                   spec.steps)
+        logger.log({"eval/loss": evaluation["val_loss"], "eval/perplexity": evaluation["val_perplexity"]}, spec.steps)
     except TrialStop as stop:
         stop.curves = curves  # kept in result.json so a failed run's curve can still be inspected
         if len(curves["loss"]) <= spec.precheck_steps and not stop.reason.startswith("pre-check"):
@@ -376,17 +406,33 @@ def _log_step(spec: TrialSpec, logger: MetricsLogger, step: int, curves: dict, s
     if measured:
         loss, norm, lr = curves["loss"][-1], curves["grad_norm"][-1], curves["lr"][-1]
         entropy = curves["attention_entropy"][-1][1] if curves["attention_entropy"] else None
-        logger.log({"train/loss": loss, "train/grad_norm": norm, "train/lr": lr,
-                    **({"train/attention_entropy": entropy} if entropy is not None else {})}, step)
-        print(f"step {step:>5}/{spec.steps}  loss {loss:.4f}  grad_norm {norm:.3g}  lr {lr:.3g}  "
-              f"{seconds:.3f} s/step", flush=True)
+        logger.log(
+            {
+                "train/loss": loss,
+                "train/grad_norm": norm,
+                "train/lr": lr,
+                **({"train/attention_entropy": entropy} if entropy is not None else {}),
+            },
+            step,
+        )
+        print(
+            f"step {step:>5}/{spec.steps}  loss {loss:.4f}  grad_norm {norm:.3g}  lr {lr:.3g}  {seconds:.3f} s/step",
+            flush=True,
+        )
 
 
-def summarise(spec: TrialSpec, s: TrialSetup, curves: dict, ratios: dict, step_times: list[float], counts: dict,
-              evaluation: dict, device: torch.device) -> dict:
-    peak = (torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda"
-            else peak_rss_mb())
-    timed = step_times[spec.precheck_steps:] or step_times
+def summarise(
+    spec: TrialSpec,
+    s: TrialSetup,
+    curves: dict,
+    ratios: dict,
+    step_times: list[float],
+    counts: dict,
+    evaluation: dict,
+    device: torch.device,
+) -> dict:
+    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else peak_rss_mb()
+    timed = step_times[spec.precheck_steps :] or step_times
     grad_mean, grad_std = M.mean_std(curves["grad_norm"])
     return {
         "initial_loss": curves["loss"][0],  # L_init of the lr-sensitivity measure (Wortsman et al. 2023)
@@ -396,19 +442,26 @@ def summarise(spec: TrialSpec, s: TrialSetup, curves: dict, ratios: dict, step_t
         "stability_index": M.stability_index(curves["loss"]),
         "initial_loss_slope": M.initial_loss_slope(curves["loss"]),
         "early_loss_std": M.early_loss_std(curves["loss"]),
-        "grad_norm_mean": grad_mean, "grad_norm_std": grad_std,
-        "clipped_steps": counts["clipped"], "skipped_steps": counts["skipped"],
+        "grad_norm_mean": grad_mean,
+        "grad_norm_std": grad_std,
+        "clipped_steps": counts["clipped"],
+        "skipped_steps": counts["skipped"],
         # two definitions, both named: |update| / |param| (what the step did) and |grad| / |param| (the original lab's)
         "update_ratio": {g: float(np.mean(v)) for g, v in ratios["update"].items()},
-        "update_ratio_mean": float(np.mean([np.mean(v) for v in ratios["update"].values()])) if ratios["update"] else None,
+        "update_ratio_mean": float(np.mean([np.mean(v) for v in ratios["update"].values()]))
+        if ratios["update"]
+        else None,
         "grad_param_ratio": {g: float(np.mean(v)) for g, v in ratios["grad"].items()},
-        "grad_param_ratio_mean": (float(np.mean([np.mean(v) for v in ratios["grad"].values()]))
-                                  if ratios["grad"] else None),
+        "grad_param_ratio_mean": (
+            float(np.mean([np.mean(v) for v in ratios["grad"].values()])) if ratios["grad"] else None
+        ),
         "peak_memory_mb": round(peak, 1),
         # only a GPU peak calibrates recommend's memory model; a CPU RSS is mostly torch itself
         "memory_source": "cuda" if device.type == "cuda" else "cpu_rss",
-        "model_width": spec.model_width, "model_depth": spec.model_depth,
-        "seq_len": spec.block_size, "micro_batch_size": s.micro,
+        "model_width": spec.model_width,
+        "model_depth": spec.model_depth,
+        "seq_len": spec.block_size,
+        "micro_batch_size": s.micro,
         "time_per_step_s": float(np.mean(timed)),
         "tokens_per_s": s.batch * spec.block_size / float(np.median(timed)),
         "train_tokens": spec.steps * s.batch * spec.block_size,
@@ -416,13 +469,16 @@ def summarise(spec: TrialSpec, s: TrialSetup, curves: dict, ratios: dict, step_t
         "n_params_total": sum(p.numel() for p in s.model.parameters()),
         # C = 6 N D (Kaplan et al.), the compute the scaling-law comparisons are stated in
         "compute_flops": 6.0 * non_embedding_parameters(s.model) * spec.steps * s.batch * spec.block_size,
-        "warmup_steps": s.warmup, "accumulation_steps": math.ceil(s.batch / s.micro),
-        "precision": spec.precision, "compiled": bool(spec.compile),
+        "warmup_steps": s.warmup,
+        "accumulation_steps": math.ceil(s.batch / s.micro),
+        "precision": spec.precision,
+        "compiled": bool(spec.compile),
     }
 
 
-def evaluate_trial(model, validation: np.ndarray, spec: TrialSpec, device, autocast: Optional[Callable] = None,
-                   segments: int = 4) -> dict:
+def evaluate_trial(
+    model, validation: np.ndarray, spec: TrialSpec, device, autocast: Optional[Callable] = None, segments: int = 4
+) -> dict:
     """Validation loss / perplexity overall and per position segment, and the last layer's attention entropy."""
     model.eval()
     if hasattr(model, "set_attn_implementation"):
@@ -432,7 +488,7 @@ def evaluate_trial(model, validation: np.ndarray, spec: TrialSpec, device, autoc
     token_losses, entropies = [], []
     with torch.no_grad(), (autocast or contextlib.nullcontext)():
         for start in range(0, len(rows), micro):
-            ids = torch.from_numpy(np.asarray(rows[start:start + micro], dtype=np.int64)).to(device)
+            ids = torch.from_numpy(np.asarray(rows[start : start + micro], dtype=np.int64)).to(device)
             if spec.model == "minimal":
                 logits, entropy = model(ids, return_attention_entropy=True)
                 entropies.append(float(entropy))
@@ -447,8 +503,10 @@ def evaluate_trial(model, validation: np.ndarray, spec: TrialSpec, device, autoc
     model.train()
     per_token = torch.cat(token_losses)  # [rows, predicted positions 2..block_size]
     bounds = np.linspace(0, per_token.size(1), segments + 1).astype(int)
-    by_segment = {f"{bounds[i] + 2}-{bounds[i + 1] + 1}": float(per_token[:, bounds[i]:bounds[i + 1]].mean())
-                  for i in range(segments)}
+    by_segment = {
+        f"{bounds[i] + 2}-{bounds[i + 1] + 1}": float(per_token[:, bounds[i] : bounds[i + 1]].mean())
+        for i in range(segments)
+    }
     val_loss = float(per_token.mean())
     return {
         "val_loss": val_loss,
@@ -462,8 +520,13 @@ def evaluate_trial(model, validation: np.ndarray, spec: TrialSpec, device, autoc
 def write_hparams(logger: MetricsLogger, summary: dict) -> None:
     """The run's entry in TensorBoard's HParams tab (its levels were recorded when the logger started, in the same
     run folder as its curves): these scalars, hparam/final_loss included, are the metrics TensorBoard shows."""
-    logger.log_summary({f"hparam/{k}": summary[k] for k in ("final_loss", "stability_index", "grad_norm_mean",
-                                                             "time_per_step_s") if summary.get(k) is not None})
+    logger.log_summary(
+        {
+            f"hparam/{k}": summary[k]
+            for k in ("final_loss", "stability_index", "grad_norm_mean", "time_per_step_s")
+            if summary.get(k) is not None
+        }
+    )
 
 
 def fallback(hp: Hparams, stop: TrialStop) -> tuple[Hparams, str] | None:
@@ -504,8 +567,10 @@ def run_trial(spec_path: str | Path) -> dict:
     spec = TrialSpec.read(spec_path)
     watch_driver(spec.driver)
     if spec.device == "cpu" and spec.precision == "bf16" and not cpu_has_fast_bf16():  # e.g. a Ray node without
-        raise UserError(f"trial {spec.trial_id} trains in bf16 and {machine_label()} has no bf16 units (emulated, "
-                        "tens of times slower): run it on a CPU with AVX512-BF16 or AMX, or sweep in fp32")
+        raise UserError(
+            f"trial {spec.trial_id} trains in bf16 and {machine_label()} has no bf16 units (emulated, "
+            "tens of times slower): run it on a CPU with AVX512-BF16 or AMX, or sweep in fp32"
+        )
     trial_dir = Path(spec.trial_dir)
     threads = spec.threads
     if threads:
@@ -514,11 +579,20 @@ def run_trial(spec_path: str | Path) -> dict:
     data = load_data(Path(spec.data_dir))
     data_loaded = time.time() - started
     hp = spec.hparams
-    result: dict[str, Any] = {"trial_id": spec.trial_id, "node": socket.gethostname(), "cpu": machine_label(),
-                              "hparams": asdict(spec.hparams),
-                              "model": spec.model,
-                              "steps": spec.steps, "seed": spec.seed, "replicate": spec.replicate,
-                              "attempts": 0, "boundary": False, "failures": [], "fallback": None}
+    result: dict[str, Any] = {
+        "trial_id": spec.trial_id,
+        "node": socket.gethostname(),
+        "cpu": machine_label(),
+        "hparams": asdict(spec.hparams),
+        "model": spec.model,
+        "steps": spec.steps,
+        "seed": spec.seed,
+        "replicate": spec.replicate,
+        "attempts": 0,
+        "boundary": False,
+        "failures": [],
+        "fallback": None,
+    }
     print(f"[{spec.trial_id}] {spec.steps} steps, model {spec.model}, seed {spec.seed}, {hp}", flush=True)
     for attempt in (1, 2):
         result["attempts"] = attempt

@@ -1,4 +1,5 @@
 """Training: one loop skeleton (llmlab.train.loop) that pretraining and LoRA build on, plus checkpoints and spikes."""
+
 from llmlab.core.notices import drop_known_notices
 
 # Before any submodule imports peft (lora_model, and transformers' optimization module for Adafactor): peft imports

@@ -9,6 +9,7 @@ named. Weights that are not finite are never sealed as a checkpoint.
 What must match on resume is checked against the saved config: options a trainer lists as resumable (the
 schedule's length and lr, cadences, logging) are honoured; any other change is refused, naming the option.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,11 @@ def remove_partial_saves(output_dir: str | os.PathLike) -> None:
 
 
 def _manifest(folder: Path) -> dict[str, dict]:
-    return {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": file_sha256(p)}
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": file_sha256(p)}
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def read_trainer_state(path: str | os.PathLike) -> dict:
@@ -66,25 +70,33 @@ def read_trainer_state(path: str | os.PathLike) -> dict:
     try:
         state = json.loads((path / STATE_FILE).read_text())
     except FileNotFoundError:
-        raise UserError(f"checkpoint {path} is incomplete or not a checkpoint ({STATE_FILE} missing); "
-                        "pass a checkpoints/step_N folder written by train_pretrain.py or train_lora.py") from None
+        raise UserError(
+            f"checkpoint {path} is incomplete or not a checkpoint ({STATE_FILE} missing); "
+            "pass a checkpoints/step_N folder written by train_pretrain.py or train_lora.py"
+        ) from None
     except (OSError, ValueError) as err:
-        raise UserError(f"checkpoint {path} is unreadable ({STATE_FILE}: {err}); resume from an older "
-                        "checkpoint folder") from None
+        raise UserError(
+            f"checkpoint {path} is unreadable ({STATE_FILE}: {err}); resume from an older checkpoint folder"
+        ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise UserError(f"checkpoint {path} has an unknown format; it was not written by this version of llmlab")
     missing = [key for key in ("step", "config", "layout", "trainer", "files") if key not in state]
     if missing or not isinstance(state["files"], dict):
-        raise UserError(f"checkpoint {path} is unreadable ({STATE_FILE} lacks {(missing or ['files'])[0]!r}); "
-                        "resume from an older checkpoint folder")
+        raise UserError(
+            f"checkpoint {path} is unreadable ({STATE_FILE} lacks {(missing or ['files'])[0]!r}); "
+            "resume from an older checkpoint folder"
+        )
     for rel, expected in state.get("files", {}).items():
         file = path / rel
         if not file.is_file() or file.stat().st_size != expected["size"]:
-            raise UserError(f"checkpoint {path} is damaged ({rel} missing or truncated); resume from an "
-                            "older checkpoint folder")
+            raise UserError(
+                f"checkpoint {path} is damaged ({rel} missing or truncated); resume from an older checkpoint folder"
+            )
         if file_sha256(file) != expected["sha256"]:
-            raise UserError(f"checkpoint {path} is damaged and unreadable ({rel} does not match its sha256); "
-                            "resume from an older checkpoint folder")
+            raise UserError(
+                f"checkpoint {path} is damaged and unreadable ({rel} does not match its sha256); "
+                "resume from an older checkpoint folder"
+            )
     return state
 
 
@@ -109,19 +121,24 @@ def resolve_checkpoint(output_dir: str | os.PathLike, value: str, log: Callable[
     """`--resume_from_checkpoint latest|PATH` -> a verified checkpoint folder, or a UserError saying what to do."""
     if value == "latest":
         if not list_checkpoints(output_dir):
-            raise UserError(f"--resume_from_checkpoint latest: no checkpoint in {checkpoints_dir(output_dir)}; "
-                            "start without --resume_from_checkpoint, or pass a checkpoint folder")
+            raise UserError(
+                f"--resume_from_checkpoint latest: no checkpoint in {checkpoints_dir(output_dir)}; "
+                "start without --resume_from_checkpoint, or pass a checkpoint folder"
+            )
         path, problems = newest_good_checkpoint(output_dir)
         if path is None:
-            raise UserError(f"--resume_from_checkpoint latest: every checkpoint in {checkpoints_dir(output_dir)} is "
-                            f"damaged ({problems[0]}); start a new run with --overwrite_output_dir")
+            raise UserError(
+                f"--resume_from_checkpoint latest: every checkpoint in {checkpoints_dir(output_dir)} is "
+                f"damaged ({problems[0]}); start a new run with --overwrite_output_dir"
+            )
         for problem in problems:
             log(f"note: {problem}; resuming from {path.name}, the newest good checkpoint")
         return path
     path = Path(value)
     if not path.is_dir():
-        raise UserError(f"--resume_from_checkpoint: {path} is not a folder; pass 'latest' or a "
-                        "checkpoints/step_N folder")
+        raise UserError(
+            f"--resume_from_checkpoint: {path} is not a folder; pass 'latest' or a checkpoints/step_N folder"
+        )
     try:
         read_trainer_state(path)
     except UserError as err:
@@ -135,12 +152,21 @@ def assert_finite(model, what: str) -> None:
     """Refuse to seal weights that hold NaN or inf: a checkpoint or final model must be usable."""
     for name, param in model.named_parameters():
         if not bool(torch.isfinite(param.detach()).all()):
-            raise UserError(f"{what}: weight {name} is not finite (NaN/inf); nothing was saved. The run diverged: "
-                            "lower --learning_rate or --clip and resume from the last good checkpoint")
+            raise UserError(
+                f"{what}: weight {name} is not finite (NaN/inf); nothing was saved. The run diverged: "
+                "lower --learning_rate or --clip and resume from the last good checkpoint"
+            )
 
 
-def save_checkpoint(accelerator, output_dir: str | os.PathLike, step: int, manifest: dict, keep_last: int,
-                    model=None, write_extra: Callable[[Path], None] | None = None) -> Path:
+def save_checkpoint(
+    accelerator,
+    output_dir: str | os.PathLike,
+    step: int,
+    manifest: dict,
+    keep_last: int,
+    model=None,
+    write_extra: Callable[[Path], None] | None = None,
+) -> Path:
     """Save everything needed to continue exactly; every process must call this.
 
     `write_extra(folder)` adds the trainer's own files (main process only) before the checkpoint is sealed."""
@@ -176,8 +202,10 @@ def save_checkpoint(accelerator, output_dir: str | os.PathLike, step: int, manif
 def write_error(err: Exception, what: str) -> UserError:
     """A failed checkpoint or run-file write as one line (llmlab.core.errors.write_failure names the cause)."""
     reason = write_failure(err) or str(err).splitlines()[0][:160]
-    return UserError(f"could not write {what}: {reason}; free space (or pick another --output_dir) and resume "
-                     "from the last checkpoint")
+    return UserError(
+        f"could not write {what}: {reason}; free space (or pick another --output_dir) and resume "
+        "from the last checkpoint"
+    )
 
 
 def load_checkpoint(accelerator, path: str | os.PathLike) -> dict:
@@ -188,8 +216,10 @@ def load_checkpoint(accelerator, path: str | os.PathLike) -> dict:
     except UserError:
         raise
     except Exception as err:  # torch/safetensors/pickle raise many types for a corrupt file
-        raise UserError(f"checkpoint {path} is unreadable ({type(err).__name__}: {str(err).splitlines()[0][:160]}); "
-                        "resume from an older checkpoint folder") from None
+        raise UserError(
+            f"checkpoint {path} is unreadable ({type(err).__name__}: {str(err).splitlines()[0][:160]}); "
+            "resume from an older checkpoint folder"
+        ) from None
     return state
 
 
@@ -200,9 +230,11 @@ def check_resume_config(saved: dict, current: dict, resumable: Iterable[str], pa
     refused = [k for k in changed if k not in resumable]
     if refused:
         name = refused[0]
-        raise UserError(f"--{name} changed since checkpoint {path} ({saved[name]!r} -> {current[name]!r}); resume with "
-                        f"the same --{name}, or start a new run (a new --output_dir, or --overwrite_output_dir) to change "
-                        "it")
+        raise UserError(
+            f"--{name} changed since checkpoint {path} ({saved[name]!r} -> {current[name]!r}); resume with "
+            f"the same --{name}, or start a new run (a new --output_dir, or --overwrite_output_dir) to change "
+            "it"
+        )
     return changed
 
 
@@ -212,8 +244,11 @@ def check_layout(saved: dict, current: dict, path: Path, same: str) -> None:
     changed = [k for k in current if k in saved and saved[k] != current[k]]
     if changed:
         diff = ", ".join(f"{k} {saved[k]!r} -> {current[k]!r}" for k in changed)
-        what = ("the data or the base model changed in place since this run started"
-                if set(changed) & {"data", "base_model"} else "it was written with another setup")
+        what = (
+            "the data or the base model changed in place since this run started"
+            if set(changed) & {"data", "base_model"}
+            else "it was written with another setup"
+        )
         raise UserError(f"checkpoint {path}: {what} ({diff}); resume with the same {same}, or start a new run")
 
 

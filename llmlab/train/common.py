@@ -1,4 +1,5 @@
 """Small pieces both trainers share: gradient clipping (fixed or adaptive) and the causal-LM loss."""
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,15 @@ class GradClipper:
     before that it clips at `fallback`. Feed each step's pre-clip norm back with `observe()`.
     """
 
-    def __init__(self, clip: str | float, warmup_steps: int = 0, window: int = 50, factor: float = 1.5,
-                 fallback: float = 1.0, clip_mode: str = "norm"):
+    def __init__(
+        self,
+        clip: str | float,
+        warmup_steps: int = 0,
+        window: int = 50,
+        factor: float = 1.5,
+        fallback: float = 1.0,
+        clip_mode: str = "norm",
+    ):
         self.mode = parse_clip(clip)
         self.clip_mode = clip_mode
         self.warmup_steps = warmup_steps

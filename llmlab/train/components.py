@@ -12,6 +12,7 @@ which keeps lr x wd, the decay per step), so one setting means a comparable step
 
 Torch-free at import (configs read it before the training stack loads): each builder imports its library.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -19,7 +20,6 @@ import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
-
 
 
 @dataclass(frozen=True)
@@ -74,12 +74,26 @@ def _adafactor(groups, lr: float, betas: Optional[tuple], eps: Optional[float]):
     return Adafactor(groups, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
 
 
-register_optimizer("adamw", OptimizerEntry(_adamw, state_bytes=8.0, deepspeed=True, label="AdamW",
-                                           about="torch, fused kernel"))
-register_optimizer("lion", OptimizerEntry(_lion, state_bytes=4.0, deepspeed=False, lr_divisor=3.0, label="Lion",
-                                          about="lion-pytorch; takes lr / 3 and weight decay x 3"))
-register_optimizer("adafactor", OptimizerEntry(_adafactor, state_bytes=0.0, deepspeed=False, label="Adafactor",
-                                               about="transformers, at a fixed lr"))
+register_optimizer(
+    "adamw", OptimizerEntry(_adamw, state_bytes=8.0, deepspeed=True, label="AdamW", about="torch, fused kernel")
+)
+register_optimizer(
+    "lion",
+    OptimizerEntry(
+        _lion,
+        state_bytes=4.0,
+        deepspeed=False,
+        lr_divisor=3.0,
+        label="Lion",
+        about="lion-pytorch; takes lr / 3 and weight decay x 3",
+    ),
+)
+register_optimizer(
+    "adafactor",
+    OptimizerEntry(
+        _adafactor, state_bytes=0.0, deepspeed=False, label="Adafactor", about="transformers, at a fixed lr"
+    ),
+)
 
 # transformers' formulas, written out once so every schedule has the same warmup and floor
 POLYNOMIAL_POWER = 2.0  # power 1 would equal linear
@@ -98,8 +112,9 @@ def load_plugins() -> None:
         try:
             importlib.import_module(name)
         except ImportError as err:  # at import time, before any script's error handler: exit with the one line
-            raise SystemExit(f"error: LLMLAB_PLUGINS: cannot import {name!r} ({err}); put it on PYTHONPATH, or "
-                             "unset LLMLAB_PLUGINS") from None
+            raise SystemExit(
+                f"error: LLMLAB_PLUGINS: cannot import {name!r} ({err}); put it on PYTHONPATH, or unset LLMLAB_PLUGINS"
+            ) from None
 
 
 load_plugins()

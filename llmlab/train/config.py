@@ -11,6 +11,7 @@ default differs for it. `resolved()` checks every value and returns the config a
 other options filled in); nothing mutates a config after it was built. This module imports no torch: a bad flag is
 answered before the training stack loads (~2 s).
 """
+
 from __future__ import annotations
 
 import math
@@ -47,14 +48,22 @@ def require(checks: list[tuple[bool, str]]) -> None:
 @dataclass
 class RunGroup:
     output_dir: str = opt("runs/run", "run folder")
-    overwrite_output_dir: bool = opt(False, "start afresh in an --output_dir that already holds a run of this kind "
-                                            "(deletes that run's own files, nothing else)")
+    overwrite_output_dir: bool = opt(
+        False,
+        "start afresh in an --output_dir that already holds a run of this kind "
+        "(deletes that run's own files, nothing else)",
+    )
     resume_from_checkpoint: Optional[str] = opt(None, "'latest' or a checkpoints/step_N folder to continue from")
-    report_to: list[str] = opt(["tensorboard"], "trackers: tensorboard, wandb, mlflow, aim, comet_ml, all or none "
-                                                "(metrics.jsonl is always written)")
+    report_to: list[str] = opt(
+        ["tensorboard"],
+        "trackers: tensorboard, wandb, mlflow, aim, comet_ml, all or none (metrics.jsonl is always written)",
+    )
     seed: int = opt(42, "seed for python/numpy/torch (model init, data order, dropout)")
-    cpu_threads: int = opt(0, "CPU threads per process; 0 = PyTorch's default, or all cores when `accelerate "
-                              "launch` forced OMP_NUM_THREADS=1")
+    cpu_threads: int = opt(
+        0,
+        "CPU threads per process; 0 = PyTorch's default, or all cores when `accelerate "
+        "launch` forced OMP_NUM_THREADS=1",
+    )
 
     def check_run(self) -> None:
         require([(self.cpu_threads >= 0, f"--cpu_threads must be >= 0 (0 = automatic), got {self.cpu_threads}")])
@@ -63,24 +72,37 @@ class RunGroup:
 
 @dataclass
 class OptimGroup:
-    optimizer: str = opt("adamw", "a registered optimizer (llmlab.train.components): adamw, lion (takes lr / 3 and "
-                                  "weight decay x 3 of the values given) or adafactor (fixed lr)", choices=OPTIMIZERS)
+    optimizer: str = opt(
+        "adamw",
+        "a registered optimizer (llmlab.train.components): adamw, lion (takes lr / 3 and "
+        "weight decay x 3 of the values given) or adafactor (fixed lr)",
+        choices=OPTIMIZERS,
+    )
     weight_decay: float = opt(0.1, "weight decay (matrices only: never biases or LayerNorm weights)")
     max_steps: Optional[int] = opt(None, "optimizer steps to train (upper bound)")
     clip: str = opt("1.0", "max grad norm, 0 = off, or 'adaptive' (1.5 x mean of the last 50 norms)")
-    clip_mode: Literal["norm", "value"] = opt("norm", "clip the global gradient norm, or clamp every gradient "
-                                                      "element to [-clip, clip]")
+    clip_mode: Literal["norm", "value"] = opt(
+        "norm", "clip the global gradient norm, or clamp every gradient element to [-clip, clip]"
+    )
     label_smoothing: float = opt(0.0, "label smoothing of the training loss (validation never smooths)")
     gradient_checkpointing: bool = opt(False, "recompute activations in backward: less memory, ~30%% slower")
 
     def check_optim(self) -> None:
         learning_rate = getattr(self, "learning_rate", 0.0) or 0.0
-        require([(math.isfinite(learning_rate) and learning_rate >= 0, f"--learning_rate must be a finite number "
-                                                                        f">= 0, got {learning_rate}"),
-                 (math.isfinite(self.weight_decay) and self.weight_decay >= 0,
-                  f"--weight_decay must be a finite number >= 0, got {self.weight_decay}"),
-                 (self.max_steps is None or self.max_steps >= 1, f"--max_steps must be >= 1, got {self.max_steps}"),
-                 (0 <= self.label_smoothing < 1, f"--label_smoothing must be in [0, 1), got {self.label_smoothing}")])
+        require(
+            [
+                (
+                    math.isfinite(learning_rate) and learning_rate >= 0,
+                    f"--learning_rate must be a finite number >= 0, got {learning_rate}",
+                ),
+                (
+                    math.isfinite(self.weight_decay) and self.weight_decay >= 0,
+                    f"--weight_decay must be a finite number >= 0, got {self.weight_decay}",
+                ),
+                (self.max_steps is None or self.max_steps >= 1, f"--max_steps must be >= 1, got {self.max_steps}"),
+                (0 <= self.label_smoothing < 1, f"--label_smoothing must be in [0, 1), got {self.label_smoothing}"),
+            ]
+        )
         parse_clip(self.clip)
 
 
@@ -91,8 +113,12 @@ class CheckpointGroup:
 
     def check_checkpoints(self, allow_never: bool = False) -> None:
         low = 0 if allow_never else 1
-        require([(self.save_every >= low, f"--save_every must be >= {low}, got {self.save_every}"),
-                 (self.keep_last >= 1, f"--keep_last must be >= 1, got {self.keep_last}")])
+        require(
+            [
+                (self.save_every >= low, f"--save_every must be >= {low}, got {self.save_every}"),
+                (self.keep_last >= 1, f"--keep_last must be >= 1, got {self.keep_last}"),
+            ]
+        )
 
 
 @dataclass

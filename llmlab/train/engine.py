@@ -12,6 +12,7 @@ retry and measurements, the last as an `inspect` hook that sees the clipped grad
 Host syncs per step: one for the micro-batch losses (all at once, at the end of the step), one for the gradient
 norm, and one for whether any element was clipped under value clipping; a trial's fp16 scaler reads its scale.
 """
+
 from __future__ import annotations
 
 import math
@@ -94,8 +95,9 @@ class Engine:
         self.backend.backward(loss, rows, of_rows)
         self._losses.append(loss.detach().float())
 
-    def step(self, params, optimizer, scheduler, clipper, step: int,
-             inspect: Optional[Callable[[], None]] = None) -> StepOutput:
+    def step(
+        self, params, optimizer, scheduler, clipper, step: int, inspect: Optional[Callable[[], None]] = None
+    ) -> StepOutput:
         """`inspect()` runs after clipping and before the update (a trial's gradient and update-ratio probes)."""
         params = list(params)
         norm, clipped = self._clip(params, optimizer, clipper, step)

@@ -8,19 +8,26 @@ states and the head weight; only those gradients are kept for backward. Same ari
 liger-kernel's fused linear cross-entropy, whose Triton kernels need CUDA; this is the plain PyTorch version that
 also runs on a CPU.
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from llmlab.train.common import causal_lm_loss, next_token_labels
 
 DEFAULT_CHUNK_TOKENS = 1024  # one chunk's fp32 logits: 1024 x 50257 x 4 B = 206 MB
 
 
-def _chunk(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, smoothing: float, scale: float,
-           want_grads: bool, logits: torch.Tensor):
+def _chunk(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    smoothing: float,
+    scale: float,
+    want_grads: bool,
+    logits: torch.Tensor,
+):
     """Loss sum of one chunk; with `want_grads`, also d(loss * scale) / d(logits) for the chunk, written over
     `logits` (a reused buffer of the chunk's shape, float32 or wider). One exp per logit and no tensor of the
     logits' size allocated: on a CPU each pass over [chunk x 50257], and each fresh allocation of it (returned to
@@ -62,8 +69,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if want else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want else None
         total = hidden.new_zeros((), dtype=torch.float32)
-        buffer = hidden.new_empty((min(chunk, hidden.size(0)), weight.size(0)),
-                                 dtype=torch.promote_types(weight.dtype, torch.float32))
+        buffer = hidden.new_empty(
+            (min(chunk, hidden.size(0)), weight.size(0)), dtype=torch.promote_types(weight.dtype, torch.float32)
+        )
         for start in range(0, hidden.size(0), chunk):
             part = slice(start, start + chunk)
             rows = hidden[part].size(0)
@@ -86,8 +94,13 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         return grad_hidden * grad_output, grad_weight * grad_output, None, None, None
 
 
-def chunked_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, input_ids: torch.Tensor, label_smoothing: float = 0.0,
-                    chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
+def chunked_lm_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    input_ids: torch.Tensor,
+    label_smoothing: float = 0.0,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> torch.Tensor:
     """Next-token cross-entropy of `hidden` [batch, seq, width] through the head `weight` [vocab, width], with the
     inputs as labels (shifted here, -100 ignored): the same value as causal_lm_loss(F.linear(hidden, weight), ...)."""
     labels = next_token_labels(input_ids).reshape(-1)

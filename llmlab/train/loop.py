@@ -21,6 +21,7 @@ step (clipping, and no step on a non-finite loss or gradient), rewinding to a ch
 the logging window, a progress bar with loss, lr and tokens/s that leaves evaluation and saving out) and
 `Checkpointer` (when to save).
 """
+
 from __future__ import annotations
 
 import os
@@ -44,13 +45,22 @@ from llmlab.train.config import RunGroup
 from llmlab.train.engine import AccelerateBackend, Engine
 from llmlab.train.meter import StepMeter
 
-ALWAYS_RESUMABLE = ("output_dir", "resume_from_checkpoint", "overwrite_output_dir", "report_to", "cache_dir",
-                    "num_proc", "prepare_only", "cpu_threads")
+ALWAYS_RESUMABLE = (
+    "output_dir",
+    "resume_from_checkpoint",
+    "overwrite_output_dir",
+    "report_to",
+    "cache_dir",
+    "num_proc",
+    "prepare_only",
+    "cpu_threads",
+)
 
 
 @dataclass
 class LoopState:
     """The counters an exact resume needs; registered with accelerate, so every checkpoint carries them."""
+
     step: int = 0  # optimizer steps done
     micro_batches: int = 0  # data position: micro-batches this process has consumed
     tokens_seen: int = 0
@@ -81,9 +91,17 @@ def scaled_schedule(scheduler, state: LoopState):
 
 
 class TrainingSession:
-    def __init__(self, cfg: RunGroup, kind: str, *, run_files: Iterable[str], resumable: Iterable[str],
-                 mixed_precision: Optional[str] = None, gradient_accumulation_plugin=None,
-                 gradient_accumulation_steps: int = 1):
+    def __init__(
+        self,
+        cfg: RunGroup,
+        kind: str,
+        *,
+        run_files: Iterable[str],
+        resumable: Iterable[str],
+        mixed_precision: Optional[str] = None,
+        gradient_accumulation_plugin=None,
+        gradient_accumulation_steps: int = 1,
+    ):
 
         self.cfg, self.kind = cfg, kind
         self.out = check_output_dir(cfg.output_dir)  # a file or read-only folder fails here, before any setup
@@ -91,10 +109,10 @@ class TrainingSession:
         self.resume_path, self.resumed_config = None, None
         if cfg.resume_from_checkpoint:  # fail fast, before the data and model are built
             self.resume_path = ckpt.resolve_checkpoint(self.out, cfg.resume_from_checkpoint)
-        self.accelerator = _make_accelerator(cfg, mixed_precision, gradient_accumulation_plugin,
-                                             gradient_accumulation_steps, self.out)
+        self.accelerator = _make_accelerator(
+            cfg, mixed_precision, gradient_accumulation_plugin, gradient_accumulation_steps, self.out
+        )
         if self.accelerator.device.type == "cpu":
-
             local = int(os.environ.get("LOCAL_WORLD_SIZE", self.accelerator.num_processes))
             set_cpu_threads(cfg.cpu_threads, local, self.accelerator.print)
         self.state, self.meter, self.checkpointer, self._claimed = LoopState(), None, None, False
@@ -106,8 +124,14 @@ class TrainingSession:
     def _claim(self) -> None:
 
         if self.accelerator.is_main_process:  # the owner and kind records wait until begin() accepted the run
-            claim_run_folder(self.out, self.run_files, resume=self.resume_path is not None,
-                             overwrite=self.cfg.overwrite_output_dir, what=self.kind, record=False)
+            claim_run_folder(
+                self.out,
+                self.run_files,
+                resume=self.resume_path is not None,
+                overwrite=self.cfg.overwrite_output_dir,
+                what=self.kind,
+                record=False,
+            )
             self._claimed = True
         self.accelerator.wait_for_everyone()
 
@@ -115,16 +139,28 @@ class TrainingSession:
         try:
             return self.accelerator.prepare(*objects)
         except ValueError as err:  # DeepSpeed refuses a precision the device lacks
-            raise UserError(f"cannot prepare the model for this device ({str(err).splitlines()[0][:160]}); "
-                            "on CPU use --mixed_precision bf16 or no") from None
+            raise UserError(
+                f"cannot prepare the model for this device ({str(err).splitlines()[0][:160]}); "
+                "on CPU use --mixed_precision bf16 or no"
+            ) from None
 
     def register(self, *objects) -> None:
         """Objects with state_dict/load_state_dict that every checkpoint saves and restores (order matters)."""
         for obj in (self.state, *objects):
             self.accelerator.register_for_checkpointing(obj)
 
-    def begin(self, run_cfg, total_steps: int, layout: dict, save_every: int, keep_last: int, model=None,
-              desc: Optional[str] = None, extra_manifest=None, write_extra=None) -> Optional[dict]:
+    def begin(
+        self,
+        run_cfg,
+        total_steps: int,
+        layout: dict,
+        save_every: int,
+        keep_last: int,
+        model=None,
+        desc: Optional[str] = None,
+        extra_manifest=None,
+        write_extra=None,
+    ) -> Optional[dict]:
         """Take the run's resolved config (its defaults that needed the data filled in), write the run record, start
         the trackers, resume if asked; returns the checkpoint manifest if resumed."""
         self.cfg, self.layout, self.total_steps = run_cfg, layout, total_steps
@@ -138,9 +174,14 @@ class TrainingSession:
         self.accelerator.init_trackers(f"llmlab-{self.kind}", config=tracker_config(to_dict(self.cfg)))
         self.checkpointer = Checkpointer(self, save_every, keep_last, model, extra_manifest, write_extra)
         manifest = self._resume(saved) if saved is not None else None
-        self.meter = StepMeter(self.state, self.log, total_steps, desc or self.kind,
-                               show_bar=self.accelerator.is_local_main_process,
-                               num_processes=self.accelerator.num_processes)
+        self.meter = StepMeter(
+            self.state,
+            self.log,
+            total_steps,
+            desc or self.kind,
+            show_bar=self.accelerator.is_local_main_process,
+            num_processes=self.accelerator.num_processes,
+        )
         return manifest
 
     def _check_resume(self) -> dict:
@@ -150,8 +191,10 @@ class TrainingSession:
         ckpt.check_layout(saved.get("layout", {}), self.layout, path, self.layout_hint)
         saved["changed"] = ckpt.check_resume_config(saved.get("config", {}), to_dict(self.cfg), self.resumable, path)
         if saved["step"] > self.total_steps:
-            raise UserError(f"checkpoint {path} is at step {saved['step']}, past the {self.total_steps} steps this run "
-                            "would train; pass a larger --max_steps (or --epochs) to continue it")
+            raise UserError(
+                f"checkpoint {path} is at step {saved['step']}, past the {self.total_steps} steps this run "
+                "would train; pass a larger --max_steps (or --epochs) to continue it"
+            )
         return saved
 
     def _resume(self, saved: dict) -> dict:
@@ -159,8 +202,10 @@ class TrainingSession:
         if self.accelerator.is_main_process:
             moved = ckpt.set_aside_newer_checkpoints(self.out, path)
             if moved:
-                self.accelerator.print(f"note: resuming from {path.name}, an older checkpoint: "
-                                       f"{', '.join(p.name for p in moved)} set aside (renamed, not deleted)")
+                self.accelerator.print(
+                    f"note: resuming from {path.name}, an older checkpoint: "
+                    f"{', '.join(p.name for p in moved)} set aside (renamed, not deleted)"
+                )
         ckpt.load_checkpoint(self.accelerator, path)
         self.resumed_config = dict(saved.get("config", {}))
         changed = sorted(set(changed) - set(ALWAYS_RESUMABLE))  # a new folder or tracker is not a training change
@@ -181,8 +226,9 @@ class TrainingSession:
         """The engine's step (clip; never a non-finite update: it is reported as the step's loss, so the trainer can
         react; the schedule steps either way), then the step's loss and tokens summed over the processes."""
         out = self.engine.step(params, optimizer, scheduler, clipper, self.state.step)
-        count = torch.tensor([out.loss_sum, len(out.losses), self._micro_tokens], dtype=torch.float64,
-                             device=self.accelerator.device)
+        count = torch.tensor(
+            [out.loss_sum, len(out.losses), self._micro_tokens], dtype=torch.float64, device=self.accelerator.device
+        )
         loss_sum, micro, tokens = self.accelerator.reduce(count, reduction="sum").tolist()
         self._micro_tokens = 0
         self.state.step += 1
@@ -218,7 +264,9 @@ class TrainingSession:
 
     # ------------------------------------------------------------------ logging (the cadence: train/meter.py)
     def log(self, values: dict[str, Any], step: Optional[int] = None) -> None:
-        self.accelerator.log({k: v for k, v in values.items() if v is not None}, step=self.state.step if step is None else step)
+        self.accelerator.log(
+            {k: v for k, v in values.items() if v is not None}, step=self.state.step if step is None else step
+        )
 
     # ------------------------------------------------------------------ the end
     def __enter__(self) -> "TrainingSession":
@@ -229,17 +277,19 @@ class TrainingSession:
             self.meter.close()  # first, so an error message starts on its own line
         self.accelerator.end_training()
         if self._claimed:
-
             # a run refused before begin() recorded its claim leaves no trace; any other end marks the lock released
             abandon_claim(self.out) if self.checkpointer is None else release_lock(self.out)
         if kind is KeyboardInterrupt:
-
             last = ckpt.latest_checkpoint(self.out)
             if last is not None:
-                raise Interrupted(f"at step {self.state.step}; the last checkpoint is {last}: rerun with "
-                                  "--resume_from_checkpoint latest to continue from it") from None
-            raise Interrupted(f"at step {self.state.step}, before the first checkpoint: nothing to resume; rerun with "
-                              "--overwrite_output_dir to start again") from None
+                raise Interrupted(
+                    f"at step {self.state.step}; the last checkpoint is {last}: rerun with "
+                    "--resume_from_checkpoint latest to continue from it"
+                ) from None
+            raise Interrupted(
+                f"at step {self.state.step}, before the first checkpoint: nothing to resume; rerun with "
+                "--overwrite_output_dir to start again"
+            ) from None
 
         if error is not None and not isinstance(error, UserError) and write_failure(error):
             raise ckpt.write_error(error, f"the run's files in {self.out}") from None
@@ -263,11 +313,22 @@ class Checkpointer:
 
     def save(self, step: int) -> Path:
         session = self.session
-        manifest = {"step": step, "config": to_dict(session.cfg), "layout": session.layout,
-                    "trainer": {**session.state.state_dict(), **(self.extra_manifest() if self.extra_manifest else {})}}
+        manifest = {
+            "step": step,
+            "config": to_dict(session.cfg),
+            "layout": session.layout,
+            "trainer": {**session.state.state_dict(), **(self.extra_manifest() if self.extra_manifest else {})},
+        }
         with session.meter.paused():
-            return ckpt.save_checkpoint(session.accelerator, session.out, step, manifest, self.keep_last,
-                                        model=self.model, write_extra=self.write_extra)
+            return ckpt.save_checkpoint(
+                session.accelerator,
+                session.out,
+                step,
+                manifest,
+                self.keep_last,
+                model=self.model,
+                write_extra=self.write_extra,
+            )
 
 
 def resolve_mixed_precision(choice: str) -> str:
@@ -291,33 +352,49 @@ def check_one_model(accelerator) -> None:
     distributed run is refused before any work."""
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched > accelerator.num_processes:
-        raise UserError(f"{launched} processes were launched but accelerate set up {accelerator.distributed_type.value}"
-                        f" with {accelerator.num_processes}: each would train its own model; launch with `accelerate "
-                        "launch --multi_gpu --num_processes N` or torchrun")
+        raise UserError(
+            f"{launched} processes were launched but accelerate set up {accelerator.distributed_type.value}"
+            f" with {accelerator.num_processes}: each would train its own model; launch with `accelerate "
+            "launch --multi_gpu --num_processes N` or torchrun"
+        )
     # accelerate's simple launcher (`--cpu` with several processes or machines) sets MASTER_ADDR and leaves the ranks
     # to mpirun; without MPI every machine would train a model of its own
     simple_launch = "ACCELERATE_USE_CPU" in os.environ and "MASTER_ADDR" in os.environ
     mpi = any(name in os.environ for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE"))
     if accelerator.num_processes == 1 and simple_launch and "WORLD_SIZE" not in os.environ and not mpi:
-        raise UserError("accelerate launch was asked for several processes or machines but started this one alone "
-                        "(its --cpu launcher leaves the ranks to mpirun), so each would train its own model; on CPUs "
-                        "launch with --multi_gpu instead of --cpu (it runs gloo across the machines)")
+        raise UserError(
+            "accelerate launch was asked for several processes or machines but started this one alone "
+            "(its --cpu launcher leaves the ranks to mpirun), so each would train its own model; on CPUs "
+            "launch with --multi_gpu instead of --cpu (it runs gloo across the machines)"
+        )
 
 
 def _make_accelerator(cfg, mixed_precision, plugin, accumulation_steps: int, out: Path):
 
-
     trackers = make_trackers(cfg.report_to, out)  # an unknown or missing tracker fails before anything starts
-    kwargs = {"gradient_accumulation_plugin": plugin} if plugin is not None else {
-        "gradient_accumulation_steps": accumulation_steps}
+    kwargs = (
+        {"gradient_accumulation_plugin": plugin}
+        if plugin is not None
+        else {"gradient_accumulation_steps": accumulation_steps}
+    )
     try:
-        accelerator = Accelerator(mixed_precision=mixed_precision, kwargs_handlers=process_group_handlers(),
-                                  log_with=trackers, project_dir=str(out), **accelerator_placement(), **kwargs)
+        accelerator = Accelerator(
+            mixed_precision=mixed_precision,
+            kwargs_handlers=process_group_handlers(),
+            log_with=trackers,
+            project_dir=str(out),
+            **accelerator_placement(),
+            **kwargs,
+        )
     except ValueError as err:
-        raise UserError(f"accelerate cannot set up this run ({str(err).splitlines()[0][:200]}); "
-                        "check --mixed_precision and the `accelerate launch` config") from None
+        raise UserError(
+            f"accelerate cannot set up this run ({str(err).splitlines()[0][:200]}); "
+            "check --mixed_precision and the `accelerate launch` config"
+        ) from None
     check_one_model(accelerator)
     if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
-        raise UserError("--mixed_precision fp16 needs a GPU (on CPU there is no fp16 loss scaling); "
-                        "use --mixed_precision bf16 or no")
+        raise UserError(
+            "--mixed_precision fp16 needs a GPU (on CPU there is no fp16 loss scaling); "
+            "use --mixed_precision bf16 or no"
+        )
     return accelerator

@@ -5,6 +5,7 @@ optimizer / schedule factory (AdamW + linear warmup/decay by default), early sto
 the best adapter, and a before/after evaluation on validation and on a test split no choice ever sees (perplexity and
 ROUGE-L of greedy answers with paired bootstrap CIs, see llmlab.train.lora_eval).
 """
+
 from __future__ import annotations
 
 import math
@@ -45,6 +46,7 @@ __all__ = ["LoraTrainConfig", "train", "LoraRun"]
 @dataclass
 class LoraState:
     """LoRA's own resumable state: data position within the epoch, early stopping, the before-measurements."""
+
     epoch: int = 0
     epoch_micro_batches: int = 0
     best_loss: float = math.inf
@@ -63,8 +65,13 @@ def train(cfg: LoraTrainConfig) -> dict:
     """Adapt, evaluate before and after, save the best adapter; returns the eval.json content."""
 
     check_base_model(cfg)  # before any model loads: the most common first-run mistake answers at once
-    session = TrainingSession(cfg, "lora", run_files=RUN_FILES, resumable=RESUMABLE,
-                              gradient_accumulation_steps=cfg.gradient_accumulation_steps)
+    session = TrainingSession(
+        cfg,
+        "lora",
+        run_files=RUN_FILES,
+        resumable=RESUMABLE,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+    )
     session.layout_hint = "model, data, batch sizes, processes and seed"
     with session:
         return LoraRun(cfg, session).run()
@@ -72,14 +79,19 @@ def train(cfg: LoraTrainConfig) -> dict:
 
 def summary(result: dict) -> dict:
     """One split's evaluation without its per-example lists (they feed the CIs, not eval.json)."""
-    return {k: v for k, v in result.items() if k not in ("generations", "example_loss", "example_tokens",
-                                                         "example_rougeL")}
+    return {
+        k: v for k, v in result.items() if k not in ("generations", "example_loss", "example_tokens", "example_rougeL")
+    }
 
 
 def eval_scalars(results: dict, when: str) -> dict:
     """eval/<split>_<metric>_<before|after> scalars for the trackers."""
-    return {f"eval/{split}_{key}_{when}": value for split, result in results.items()
-            for key, value in summary(result).items() if value is not None}
+    return {
+        f"eval/{split}_{key}_{when}": value
+        for split, result in results.items()
+        for key, value in summary(result).items()
+        if value is not None
+    }
 
 
 class LoraRun:
@@ -98,50 +110,81 @@ class LoraRun:
         trainable, total = model.get_nb_trainable_parameters()
         self.counts = {"trainable_params": trainable, "total_params": total}
         adapted = sorted({name.rsplit(".", 1)[-1] for name in model.peft_config["default"].target_modules})
-        acc.print(f"LoRA r={cfg.lora_r} alpha={cfg.lora_alpha} on {adapted}: "
-                  f"{trainable:,} trainable of {total:,} parameters ({100 * trainable / total:.3f}%)")
+        acc.print(
+            f"LoRA r={cfg.lora_r} alpha={cfg.lora_alpha} on {adapted}: "
+            f"{trainable:,} trainable of {total:,} parameters ({100 * trainable / total:.3f}%)"
+        )
         self.build_training(model)
         self.lora = LoraState()
         session.register(self.scheduler, self.clipper, self.lora)
-        session.begin(cfg, self.total_steps, {"train_examples": len(self.train_examples),
-                                         "num_processes": acc.num_processes, "base_model": self.base_digest,
-                                         "data": self.data_digest},
-                      cfg.save_every, cfg.keep_last, model=self.model, desc="lora",
-                      write_extra=lambda folder: self.save_best(folder / BEST_ADAPTER_FILE))
+        session.begin(
+            cfg,
+            self.total_steps,
+            {
+                "train_examples": len(self.train_examples),
+                "num_processes": acc.num_processes,
+                "base_model": self.base_digest,
+                "data": self.data_digest,
+            },
+            cfg.save_every,
+            cfg.keep_last,
+            model=self.model,
+            desc="lora",
+            write_extra=lambda folder: self.save_best(folder / BEST_ADAPTER_FILE),
+        )
         session.refresh_lr(self.scheduler, cfg.learning_rate)  # a resume honours a changed --learning_rate
 
     def load_data(self, context: int) -> None:
         cfg, acc = self.cfg, self.session.accelerator
         records = load_records(cfg.dataset, cfg.cache_dir, cfg.dataset_config, cfg.dataset_split)
-        train_records, val_records, test_records = split_three(records, cfg.val_fraction, cfg.test_fraction,
-                                                               cfg.data_seed, cfg.max_examples)
+        train_records, val_records, test_records = split_three(
+            records, cfg.val_fraction, cfg.test_fraction, cfg.data_seed, cfg.max_examples
+        )
         self.data_digest = records_digest(train_records + val_records + test_records)
         max_length = min(cfg.max_length, context)
-        tokenize = partial(tokenize_records, self.tokenizer, max_length=max_length,
-                           prompt_template=cfg.prompt_template, prompt_template_no_input=cfg.prompt_template_no_input)
-        (self.train_examples, train_dropped), (self.val_examples, val_dropped) = tokenize(train_records), tokenize(val_records)
+        tokenize = partial(
+            tokenize_records,
+            self.tokenizer,
+            max_length=max_length,
+            prompt_template=cfg.prompt_template,
+            prompt_template_no_input=cfg.prompt_template_no_input,
+        )
+        (self.train_examples, train_dropped), (self.val_examples, val_dropped) = (
+            tokenize(train_records),
+            tokenize(val_records),
+        )
         self.test_examples, test_dropped = tokenize(test_records)
         if not self.train_examples or not self.val_examples:
             raise UserError(f"no example fits in --max_length {max_length}; raise it or shorten the prompts")
         dropped = train_dropped + val_dropped + test_dropped
-        acc.print(f"data: {cfg.dataset}: {len(self.train_examples)} train / {len(self.val_examples)} validation / "
-                  f"{len(self.test_examples)} test examples, {acc.num_processes} process(es) on {acc.device.type}"
-                  + (f" ({dropped} dropped: prompt longer than {max_length} tokens)" if dropped else ""))
+        acc.print(
+            f"data: {cfg.dataset}: {len(self.train_examples)} train / {len(self.val_examples)} validation / "
+            f"{len(self.test_examples)} test examples, {acc.num_processes} process(es) on {acc.device.type}"
+            + (f" ({dropped} dropped: prompt longer than {max_length} tokens)" if dropped else "")
+        )
 
     def build_training(self, model) -> None:
         cfg, session, acc = self.cfg, self.session, self.session.accelerator
         self.pad_id = pad_id_for(self.tokenizer)
         self.loader_seed = torch.Generator().manual_seed(cfg.seed)
-        train_loader = DataLoader(self.train_examples, batch_size=cfg.batch_size, shuffle=True,
-                                  generator=self.loader_seed, collate_fn=partial(collate, pad_id=self.pad_id))
-        val_loader = DataLoader(self.val_examples, batch_size=cfg.eval_batch_size,
-                                collate_fn=partial(collate, pad_id=self.pad_id))
-        test_loader = DataLoader(self.test_examples, batch_size=cfg.eval_batch_size,
-                                 collate_fn=partial(collate, pad_id=self.pad_id))
+        train_loader = DataLoader(
+            self.train_examples,
+            batch_size=cfg.batch_size,
+            shuffle=True,
+            generator=self.loader_seed,
+            collate_fn=partial(collate, pad_id=self.pad_id),
+        )
+        val_loader = DataLoader(
+            self.val_examples, batch_size=cfg.eval_batch_size, collate_fn=partial(collate, pad_id=self.pad_id)
+        )
+        test_loader = DataLoader(
+            self.test_examples, batch_size=cfg.eval_batch_size, collate_fn=partial(collate, pad_id=self.pad_id)
+        )
         check_deepspeed_choices(acc, cfg.optimizer, cfg.clip_mode)
         optimizer = build_optimizer(cfg.optimizer, model.parameters(), cfg.learning_rate, cfg.weight_decay)
         self.model, self.optimizer, self.train_loader, self.val_loader, self.test_loader = session.prepare(
-            model, optimizer, train_loader, val_loader, test_loader)
+            model, optimizer, train_loader, val_loader, test_loader
+        )
         # Logits only where the loss needs them (answer positions), if that reproduces the model's own.
         probe = {k: v.to(acc.device) for k, v in collate(self.val_examples[:4], self.pad_id).items()}
         self.logits_mode = lora_eval.pick_logits_mode(acc.unwrap_model(self.model).get_base_model(), probe)
@@ -151,16 +194,28 @@ class LoraRun:
         steps_per_epoch = math.ceil(len(self.train_loader) / cfg.gradient_accumulation_steps)
         self.total_steps = min(cfg.max_steps or math.inf, cfg.epochs * steps_per_epoch)
         # Stepped by hand once per optimizer step (not prepared): the step counts above are already per process.
-        self.scheduler = scaled_schedule(build_schedule(self.optimizer, cfg.lr_scheduler, cfg.warmup_steps,
-                                                        self.total_steps), session.state)
+        self.scheduler = scaled_schedule(
+            build_schedule(self.optimizer, cfg.lr_scheduler, cfg.warmup_steps, self.total_steps), session.state
+        )
         self.clipper = GradClipper(cfg.clip, warmup_steps=cfg.warmup_steps, clip_mode=cfg.clip_mode)
-        split = partial(lora_eval.evaluate_split, accelerator=acc, tokenizer=self.tokenizer, pad_id=self.pad_id,
-                        batch_size=cfg.eval_batch_size, max_new_tokens=cfg.max_new_tokens, mode=self.logits_mode,
-                        head=self.head)
+        split = partial(
+            lora_eval.evaluate_split,
+            accelerator=acc,
+            tokenizer=self.tokenizer,
+            pad_id=self.pad_id,
+            batch_size=cfg.eval_batch_size,
+            max_new_tokens=cfg.max_new_tokens,
+            mode=self.logits_mode,
+            head=self.head,
+        )
         splits = {"validation": (self.val_loader, self.val_examples), "test": (self.test_loader, self.test_examples)}
-        self.evaluate = lambda model: {  # noqa: E731  (every split, the same way, before and after)
-            name: split(model, loader=loader, rouge_examples=examples[: cfg.eval_examples])
-            for name, (loader, examples) in splits.items() if examples}
+        self.evaluate = (
+            lambda model: {  # noqa: E731  (every split, the same way, before and after)
+                name: split(model, loader=loader, rouge_examples=examples[: cfg.eval_examples])
+                for name, (loader, examples) in splits.items()
+                if examples
+            }
+        )
 
     # ------------------------------------------------------------------ adapter bookkeeping
     def adapter_now(self) -> dict:
@@ -184,26 +239,35 @@ class LoraRun:
     def run(self) -> dict:
         cfg, session, lora = self.cfg, self.session, self.lora
         if session.resume_path is None:
-            session.accelerator.print(f"evaluating the base model on {len(self.val_examples)} validation and "
-                                      f"{len(self.test_examples)} test examples (ROUGE-L on up to {cfg.eval_examples} "
-                                      "of each)...")
+            session.accelerator.print(
+                f"evaluating the base model on {len(self.val_examples)} validation and "
+                f"{len(self.test_examples)} test examples (ROUGE-L on up to {cfg.eval_examples} "
+                "of each)..."
+            )
             with session.meter.paused():
                 lora.before = self.evaluate(self.model)
             # val/* is the validation curve (step 0 = base model); eval/* are the before/after measurements.
             before = lora.before["validation"]
-            session.log({"val/loss": before["loss"], "val/perplexity": before["perplexity"],
-                         **eval_scalars(lora.before, "before")}, 0)
+            session.log(
+                {
+                    "val/loss": before["loss"],
+                    "val/perplexity": before["perplexity"],
+                    **eval_scalars(lora.before, "before"),
+                },
+                0,
+            )
             # The untrained adapter (B = 0) is the base model: it is the first candidate for "best".
             lora.best_loss, lora.best_step, self.best_state = before["loss"], 0, self.adapter_now()
         else:
-
             self.best_state = load_file(session.resume_path / BEST_ADAPTER_FILE)
             session.accelerator.print(f"best validation loss so far {lora.best_loss:.4f} at step {lora.best_step}")
         self.publish_best()
         stopped_early = self.train_epochs()
         if stopped_early:
-            session.accelerator.print(f"early stop at step {session.state.step}: validation loss has not improved "
-                                      f"for {cfg.patience} evaluations")
+            session.accelerator.print(
+                f"early stop at step {session.state.step}: validation loss has not improved "
+                f"for {cfg.patience} evaluations"
+            )
         return self.finish(stopped_early)
 
     def train_epochs(self) -> bool:
@@ -235,8 +299,9 @@ class LoraRun:
         acc, session = self.session.accelerator, self.session
         with acc.accumulate(self.model):
             logits, targets, _ = lora_eval.answer_logits(self.model, batch, self.logits_mode, self.head)
-            session.backward(lora_eval.answer_loss(logits, targets, self.cfg.label_smoothing),
-                             int(batch["attention_mask"].sum()))
+            session.backward(
+                lora_eval.answer_loss(logits, targets, self.cfg.label_smoothing), int(batch["attention_mask"].sum())
+            )
             if acc.sync_gradients:
                 params = [p for p in self.model.parameters() if p.requires_grad]
                 return session.optimizer_step(params, self.optimizer, self.scheduler, self.clipper)
@@ -248,8 +313,14 @@ class LoraRun:
         step = session.state.step
         with session.meter.paused():
             if step % cfg.sample_every == 0 and cfg.num_samples:
-                text = lora_eval.samples_markdown(acc, self.model, self.tokenizer, self.val_examples[: cfg.num_samples],
-                                                  self.pad_id, cfg.max_new_tokens)
+                text = lora_eval.samples_markdown(
+                    acc,
+                    self.model,
+                    self.tokenizer,
+                    self.val_examples[: cfg.num_samples],
+                    self.pad_id,
+                    cfg.max_new_tokens,
+                )
                 session.log({"samples": text}, step)
                 self.model.train()
             if not session.meter.due(cfg.eval_every):
@@ -262,8 +333,9 @@ class LoraRun:
                 self.publish_best()
             else:
                 lora.bad_evals += 1
-            session.meter.bar.write(f"step {step}: val loss {val_loss:.4f} "
-                                    f"(best {lora.best_loss:.4f} at step {lora.best_step})")
+            session.meter.bar.write(
+                f"step {step}: val loss {val_loss:.4f} (best {lora.best_loss:.4f} at step {lora.best_step})"
+            )
             self.model.train()
         return lora.bad_evals >= cfg.patience
 
@@ -276,23 +348,32 @@ class LoraRun:
         shown_split = "test" if "test" in after else "validation"
         shown = self.test_examples if shown_split == "test" else self.val_examples
         report = {
-            "base_model": cfg.base_model, "base_model_digest": self.base_digest, "dataset": cfg.dataset,
-            "data_digest": self.data_digest, "train_examples": len(self.train_examples),
-            "val_examples": len(self.val_examples), "test_examples": len(self.test_examples),
-            "rouge_examples": min(cfg.eval_examples, len(shown)), "steps": session.state.step,
-            "best_step": lora.best_step, "stopped_early": stopped_early, **self.counts,
+            "base_model": cfg.base_model,
+            "base_model_digest": self.base_digest,
+            "dataset": cfg.dataset,
+            "data_digest": self.data_digest,
+            "train_examples": len(self.train_examples),
+            "val_examples": len(self.val_examples),
+            "test_examples": len(self.test_examples),
+            "rouge_examples": min(cfg.eval_examples, len(shown)),
+            "steps": session.state.step,
+            "best_step": lora.best_step,
+            "stopped_early": stopped_early,
+            **self.counts,
             "before": {split: summary(result) for split, result in lora.before.items()},
             "after": {split: summary(result) for split, result in after.items()},
-            "change": {split: lora_eval.paired_change(lora.before[split], after[split], cfg.seed)
-                       for split in after},
-            "examples": lora_eval.example_rows(shown[: cfg.eval_examples], lora.before[shown_split]["generations"],
-                                               after[shown_split]["generations"]),
+            "change": {split: lora_eval.paired_change(lora.before[split], after[split], cfg.seed) for split in after},
+            "examples": lora_eval.example_rows(
+                shown[: cfg.eval_examples], lora.before[shown_split]["generations"], after[shown_split]["generations"]
+            ),
         }
         if acc.is_main_process:
             report["adapter_bytes"] = sum(f.stat().st_size for f in (session.out / "adapter").iterdir())
             atomic_write_json(session.out / "eval.json", report)
             print(lora_eval.before_after_table(report))
-            print(f"adapter ({report['adapter_bytes'] / 1e6:.2f} MB): {session.out / 'adapter'}  "
-                  f"eval: {session.out / 'eval.json'}")
+            print(
+                f"adapter ({report['adapter_bytes'] / 1e6:.2f} MB): {session.out / 'adapter'}  "
+                f"eval: {session.out / 'eval.json'}"
+            )
         acc.wait_for_everyone()
         return report

@@ -1,5 +1,6 @@
 """train_lora.py's options: the shared config groups (llmlab.train.config) and LoRA's own (data, adapter,
 evaluation, early stopping). Light on purpose (no torch): a bad flag is answered before the training stack loads."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,8 +9,7 @@ from typing import Optional
 from llmlab.core.config import opt
 from llmlab.core.io import llmlab_cache
 from llmlab.data.instruct import DEFAULT_PROMPT, DEFAULT_PROMPT_NO_INPUT, check_templates
-from llmlab.train.config import (SCHEDULES, CheckpointGroup, EvalGroup, LoggingGroup, OptimGroup, RunGroup,
-                                 require)
+from llmlab.train.config import SCHEDULES, CheckpointGroup, EvalGroup, LoggingGroup, OptimGroup, RunGroup, require
 
 DEFAULT_BASE_MODEL = "runs/pretrain/final"
 # peft's shorthand (peft.utils.INCLUDE_LINEAR_LAYERS_SHORTHAND) for every Linear/Conv1D layer but the output head. The
@@ -25,20 +25,32 @@ def default_instruct_cache() -> str:
 @dataclass
 class LoraTrainConfig(RunGroup, OptimGroup, CheckpointGroup, EvalGroup, LoggingGroup):
     # model and data
-    base_model: str = opt(DEFAULT_BASE_MODEL, "model to adapt: a save_pretrained folder (train_pretrain.py writes "
-                                              "runs/pretrain/final) or any Hugging Face causal-LM name")
+    base_model: str = opt(
+        DEFAULT_BASE_MODEL,
+        "model to adapt: a save_pretrained folder (train_pretrain.py writes "
+        "runs/pretrain/final) or any Hugging Face causal-LM name",
+    )
     tokenizer: Optional[str] = opt(None, "tokenizer name/path (default: the base model's own, else offline GPT-2 BPE)")
-    dataset: str = opt("builtin:pydoc", "instruction data: builtin:pydoc (offline, from the Python stdlib's "
-                                        "docstrings), a .jsonl/.json file or a hub dataset with "
-                                        "instruction/input/output")
+    dataset: str = opt(
+        "builtin:pydoc",
+        "instruction data: builtin:pydoc (offline, from the Python stdlib's "
+        "docstrings), a .jsonl/.json file or a hub dataset with "
+        "instruction/input/output",
+    )
     dataset_config: Optional[str] = opt(None, "hub dataset configuration name")
     dataset_split: str = opt("train", "hub dataset split to read (it is then split 90/10 here)")
     max_examples: Optional[int] = opt(None, "use a seeded random subset of this many records (quick runs)")
     cache_dir: str = opt(default_instruct_cache(), "folder for the builtin:pydoc cache")
-    val_fraction: float = opt(0.1, "fraction of the non-test records held out for validation (early stopping and "
-                                   "choosing the best adapter use it)")
-    test_fraction: float = opt(0.1, "fraction of records held out as a test split that no training choice ever sees: "
-                                    "its before/after numbers are the ones to quote")
+    val_fraction: float = opt(
+        0.1,
+        "fraction of the non-test records held out for validation (early stopping and "
+        "choosing the best adapter use it)",
+    )
+    test_fraction: float = opt(
+        0.1,
+        "fraction of records held out as a test split that no training choice ever sees: "
+        "its before/after numbers are the ones to quote",
+    )
     data_seed: int = opt(1234, "seed of the train/validation split")
     max_length: int = opt(128, "max tokens of prompt + answer + eos (capped at the model's context)")
     prompt_template: str = opt(DEFAULT_PROMPT, "prompt for records with an input; uses {instruction} and {input}")
@@ -47,17 +59,23 @@ class LoraTrainConfig(RunGroup, OptimGroup, CheckpointGroup, EvalGroup, LoggingG
     lora_r: int = opt(16, "LoRA rank")
     lora_alpha: int = opt(32, "LoRA alpha (scale = alpha / r)")
     lora_dropout: float = opt(0.1, "dropout on the LoRA branch")
-    target_modules: Optional[list[str]] = opt([ALL_LINEAR], "modules to adapt: all-linear (every linear layer but "
-                                                            "the output head), names such as c_attn (GPT-2) or "
-                                                            "q_proj v_proj (Llama)")
+    target_modules: Optional[list[str]] = opt(
+        [ALL_LINEAR],
+        "modules to adapt: all-linear (every linear layer but "
+        "the output head), names such as c_attn (GPT-2) or "
+        "q_proj v_proj (Llama)",
+    )
     # optimisation
     learning_rate: float = opt(3e-3, "peak learning rate")
     max_steps: Optional[int] = opt(500, "optimizer steps to train (upper bound, like --epochs: whichever ends first)")
     weight_decay: float = opt(0.01, "weight decay (LoRA's A and B matrices)")
     batch_size: int = opt(8, "examples per device per micro-batch")
     gradient_accumulation_steps: int = opt(2, "micro-batches per optimizer step")
-    lr_scheduler: str = opt("linear", "a registered schedule (llmlab.train.components) after the linear warmup "
-                                      "(to 0; polynomial: power 2)", choices=SCHEDULES)
+    lr_scheduler: str = opt(
+        "linear",
+        "a registered schedule (llmlab.train.components) after the linear warmup (to 0; polynomial: power 2)",
+        choices=SCHEDULES,
+    )
     warmup_steps: int = opt(25, "linear warmup optimizer steps")
     epochs: int = opt(3, "passes over the training split (upper bound)")
     # evaluation and logging
@@ -71,27 +89,51 @@ class LoraTrainConfig(RunGroup, OptimGroup, CheckpointGroup, EvalGroup, LoggingG
     num_samples: int = opt(3, "validation prompts shown in each sample log")
     log_every: int = opt(10, "optimizer steps between scalar logs")
     # checkpoints
-    save_every: int = opt(100, "save a resumable checkpoint (adapter, optimizer, scheduler, RNG, data position) "
-                               "every N optimizer steps; 0 = never")
+    save_every: int = opt(
+        100,
+        "save a resumable checkpoint (adapter, optimizer, scheduler, RNG, data position) "
+        "every N optimizer steps; 0 = never",
+    )
     keep_last: int = opt(2, "keep only the newest N checkpoints")
     seed: int = opt(0, "seed for LoRA init, dropout and shuffling")
-    output_dir: str = opt("runs/lora", "run folder: adapter/, eval.json, checkpoints/, config.yaml, "
-                                           "tensorboard/")
+    output_dir: str = opt("runs/lora", "run folder: adapter/, eval.json, checkpoints/, config.yaml, tensorboard/")
 
     def resolved(self) -> "LoraTrainConfig":
         """Every value checked; LoRA has no derived defaults, so the config itself (nothing is changed)."""
-        positive = ("max_length", "lora_r", "batch_size", "gradient_accumulation_steps", "epochs", "eval_every",
-                    "patience", "eval_batch_size", "max_new_tokens", "sample_every")
-        require([(getattr(self, name) >= 1, f"--{name} must be >= 1, got {getattr(self, name)}") for name in positive]
-                + [(self.max_examples is None or self.max_examples >= 1,
-                    f"--max_examples must be >= 1 (or omitted), got {self.max_examples}")]
-                + [(getattr(self, name) >= 0, f"--{name} must be >= 0, got {getattr(self, name)}")
-                   for name in ("warmup_steps", "eval_examples", "num_samples")]
-                + [(0 < self.val_fraction < 1, f"--val_fraction must be between 0 and 1, got {self.val_fraction}"),
-                   (0 <= self.test_fraction < 1 and self.val_fraction + self.test_fraction < 1,
+        positive = (
+            "max_length",
+            "lora_r",
+            "batch_size",
+            "gradient_accumulation_steps",
+            "epochs",
+            "eval_every",
+            "patience",
+            "eval_batch_size",
+            "max_new_tokens",
+            "sample_every",
+        )
+        require(
+            [(getattr(self, name) >= 1, f"--{name} must be >= 1, got {getattr(self, name)}") for name in positive]
+            + [
+                (
+                    self.max_examples is None or self.max_examples >= 1,
+                    f"--max_examples must be >= 1 (or omitted), got {self.max_examples}",
+                )
+            ]
+            + [
+                (getattr(self, name) >= 0, f"--{name} must be >= 0, got {getattr(self, name)}")
+                for name in ("warmup_steps", "eval_examples", "num_samples")
+            ]
+            + [
+                (0 < self.val_fraction < 1, f"--val_fraction must be between 0 and 1, got {self.val_fraction}"),
+                (
+                    0 <= self.test_fraction < 1 and self.val_fraction + self.test_fraction < 1,
                     f"--test_fraction must be in [0, 1) and leave records to train on (with --val_fraction), got "
-                    f"{self.test_fraction}"),
-                   (0 <= self.lora_dropout < 1, f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")])
+                    f"{self.test_fraction}",
+                ),
+                (0 <= self.lora_dropout < 1, f"--lora_dropout must be in [0, 1), got {self.lora_dropout}"),
+            ]
+        )
         self.check_run()
         self.check_optim()
         self.check_checkpoints(allow_never=True)
@@ -103,6 +145,22 @@ class LoraTrainConfig(RunGroup, OptimGroup, CheckpointGroup, EvalGroup, LoggingG
 RUN_FILES = ("adapter", "checkpoints", "eval.json", "metrics.jsonl", "tensorboard", "config.yaml", "run_info.json")
 # Options a resume may change: the run's length and lr (the schedule is recomputed from them), cadences and
 # evaluation settings. Anything that changes the model, the data or its order is refused, naming the option.
-RESUMABLE = ("max_steps", "epochs", "learning_rate", "warmup_steps", "eval_every", "patience", "min_delta",
-             "eval_batch_size", "eval_examples", "max_new_tokens", "sample_every", "num_samples", "log_every",
-             "save_every", "keep_last", "clip", "gradient_checkpointing")
+RESUMABLE = (
+    "max_steps",
+    "epochs",
+    "learning_rate",
+    "warmup_steps",
+    "eval_every",
+    "patience",
+    "min_delta",
+    "eval_batch_size",
+    "eval_examples",
+    "max_new_tokens",
+    "sample_every",
+    "num_samples",
+    "log_every",
+    "save_every",
+    "keep_last",
+    "clip",
+    "gradient_checkpointing",
+)

@@ -6,6 +6,7 @@ tokens + eos) over the whole split, summed exactly across processes. ROUGE-L is 
 (works offline), over a bounded number of the split's examples answered greedily on the main process. Every
 after - before difference carries a paired bootstrap 95 % CI over examples (scipy.stats.bootstrap).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -48,7 +49,7 @@ def answer_logits(model, batch: dict, mode: str = "full", head=None) -> tuple[to
         first_labelled = int((labels != -100).any(0).float().argmax())
         keep = min(labels.shape[1], labels.shape[1] - first_labelled + 1)
         logits = model(input_ids=input_ids, attention_mask=attention, logits_to_keep=keep).logits[:, :-1]
-        targets = targets[:, -(keep - 1):] if keep > 1 else targets[:, :0]
+        targets = targets[:, -(keep - 1) :] if keep > 1 else targets[:, :0]
     else:
         logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
     wanted = targets != -100
@@ -96,8 +97,13 @@ def example_losses(model, val_loader, accelerator, mode: str = "full", head=None
         token_loss = F.cross_entropy(logits.float(), targets, reduction="none")
         size = batch["labels"].shape[0]
         # Per-example sums so gather_for_metrics can drop the padding samples a sharded loader adds.
-        per_example = torch.stack([torch.zeros(size, device=token_loss.device).index_add_(0, rows, token_loss),
-                                   torch.bincount(rows, minlength=size).float()], dim=1)
+        per_example = torch.stack(
+            [
+                torch.zeros(size, device=token_loss.device).index_add_(0, rows, token_loss),
+                torch.bincount(rows, minlength=size).float(),
+            ],
+            dim=1,
+        )
         gathered = accelerator.gather_for_metrics(per_example)
         loss_sums.append(gathered[:, 0])
         token_counts.append(gathered[:, 1])
@@ -105,8 +111,9 @@ def example_losses(model, val_loader, accelerator, mode: str = "full", head=None
 
 
 @torch.no_grad()
-def generate_ids(model, eos_id: int, examples: list[dict], pad_id: int, batch_size: int,
-                 max_new_tokens: int) -> list[list[int]]:
+def generate_ids(
+    model, eos_id: int, examples: list[dict], pad_id: int, batch_size: int, max_new_tokens: int
+) -> list[list[int]]:
     """Greedy continuations of the examples' prompts (left-padded batches), up to and without eos."""
 
     model.eval()
@@ -114,19 +121,24 @@ def generate_ids(model, eos_id: int, examples: list[dict], pad_id: int, batch_si
     limit = model.config.max_position_embeddings
     continuations = []
     for start in range(0, len(examples), batch_size):
-        batch = collate_prompts(examples[start: start + batch_size], pad_id)
+        batch = collate_prompts(examples[start : start + batch_size], pad_id)
         width = batch["input_ids"].shape[1]
-        output = model.generate(input_ids=batch["input_ids"].to(device),
-                                attention_mask=batch["attention_mask"].to(device), do_sample=False,
-                                max_new_tokens=max(1, min(max_new_tokens, limit - width)),
-                                eos_token_id=eos_id, pad_token_id=pad_id)
+        output = model.generate(
+            input_ids=batch["input_ids"].to(device),
+            attention_mask=batch["attention_mask"].to(device),
+            do_sample=False,
+            max_new_tokens=max(1, min(max_new_tokens, limit - width)),
+            eos_token_id=eos_id,
+            pad_token_id=pad_id,
+        )
         for row in output[:, width:].tolist():
             continuations.append(row[: row.index(eos_id)] if eos_id in row else row)
     return continuations
 
 
-def generate_answers(model, tokenizer, examples: list[dict], pad_id: int, batch_size: int,
-                     max_new_tokens: int) -> list[str]:
+def generate_answers(
+    model, tokenizer, examples: list[dict], pad_id: int, batch_size: int, max_new_tokens: int
+) -> list[str]:
     ids = generate_ids(model, tokenizer.eos_token_id, examples, pad_id, batch_size, max_new_tokens)
     return [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
 
@@ -136,8 +148,19 @@ def rouge_scores(predictions: list[str], references: list[str]) -> list[float]:
     return [scorer.score(ref, pred)["rougeL"].fmeasure for pred, ref in zip(predictions, references)]
 
 
-def evaluate_split(model, *, accelerator, tokenizer, loader, rouge_examples: list[dict], pad_id: int,
-                   batch_size: int, max_new_tokens: int, mode: str = "full", head=None) -> dict:
+def evaluate_split(
+    model,
+    *,
+    accelerator,
+    tokenizer,
+    loader,
+    rouge_examples: list[dict],
+    pad_id: int,
+    batch_size: int,
+    max_new_tokens: int,
+    mode: str = "full",
+    head=None,
+) -> dict:
     """loss and perplexity (all processes) and ROUGE-L + generations (main process, then shared) of one split,
     with the per-example numbers the paired bootstrap needs."""
     sums, counts = example_losses(model, loader, accelerator, mode, head)
@@ -145,21 +168,31 @@ def evaluate_split(model, *, accelerator, tokenizer, loader, rouge_examples: lis
     shared = [None, None]
     if accelerator.is_main_process and rouge_examples:
         with accelerator.autocast():
-            generations = generate_answers(accelerator.unwrap_model(model), tokenizer, rouge_examples, pad_id,
-                                           batch_size, max_new_tokens)
+            generations = generate_answers(
+                accelerator.unwrap_model(model), tokenizer, rouge_examples, pad_id, batch_size, max_new_tokens
+            )
         shared = [rouge_scores(generations, [e["record"]["output"].strip() for e in rouge_examples]), generations]
     if accelerator.num_processes > 1:
         broadcast_object_list(shared)
     scores = shared[0]
-    return {"loss": loss, "perplexity": perplexity(loss), "rougeL": sum(scores) / len(scores) if scores else None,
-            "generations": shared[1], "example_loss": sums.tolist(), "example_tokens": counts.tolist(),
-            "example_rougeL": scores}
+    return {
+        "loss": loss,
+        "perplexity": perplexity(loss),
+        "rougeL": sum(scores) / len(scores) if scores else None,
+        "generations": shared[1],
+        "example_loss": sums.tolist(),
+        "example_tokens": counts.tolist(),
+        "example_rougeL": scores,
+    }
 
 
 def paired_change(before: dict, after: dict, seed: int = 0) -> dict:
     """after - before of perplexity and ROUGE-L with paired bootstrap 95 % CIs over the split's examples."""
-    loss_b, tokens, loss_a = (np.array(before["example_loss"]), np.array(before["example_tokens"]),
-                              np.array(after["example_loss"]))
+    loss_b, tokens, loss_a = (
+        np.array(before["example_loss"]),
+        np.array(before["example_tokens"]),
+        np.array(after["example_loss"]),
+    )
 
     def ppl_change(lb, tok, la, axis=-1):
         return np.exp(la.sum(axis) / tok.sum(axis)) - np.exp(lb.sum(axis) / tok.sum(axis))
@@ -175,8 +208,15 @@ def _bootstrap(data: tuple, statistic, seed: int) -> dict:
     value = float(statistic(*data))
     if len(data[0]) < 2 or all(float(np.std(d)) == 0 for d in data):  # nothing varies: the interval is the value
         return {"change": value, "ci": [value, value], "examples": len(data[0])}
-    result = stats.bootstrap(data, statistic, paired=True, vectorized=True, n_resamples=2000, method="percentile",
-                             rng=np.random.default_rng(seed))
+    result = stats.bootstrap(
+        data,
+        statistic,
+        paired=True,
+        vectorized=True,
+        n_resamples=2000,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
     low, high = result.confidence_interval
     return {"change": value, "ci": [float(low), float(high)], "examples": len(data[0])}
 
@@ -186,8 +226,9 @@ def samples_markdown(accelerator, model, tokenizer, examples: list[dict], pad_id
     if not accelerator.is_main_process:
         return ""
     with accelerator.autocast():
-        answers = generate_answers(accelerator.unwrap_model(model), tokenizer, examples, pad_id, len(examples),
-                                   max_new_tokens)
+        answers = generate_answers(
+            accelerator.unwrap_model(model), tokenizer, examples, pad_id, len(examples), max_new_tokens
+        )
     blocks = []
     for example, answer in zip(examples, answers):
         record = example["record"]
@@ -200,8 +241,15 @@ def example_rows(examples: list[dict], before: list[str] | None, after: list[str
     rows = []
     for i, example in enumerate(examples[:limit]):
         record = example["record"]
-        rows.append({"instruction": record["instruction"], "input": record["input"], "reference": record["output"],
-                     "before": before[i] if before else None, "after": after[i] if after else None})
+        rows.append(
+            {
+                "instruction": record["instruction"],
+                "input": record["input"],
+                "reference": record["output"],
+                "before": before[i] if before else None,
+                "after": after[i] if after else None,
+            }
+        )
     return rows
 
 
@@ -216,8 +264,9 @@ def before_after_table(report: dict) -> str:
                 continue
             interval = f"{change['change']:+.4g} [{change['ci'][0]:+.4g}, {change['ci'][1]:+.4g}]" if change else "-"
             lines.append(f"{split + ' ' + key:<22}{b:>11.4g}{a:>11.4g}{interval:>32}")
-    lines.append(f"(test: {report['test_examples']} examples no choice ever saw; validation: {report['val_examples']} "
-                 f"examples, used by early stopping; ROUGE-L on {report['rouge_examples']} of each; best adapter at "
-                 f"step {report['best_step']} of {report['steps']}" + ("; stopped early)" if report["stopped_early"]
-                                                                     else ")"))
+    lines.append(
+        f"(test: {report['test_examples']} examples no choice ever saw; validation: {report['val_examples']} "
+        f"examples, used by early stopping; ROUGE-L on {report['rouge_examples']} of each; best adapter at "
+        f"step {report['best_step']} of {report['steps']}" + ("; stopped early)" if report["stopped_early"] else ")")
+    )
     return "\n".join(lines)

@@ -2,6 +2,7 @@
 saving: the best adapter as a peft folder, and adapter-only training checkpoints (accelerate hooks) so a
 resumable checkpoint of a LoRA run weighs megabytes, not the whole base model.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,15 +25,21 @@ from llmlab.train.lora_config import ALL_LINEAR, DEFAULT_BASE_MODEL
 
 def check_base_model(cfg) -> None:
     if cfg.base_model == DEFAULT_BASE_MODEL and not Path(cfg.base_model).is_dir():
-        raise UserError(f"no pretrained model at {DEFAULT_BASE_MODEL}: run `accelerate launch train_pretrain.py` "
-                        "first, or pass --base_model (any Hugging Face model name or save_pretrained folder)")
+        raise UserError(
+            f"no pretrained model at {DEFAULT_BASE_MODEL}: run `accelerate launch train_pretrain.py` "
+            "first, or pass --base_model (any Hugging Face model name or save_pretrained folder)"
+        )
     if (Path(cfg.base_model).expanduser() / "adapter_config.json").is_file():
-        raise UserError(f"--base_model {cfg.base_model} is a LoRA adapter folder, not a model; pass the model it was "
-                        "trained on as --base_model (or merge it first: merge_and_infer.py merge)")
+        raise UserError(
+            f"--base_model {cfg.base_model} is a LoRA adapter folder, not a model; pass the model it was "
+            "trained on as --base_model (or merge it first: merge_and_infer.py merge)"
+        )
     # Hub names never start like a path; a missing local folder need not wait for the hub lookup.
     if cfg.base_model.startswith(("/", ".", "~")) and not Path(cfg.base_model).expanduser().exists():
-        raise UserError(f"cannot load --base_model {cfg.base_model!r} (no such folder); pass a save_pretrained "
-                        "folder or a Hugging Face model name")
+        raise UserError(
+            f"cannot load --base_model {cfg.base_model!r} (no such folder); pass a save_pretrained "
+            "folder or a Hugging Face model name"
+        )
 
 
 def load_base_model(cfg):
@@ -43,8 +50,10 @@ def load_base_model(cfg):
     try:
         model = AutoModelForCausalLM.from_pretrained(cfg.base_model)
     except (OSError, ValueError) as err:
-        raise UserError(f"cannot load --base_model {cfg.base_model!r} ({str(err).strip().splitlines()[0][:160]}); "
-                        "pass a save_pretrained folder, or a hub name when online") from None
+        raise UserError(
+            f"cannot load --base_model {cfg.base_model!r} ({str(err).strip().splitlines()[0][:160]}); "
+            "pass a save_pretrained folder, or a hub name when online"
+        ) from None
     from_base = False
     if cfg.tokenizer:
         tokenizer = load_tokenizer(cfg.tokenizer)
@@ -58,8 +67,10 @@ def load_base_model(cfg):
     if tokenizer.eos_token_id is None:
         raise UserError("the tokenizer has no eos token; answers need one to teach the model to stop")
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
-        raise UserError(f"tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}; "
-                        "pass the model's own tokenizer with --tokenizer")
+        raise UserError(
+            f"tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}; "
+            "pass the model's own tokenizer with --tokenizer"
+        )
     return model, tokenizer, from_base
 
 
@@ -75,14 +86,20 @@ def add_lora(model, cfg):
     # about an attribute peft still reads. Neither is actionable by the user.
     warnings.filterwarnings("ignore", message="fan_in_fan_out is set to False")
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-    lora_config = LoraConfig(task_type="CAUSAL_LM", r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
-                             lora_dropout=cfg.lora_dropout,
-                             target_modules=ALL_LINEAR if cfg.target_modules == [ALL_LINEAR] else cfg.target_modules)
+    lora_config = LoraConfig(
+        task_type="CAUSAL_LM",
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=ALL_LINEAR if cfg.target_modules == [ALL_LINEAR] else cfg.target_modules,
+    )
     try:
         return get_peft_model(model, lora_config)
     except ValueError as err:  # unknown model type without --target_modules, or names that match nothing
-        raise UserError(f"cannot place LoRA adapters ({str(err).strip().splitlines()[0][:160]}); "
-                        "set --target_modules to the attention projections of this model") from None
+        raise UserError(
+            f"cannot place LoRA adapters ({str(err).strip().splitlines()[0][:160]}); "
+            "set --target_modules to the attention projections of this model"
+        ) from None
 
 
 def adapter_state(model) -> dict:
@@ -101,9 +118,14 @@ def save_adapter(model, cfg, path: Path, tokenizer=None, base_digest: Optional[s
         model.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        atomic_write_json(tmp / PROMPT_FILE, {"prompt_template": cfg.prompt_template,
-                                              "prompt_template_no_input": cfg.prompt_template_no_input,
-                                              "eos_after_answer": True})
+        atomic_write_json(
+            tmp / PROMPT_FILE,
+            {
+                "prompt_template": cfg.prompt_template,
+                "prompt_template_no_input": cfg.prompt_template_no_input,
+                "eos_after_answer": True,
+            },
+        )
         if base_digest:
             atomic_write_json(tmp / BASE_RECORD, {"base_model": cfg.base_model, "digest": base_digest})
     except BaseException:
@@ -121,22 +143,27 @@ def checkpoint_trainable_weights_only(accelerator) -> None:
 
     The frozen base is rebuilt from --base_model on resume; writing it into every checkpoint would cost the
     whole model's size each time. Optimizer, scheduler and RNG states are still accelerate's to save."""
+
     def trainable(model) -> dict:
         return {n: p for n, p in accelerator.unwrap_model(model).named_parameters() if p.requires_grad}
 
     def save_hook(models, weights, output_dir):
         (model,) = models
         if accelerator.is_main_process:
-            save_file({n: p.detach().cpu().contiguous() for n, p in trainable(model).items()},
-                      os.path.join(output_dir, TRAINABLE_FILE))
+            save_file(
+                {n: p.detach().cpu().contiguous() for n, p in trainable(model).items()},
+                os.path.join(output_dir, TRAINABLE_FILE),
+            )
         weights.clear()  # nothing left for accelerate to write as the model
 
     def load_hook(models, input_dir):
         (model,) = models
         saved = load_file(os.path.join(input_dir, TRAINABLE_FILE))
         if set(saved) != set(trainable(model)):
-            raise UserError(f"checkpoint {input_dir} holds other adapter weights than this run builds; resume with "
-                            "the --base_model, --lora_r and --target_modules it was written with")
+            raise UserError(
+                f"checkpoint {input_dir} holds other adapter weights than this run builds; resume with "
+                "the --base_model, --lora_r and --target_modules it was written with"
+            )
         accelerator.unwrap_model(model).load_state_dict(saved, strict=False)
         models.clear()  # loaded: accelerate must not look for a full model file
 

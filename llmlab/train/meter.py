@@ -4,6 +4,7 @@ Between two logs it sums the steps' losses, tokens, wall time and data-loader wa
 steps, and at the last, it logs their means, tokens/s and MFU through the session's trackers and shows them on the
 progress bar. Evaluation, sampling and saving run inside `paused()`, so they never count as training time.
 """
+
 from __future__ import annotations
 
 import time
@@ -18,8 +19,15 @@ def _empty_window() -> dict[str, float]:
 
 
 class StepMeter:
-    def __init__(self, state, log: Callable[[dict[str, Any]], None], total_steps: int, desc: str, show_bar: bool,
-                 num_processes: int = 1):
+    def __init__(
+        self,
+        state,
+        log: Callable[[dict[str, Any]], None],
+        total_steps: int,
+        desc: str,
+        show_bar: bool,
+        num_processes: int = 1,
+    ):
         """`state` is the run's LoopState (its step and tokens_seen, restored by a resume or a rollback); `log`
         sends a dict of values to the trackers."""
         self.state, self.log, self.total_steps, self.num_processes = state, log, total_steps, num_processes
@@ -47,17 +55,23 @@ class StepMeter:
         if not self.due(every):
             return
         tokens_per_sec = window["tokens"] / max(window["seconds"], 1e-9)
-        metrics = {"train/loss": window["loss"] / max(window["micro"], 1), "train/lr": result.lr,
-                   "train/grad_norm": result.grad_norm, "train/tokens_per_sec": tokens_per_sec,
-                   "train/tokens_seen": self.state.tokens_seen,
-                   # time the step waited for its batches: the loader holds training back when this share grows
-                   "train/data_wait_ms": 1000 * window["data_wait"] / max(window["steps"], 1),
-                   "train/data_wait_share": window["data_wait"] / max(window["seconds"], 1e-9), **(extra or {})}
+        metrics = {
+            "train/loss": window["loss"] / max(window["micro"], 1),
+            "train/lr": result.lr,
+            "train/grad_norm": result.grad_norm,
+            "train/tokens_per_sec": tokens_per_sec,
+            "train/tokens_seen": self.state.tokens_seen,
+            # time the step waited for its batches: the loader holds training back when this share grows
+            "train/data_wait_ms": 1000 * window["data_wait"] / max(window["steps"], 1),
+            "train/data_wait_share": window["data_wait"] / max(window["seconds"], 1e-9),
+            **(extra or {}),
+        }
         if self.flops_per_token and self.peak_flops:
             metrics["train/mfu"] = tokens_per_sec * self.flops_per_token / (self.peak_flops * self.num_processes)
         self.log(metrics)
-        self.bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{result.lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}",
-                             refresh=False)  # shown with the next update: a log file gets no extra frame
+        self.bar.set_postfix(
+            loss=f"{metrics['train/loss']:.4f}", lr=f"{result.lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}", refresh=False
+        )  # shown with the next update: a log file gets no extra frame
         self._window = _empty_window()
 
     def waited(self, seconds: float) -> None:

@@ -4,6 +4,7 @@ LoRA and the lab's trials.
 Weight decay applies to matrices only (ndim >= 2): never to biases or LayerNorm gains. Every entry's lr convention
 (`lr_divisor`: Lion takes lr / 3 and weight decay x 3) is applied here, once.
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Optional
@@ -16,21 +17,33 @@ from llmlab.train.components import OPTIMIZERS, SCHEDULES  # noqa: F401 (part of
 from llmlab.train.schedules import lr_multiplier, mean_lr_share  # noqa: F401 (part of this module's API)
 
 
-def param_groups(params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float,
-                 lr_multipliers: Optional[dict[int, float]] = None) -> list[dict]:
+def param_groups(
+    params: Iterable[torch.nn.Parameter],
+    lr: float,
+    weight_decay: float,
+    lr_multipliers: Optional[dict[int, float]] = None,
+) -> list[dict]:
     """Matrices decay, vectors do not; `lr_multipliers` (id(param) -> factor) give muP's per-layer lrs. Group 0 (the
     lr the logs report) is the decayed, unscaled one: the lr the user set."""
     buckets: dict[tuple[bool, float], list] = {}
     for p in params:
         if p.requires_grad:
             buckets.setdefault((p.ndim >= 2, (lr_multipliers or {}).get(id(p), 1.0)), []).append(p)
-    return [{"params": group, "weight_decay": weight_decay if decay else 0.0, "lr": lr * mult}
-            for (decay, mult), group in sorted(buckets.items(), key=lambda kv: (not kv[0][0], kv[0][1] != 1.0))]
+    return [
+        {"params": group, "weight_decay": weight_decay if decay else 0.0, "lr": lr * mult}
+        for (decay, mult), group in sorted(buckets.items(), key=lambda kv: (not kv[0][0], kv[0][1] != 1.0))
+    ]
 
 
-def build_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float,
-                    betas: Optional[tuple[float, float]] = None, eps: Optional[float] = None,
-                    lr_multipliers: Optional[dict[int, float]] = None) -> torch.optim.Optimizer:
+def build_optimizer(
+    name: str,
+    params: Iterable[torch.nn.Parameter],
+    lr: float,
+    weight_decay: float,
+    betas: Optional[tuple[float, float]] = None,
+    eps: Optional[float] = None,
+    lr_multipliers: Optional[dict[int, float]] = None,
+) -> torch.optim.Optimizer:
     """`betas` / `eps` unset: each optimizer's own defaults (AdamW 0.9/0.999, 1e-8; Lion 0.9/0.99)."""
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; one of {', '.join(OPTIMIZERS)}")
@@ -39,8 +52,9 @@ def build_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float, 
     return entry.build(param_groups(params, lr, weight_decay, lr_multipliers), lr, betas, eps)
 
 
-def build_schedule(optimizer: torch.optim.Optimizer, name: str, warmup: int, total: int,
-                   min_lr_ratio: float = 0.0) -> LambdaLR:
+def build_schedule(
+    optimizer: torch.optim.Optimizer, name: str, warmup: int, total: int, min_lr_ratio: float = 0.0
+) -> LambdaLR:
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; one of {', '.join(SCHEDULES)}")
     return LambdaLR(optimizer, lambda step: lr_multiplier(step, name, warmup, total, min_lr_ratio))
@@ -53,8 +67,12 @@ def check_deepspeed_choices(accelerator, optimizer: str, clip_mode: str) -> None
         return
     if not OPTIMIZERS[optimizer].deepspeed:
         runs = ", ".join(name for name, entry in OPTIMIZERS.items() if entry.deepspeed)
-        raise UserError(f"--optimizer {optimizer} is not available under DeepSpeed here (its ZeRO offload runs its own "
-                        f"Adam); use --optimizer {runs}, or launch without the DeepSpeed config")
+        raise UserError(
+            f"--optimizer {optimizer} is not available under DeepSpeed here (its ZeRO offload runs its own "
+            f"Adam); use --optimizer {runs}, or launch without the DeepSpeed config"
+        )
     if clip_mode != "norm":
-        raise UserError("--clip_mode value is not available under DeepSpeed (it clips the global norm inside its own "
-                        "step); use --clip_mode norm")
+        raise UserError(
+            "--clip_mode value is not available under DeepSpeed (it clips the global norm inside its own "
+            "step); use --clip_mode norm"
+        )

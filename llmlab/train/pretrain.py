@@ -5,6 +5,7 @@ and DeepSpeed through `accelerate launch`, the shared optimizer/schedule factory
 floor by default), checkpoints that resume exactly, and loss-spike rollback (PaLM-style: reload the last
 checkpoint, lower the lr, skip the data that caused the spike). The options live in llmlab.train.pretrain_config.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,9 +34,14 @@ __all__ = ["PretrainConfig", "train", "Pretraining"]
 def train(cfg: PretrainConfig) -> dict:
     """Pretrain per `cfg`; returns a summary (steps, last validation loss, rollbacks, paths)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))  # the launch's processes: accumulation is known before setup
-    session = TrainingSession(cfg, "pretraining", run_files=RUN_FILES, resumable=RESUMABLE,
-                              mixed_precision=resolve_mixed_precision(cfg.mixed_precision),
-                              gradient_accumulation_plugin=setup.accumulation_plugin(setup.accumulation_steps(cfg, world)))
+    session = TrainingSession(
+        cfg,
+        "pretraining",
+        run_files=RUN_FILES,
+        resumable=RESUMABLE,
+        mixed_precision=resolve_mixed_precision(cfg.mixed_precision),
+        gradient_accumulation_plugin=setup.accumulation_plugin(setup.accumulation_steps(cfg, world)),
+    )
     setup.check_deepspeed(session.accelerator, cfg)
     with session:
         return Pretraining(cfg, session).run()
@@ -51,8 +57,9 @@ class Pretraining:
         with acc.main_process_first():
             data = prepare_dataset(cfg.data_config(), self.tokenizer)
         self.cfg = cfg = cfg.for_data(len(data.train))
-        model = CausalLMWithLoss(setup.build_pretrain_model(cfg, self.tokenizer), cfg.label_smoothing,
-                                 cfg.loss_chunk_tokens)
+        model = CausalLMWithLoss(
+            setup.build_pretrain_model(cfg, self.tokenizer), cfg.label_smoothing, cfg.loss_chunk_tokens
+        )
         if cfg.compile:  # the body only, in place (state-dict keys unchanged); the chunked loss stays eager
             model.model.base_model.compile()
         train_dl, self.val_dl = setup.make_dataloaders(cfg, data)
@@ -65,23 +72,38 @@ class Pretraining:
         self.drill = parse_inject_spike(cfg.inject_spike)
         session.register(self.scheduler, self.clipper, self.detector, self.rollbacks)
         setup.check_data_size(self.train_dl, acc)
-        layout = {"batch_size": cfg.batch_size, "block_size": cfg.block_size, "num_processes": acc.num_processes,
-                  "gradient_accumulation_steps": acc.gradient_accumulation_steps, "train_batches": len(self.train_dl),
-                  "data": data.cache_path.name}  # names the data's content and preparation: a resume checks it
-        session.begin(cfg, cfg.max_steps, layout, cfg.save_every, cfg.keep_last, model=self.model, desc="pretrain",
-                      extra_manifest=lambda: self.rollbacks.state_dict())
+        layout = {
+            "batch_size": cfg.batch_size,
+            "block_size": cfg.block_size,
+            "num_processes": acc.num_processes,
+            "gradient_accumulation_steps": acc.gradient_accumulation_steps,
+            "train_batches": len(self.train_dl),
+            "data": data.cache_path.name,
+        }  # names the data's content and preparation: a resume checks it
+        session.begin(
+            cfg,
+            cfg.max_steps,
+            layout,
+            cfg.save_every,
+            cfg.keep_last,
+            model=self.model,
+            desc="pretrain",
+            extra_manifest=lambda: self.rollbacks.state_dict(),
+        )
         session.refresh_lr(self.scheduler, cfg.learning_rate)  # a resume honours a changed --learning_rate
         self.describe()
 
     def describe(self) -> None:
         cfg, acc, session = self.cfg, self.session.accelerator, self.session
         unwrapped = acc.unwrap_model(self.model).model
-        acc.print(f"model {cfg.init_from or cfg.model}: {unwrapped.num_parameters() / 1e6:.1f}M params; "
-                  f"{cfg.max_steps} steps of {cfg.effective_batch_size} x {cfg.block_size} tokens "
-                  f"({cfg.batch_size}/device x {acc.gradient_accumulation_steps} accumulation x {acc.num_processes} "
-                  f"processes); precision {acc.mixed_precision}; optimizer "
-                  f"{type(setup.innermost_optimizer(self.optimizer)).__name__}, {cfg.lr_scheduler} schedule; "
-                  f"{acc.distributed_type.value}")
+        acc.print(
+            f"model {cfg.init_from or cfg.model}: {unwrapped.num_parameters() / 1e6:.1f}M params; "
+            f"{cfg.max_steps} steps of {cfg.effective_batch_size} x {cfg.block_size} tokens "
+            f"({cfg.batch_size}/device x {acc.gradient_accumulation_steps} accumulation x {acc.num_processes} "
+            f"processes); precision {acc.mixed_precision}; optimizer "
+            f"{type(setup.innermost_optimizer(self.optimizer)).__name__}, {cfg.lr_scheduler} schedule; "
+            f"{acc.distributed_type.value}"
+        )
         session.meter.flops_per_token = flops_per_token(unwrapped, cfg.block_size)
         session.meter.peak_flops = peak_flops(current_device_name(), acc.mixed_precision)
 
@@ -107,13 +129,21 @@ class Pretraining:
                 last_val = self.evaluate()
         final_loss = last_val if last_val is not None else last_loss
         if final_loss is not None and not math.isfinite(final_loss):
-            raise UserError(f"the run ended with loss {final_loss}: not publishing a broken model; lower "
-                            "--learning_rate and resume from the last good checkpoint")
+            raise UserError(
+                f"the run ended with loss {final_loss}: not publishing a broken model; lower "
+                "--learning_rate and resume from the last good checkpoint"
+            )
         with session.meter.paused():
             final_dir = setup.save_final(acc, self.model, self.tokenizer, session.out)
         samples = self.final_samples()
-        return {"samples": samples, "step": state.step, "val_loss": last_val, "rollbacks": self.rollbacks.rollbacks,
-                "final_dir": str(final_dir), "output_dir": str(session.out)}
+        return {
+            "samples": samples,
+            "step": state.step,
+            "val_loss": last_val,
+            "rollbacks": self.rollbacks.rollbacks,
+            "final_dir": str(final_dir),
+            "output_dir": str(session.out),
+        }
 
     def train_step(self, drill_factor: float) -> StepResult:
         """Backward over the step's micro-batches; accelerate syncs (and the optimizer steps) on the last one."""
@@ -128,13 +158,16 @@ class Pretraining:
                 session.backward(loss * drill_factor, input_ids.numel())
                 if index == micro_batches - 1:
                     assert acc.sync_gradients, "accelerate did not sync on the step's last micro-batch"
-                    return session.optimizer_step(self.model.parameters(), self.optimizer, self.scheduler,
-                                                  self.clipper)
+                    return session.optimizer_step(self.model.parameters(), self.optimizer, self.scheduler, self.clipper)
         raise AssertionError("unreachable: every step has at least one micro-batch")
 
     def drill_factor(self, step: int) -> float:
         """--inject_spike: multiply the loss of `spike_patience` steps from STEP, once."""
-        if not self.drill or self.rollbacks.drill_done or not self.drill[0] <= step < self.drill[0] + self.cfg.spike_patience:
+        if (
+            not self.drill
+            or self.rollbacks.drill_done
+            or not self.drill[0] <= step < self.drill[0] + self.cfg.spike_patience
+        ):
             return 1.0
         self.rollbacks.drill_done = step == self.drill[0] + self.cfg.spike_patience - 1
         return self.drill[1]
@@ -151,30 +184,57 @@ class Pretraining:
         spike_step, before = state.step, self.rollbacks.state_dict()
         path, _ = ckpt.newest_good_checkpoint(session.out)
         if path is None:
-            raise UserError(f"loss spike at step {spike_step} (loss {loss:.4g}) but no checkpoint to roll back "
-                            "to yet; lower --save_every or --learning_rate")
+            raise UserError(
+                f"loss spike at step {spike_step} (loss {loss:.4g}) but no checkpoint to roll back "
+                "to yet; lower --save_every or --learning_rate"
+            )
         if before["rollbacks"] >= cfg.max_rollbacks:
-            self.event({"event": "gave_up", "step": spike_step, "loss": loss, "rollbacks": before["rollbacks"],
-                        "checkpoint": str(path)}, spike_step)
-            raise UserError(f"loss kept spiking (step {spike_step}, loss {loss:.4g}) after {before['rollbacks']} "
-                            f"rollbacks to {path.name} (--max_rollbacks); if it spikes right after every rollback "
-                            "the checkpoint or the data is at fault, else lower --learning_rate or --clip")
-        skipped = session.rewind(path, self.scheduler, cfg.learning_rate, lr_factor=cfg.rollback_lr_factor,
-                                 keep_position=cfg.rollback_skip_data)
+            self.event(
+                {
+                    "event": "gave_up",
+                    "step": spike_step,
+                    "loss": loss,
+                    "rollbacks": before["rollbacks"],
+                    "checkpoint": str(path),
+                },
+                spike_step,
+            )
+            raise UserError(
+                f"loss kept spiking (step {spike_step}, loss {loss:.4g}) after {before['rollbacks']} "
+                f"rollbacks to {path.name} (--max_rollbacks); if it spikes right after every rollback "
+                "the checkpoint or the data is at fault, else lower --learning_rate or --clip"
+            )
+        skipped = session.rewind(
+            path,
+            self.scheduler,
+            cfg.learning_rate,
+            lr_factor=cfg.rollback_lr_factor,
+            keep_position=cfg.rollback_skip_data,
+        )
         self.rollbacks.load_state_dict({**before, "rollbacks": before["rollbacks"] + 1})
         self.detector.streak = 0
         self.batches = setup.batch_stream(session.accelerator, self.train_dl, state.micro_batches)
-        self.event({"event": "rollback", "step": spike_step, "loss": loss, "to_checkpoint": str(path),
-                    "resumed_step": state.step, "rollbacks": self.rollbacks.rollbacks, "lr_scale": state.lr_scale,
-                    "skipped_micro_batches": skipped}, spike_step)
-        session.accelerator.print(f"loss spike at step {spike_step}: rolled back to {path.name}, "
-                                  f"lr x {state.lr_scale:.3g}")
+        self.event(
+            {
+                "event": "rollback",
+                "step": spike_step,
+                "loss": loss,
+                "to_checkpoint": str(path),
+                "resumed_step": state.step,
+                "rollbacks": self.rollbacks.rollbacks,
+                "lr_scale": state.lr_scale,
+                "skipped_micro_batches": skipped,
+            },
+            spike_step,
+        )
+        session.accelerator.print(
+            f"loss spike at step {spike_step}: rolled back to {path.name}, lr x {state.lr_scale:.3g}"
+        )
 
     def event(self, record: dict, step: int) -> None:
         if self.session.accelerator.is_main_process:
             append_jsonl(self.session.out / "events.jsonl", {"time": time.time(), **record})
-        self.session.log({f"events/{record['event']}": str(record), "train/rollbacks": self.rollbacks.rollbacks},
-                         step)
+        self.session.log({f"events/{record['event']}": str(record), "train/rollbacks": self.rollbacks.rollbacks}, step)
 
     def final_samples(self) -> list[str]:
         """Greedy continuations of --sample_prompts by the final model, with repetition guards (no repeated
@@ -188,8 +248,14 @@ class Pretraining:
         for prompt in cfg.sample_prompts:
             ids = self.tokenizer(prompt, return_tensors="pt").input_ids.to(acc.device)
             with torch.no_grad(), acc.autocast():
-                out = model.generate(ids, max_new_tokens=cfg.sample_tokens, do_sample=False, no_repeat_ngram_size=3,
-                                     repetition_penalty=1.2, pad_token_id=self.tokenizer.eos_token_id)
+                out = model.generate(
+                    ids,
+                    max_new_tokens=cfg.sample_tokens,
+                    do_sample=False,
+                    no_repeat_ngram_size=3,
+                    repetition_penalty=1.2,
+                    pad_token_id=self.tokenizer.eos_token_id,
+                )
             texts.append(self.tokenizer.decode(out[0], skip_special_tokens=True))
         print("\n".join(f"sample: {text!r}" for text in texts), flush=True)
         self.session.log({"samples/final": "\n\n".join(texts)}, self.session.state.step)

@@ -2,6 +2,7 @@
 (llmlab.data.prepare.DataConfig) and pretraining's own (model, batch, precision, spike rollback, samples).
 
 Light on purpose (no torch): a bad flag is answered before the training stack loads."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
@@ -13,8 +14,7 @@ from llmlab.models.gpt2 import (
     GPT2_PRESETS,
     context_length_of,  # transformers' AutoConfig: only for --init_from
 )
-from llmlab.train.config import (SCHEDULES, CheckpointGroup, EvalGroup, LoggingGroup, OptimGroup, RunGroup,
-                                 require)
+from llmlab.train.config import SCHEDULES, CheckpointGroup, EvalGroup, LoggingGroup, OptimGroup, RunGroup, require
 from llmlab.train.spikes import check_drill, parse_inject_spike
 
 # gpt2-tiny's recipe: about four minutes on two CPU cores (bench/quickstart.py measures it against the old one).
@@ -28,10 +28,31 @@ TINY_BLOCK_SIZE = 128
 RUN_FILES = ("checkpoints", "final", "metrics.jsonl", "events.jsonl", "tensorboard", "config.yaml", "run_info.json")
 # Options a resume may change: the schedule's length and lr are recomputed from them at the resumed step, the
 # rest are cadences and safety nets. Anything else (model, data, batch, precision, seed, ...) is refused.
-RESUMABLE = ("max_steps", "learning_rate", "min_lr", "warmup_steps", "eval_every", "eval_batches", "log_every",
-             "save_every", "keep_last", "spike_factor", "spike_window", "spike_patience", "spike_arm_steps",
-             "rollback_lr_factor", "max_rollbacks", "rollback_skip_data", "inject_spike", "gradient_checkpointing",
-             "clip", "loss_chunk_tokens", "compile", "sample_prompts", "sample_tokens")
+RESUMABLE = (
+    "max_steps",
+    "learning_rate",
+    "min_lr",
+    "warmup_steps",
+    "eval_every",
+    "eval_batches",
+    "log_every",
+    "save_every",
+    "keep_last",
+    "spike_factor",
+    "spike_window",
+    "spike_patience",
+    "spike_arm_steps",
+    "rollback_lr_factor",
+    "max_rollbacks",
+    "rollback_skip_data",
+    "inject_spike",
+    "gradient_checkpointing",
+    "clip",
+    "loss_chunk_tokens",
+    "compile",
+    "sample_prompts",
+    "sample_tokens",
+)
 
 
 @dataclass
@@ -43,33 +64,49 @@ class PretrainConfig(DataConfig, RunGroup, OptimGroup, CheckpointGroup, EvalGrou
     n_embd: Optional[int] = opt(None, "override the preset's hidden size")
     n_head: Optional[int] = opt(None, "override the preset's attention heads")
     dropout: float = opt(0.0, "dropout of a fresh preset (0 is usual for pretraining; ignored with --init_from)")
-    block_size: Optional[int] = opt(None, "tokens per training sequence; default: the model's context length "
-                                          "(up to 1024); gpt2-tiny: 128")
+    block_size: Optional[int] = opt(
+        None, "tokens per training sequence; default: the model's context length (up to 1024); gpt2-tiny: 128"
+    )
     # run (RunGroup, with pretraining's folder)
     output_dir: str = opt("runs/pretrain", "run folder: checkpoints/, final/, tensorboard/, metrics.jsonl")
     # optimisation (OptimGroup, with pretraining's defaults)
-    learning_rate: Optional[float] = opt(None, f"peak learning rate; default 6e-4, for gpt2-tiny "
-                                               f"{TINY_LEARNING_RATE:g}")
-    lr_scheduler: str = opt("cosine", "a registered schedule (llmlab.train.components) after the linear warmup, "
-                                      "decaying to --min_lr (polynomial: power 2)", choices=SCHEDULES)
+    learning_rate: Optional[float] = opt(
+        None, f"peak learning rate; default 6e-4, for gpt2-tiny {TINY_LEARNING_RATE:g}"
+    )
+    lr_scheduler: str = opt(
+        "cosine",
+        "a registered schedule (llmlab.train.components) after the linear warmup, "
+        "decaying to --min_lr (polynomial: power 2)",
+        choices=SCHEDULES,
+    )
     min_lr: float = opt(1e-5, "floor of the decay")
     adam_beta1: float = opt(0.9, "beta1 of AdamW and Lion")
     adam_beta2: float = opt(0.98, "beta2 of AdamW and Lion")
     adam_eps: float = opt(1e-6, "AdamW epsilon")
     warmup_steps: Optional[int] = opt(None, "linear warmup steps; default 2000, for gpt2-tiny 10%% of max_steps")
-    max_steps: Optional[int] = opt(None, "optimizer steps to train; default: one pass over the training split, "
-                                         f"for gpt2-tiny {TINY_MAX_STEPS}")
+    max_steps: Optional[int] = opt(
+        None, f"optimizer steps to train; default: one pass over the training split, for gpt2-tiny {TINY_MAX_STEPS}"
+    )
     batch_size: int = opt(8, "micro-batch: sequences per device per forward pass")
-    effective_batch_size: Optional[int] = opt(None, "sequences per optimizer step (reached by gradient "
-                                                    "accumulation); default 512, for gpt2-tiny = batch_size")
+    effective_batch_size: Optional[int] = opt(
+        None, "sequences per optimizer step (reached by gradient accumulation); default 512, for gpt2-tiny = batch_size"
+    )
     # speed and precision
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = opt(
-        "auto", "auto = under `accelerate launch` the launch's own precision (its config or flag), else bf16 autocast "
-                "where the hardware has bf16 units (AVX512-BF16/AMX CPUs, Ampere+ GPUs), fp16 on older GPUs, else no")
-    compile: bool = opt(False, "torch.compile the transformer body (a one-off 30-90 s on a CPU, then faster steps; "
-                               "bench/pretrain_throughput.py measures it)")
-    loss_chunk_tokens: int = opt(1024, "compute the output layer + loss in chunks of this many tokens, so the "
-                                       "[tokens x vocab] logits never exist whole (0 = the model's full logits)")
+        "auto",
+        "auto = under `accelerate launch` the launch's own precision (its config or flag), else bf16 autocast "
+        "where the hardware has bf16 units (AVX512-BF16/AMX CPUs, Ampere+ GPUs), fp16 on older GPUs, else no",
+    )
+    compile: bool = opt(
+        False,
+        "torch.compile the transformer body (a one-off 30-90 s on a CPU, then faster steps; "
+        "bench/pretrain_throughput.py measures it)",
+    )
+    loss_chunk_tokens: int = opt(
+        1024,
+        "compute the output layer + loss in chunks of this many tokens, so the "
+        "[tokens x vocab] logits never exist whole (0 = the model's full logits)",
+    )
     # evaluation (EvalGroup)
     eval_batches: int = opt(20, "validation micro-batches per evaluation (the same tokens at any world size)")
     # loss-spike rollback
@@ -79,13 +116,19 @@ class PretrainConfig(DataConfig, RunGroup, OptimGroup, CheckpointGroup, EvalGrou
     spike_arm_steps: int = opt(20, "normal steps after which the detector arms (before its window is full)")
     rollback_lr_factor: float = opt(0.8, "multiply the lr by this at each rollback")
     max_rollbacks: int = opt(5, "give up with an error after this many rollbacks")
-    rollback_skip_data: bool = opt(True, "after a rollback, skip the batches seen since the checkpoint "
-                                         "(the data window that caused the spike)")
-    inject_spike: Optional[str] = opt(None, "drill: STEP[:FACTOR] multiplies the loss of `spike_patience` "
-                                            "steps from STEP by FACTOR (default 10) to trigger a rollback")
+    rollback_skip_data: bool = opt(
+        True, "after a rollback, skip the batches seen since the checkpoint (the data window that caused the spike)"
+    )
+    inject_spike: Optional[str] = opt(
+        None,
+        "drill: STEP[:FACTOR] multiplies the loss of `spike_patience` "
+        "steps from STEP by FACTOR (default 10) to trigger a rollback",
+    )
     prepare_only: bool = opt(False, "only prepare (clean, tokenize, pack, cache) the dataset, print a summary")
-    sample_prompts: list[str] = opt(["The history of", "In mathematics,"], "prompts the final model continues "
-                                    "(greedy) at the end, so you can read what it learned; empty = none")
+    sample_prompts: list[str] = opt(
+        ["The history of", "In mathematics,"],
+        "prompts the final model continues (greedy) at the end, so you can read what it learned; empty = none",
+    )
     sample_tokens: int = opt(24, "new tokens per final sample")
 
     @property
@@ -101,17 +144,29 @@ class PretrainConfig(DataConfig, RunGroup, OptimGroup, CheckpointGroup, EvalGrou
         context = model_context_length(self)
         cfg = replace(self, block_size=self.block_size or (TINY_BLOCK_SIZE if self.is_tiny else min(context, 1024)))
         DataConfig.validate(cfg)
-        require([(cfg.block_size <= context, f"--block_size {cfg.block_size} exceeds the model's context length "
-                                             f"{context}; lower --block_size")])
+        require(
+            [
+                (
+                    cfg.block_size <= context,
+                    f"--block_size {cfg.block_size} exceeds the model's context length {context}; lower --block_size",
+                )
+            ]
+        )
         if cfg.prepare_only:
             return cfg
         require([(cfg.batch_size >= 1, f"--batch_size must be >= 1, got {cfg.batch_size}")])
         max_steps = cfg.max_steps or (TINY_MAX_STEPS if cfg.is_tiny else None)
-        cfg = replace(cfg, effective_batch_size=cfg.effective_batch_size or (cfg.batch_size if cfg.is_tiny else 512),
-                      learning_rate=cfg.learning_rate if cfg.learning_rate is not None else
-                      (TINY_LEARNING_RATE if cfg.is_tiny else 6e-4), max_steps=max_steps,
-                      warmup_steps=cfg.warmup_steps if cfg.warmup_steps is not None else
-                      (max(1, max_steps // 10) if cfg.is_tiny else 2000))
+        cfg = replace(
+            cfg,
+            effective_batch_size=cfg.effective_batch_size or (cfg.batch_size if cfg.is_tiny else 512),
+            learning_rate=cfg.learning_rate
+            if cfg.learning_rate is not None
+            else (TINY_LEARNING_RATE if cfg.is_tiny else 6e-4),
+            max_steps=max_steps,
+            warmup_steps=cfg.warmup_steps
+            if cfg.warmup_steps is not None
+            else (max(1, max_steps // 10) if cfg.is_tiny else 2000),
+        )
         cfg.check_run()
         cfg.check_optim()
         cfg.check_checkpoints()
@@ -120,33 +175,53 @@ class PretrainConfig(DataConfig, RunGroup, OptimGroup, CheckpointGroup, EvalGrou
         return cfg
 
     def check_pretraining(self) -> None:
-        require([
-            (self.learning_rate > 0, f"--learning_rate must be > 0, got {self.learning_rate}"),
-            (0 <= self.min_lr <= self.learning_rate, f"--min_lr must be in [0, learning_rate], got {self.min_lr}"),
-            (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1, "--adam_beta1/--adam_beta2 must be in [0, 1)"),
-            (self.adam_eps > 0, "--adam_eps must be > 0"),
-            (self.effective_batch_size >= self.batch_size and self.effective_batch_size % self.batch_size == 0,
-             f"--effective_batch_size ({self.effective_batch_size}) must be a multiple of --batch_size "
-             f"({self.batch_size})"),
-            (self.warmup_steps >= 0, "--warmup_steps must be >= 0"),
-            (0 <= self.dropout < 1, f"--dropout must be in [0, 1), got {self.dropout}"),
-            (self.eval_every >= 0 and self.eval_batches >= 1, "--eval_every must be >= 0 and --eval_batches >= 1"),
-            (self.spike_factor > 1, f"--spike_factor must be > 1, got {self.spike_factor}"),
-            (self.spike_window >= 1 and self.spike_patience >= 1 and self.spike_arm_steps >= 1,
-             "--spike_window, --spike_patience and --spike_arm_steps must be >= 1"),
-            (0 < self.rollback_lr_factor <= 1, f"--rollback_lr_factor must be in (0, 1], got {self.rollback_lr_factor}"),
-            (self.max_rollbacks >= 0, f"--max_rollbacks must be >= 0, got {self.max_rollbacks}"),
-            (self.loss_chunk_tokens >= 0, f"--loss_chunk_tokens must be >= 0, got {self.loss_chunk_tokens}"),
-            (self.sample_tokens >= 0, f"--sample_tokens must be >= 0, got {self.sample_tokens}"),
-        ])
-        check_drill(parse_inject_spike(self.inject_spike), self.save_every, min(self.spike_arm_steps, self.spike_window))
+        require(
+            [
+                (self.learning_rate > 0, f"--learning_rate must be > 0, got {self.learning_rate}"),
+                (0 <= self.min_lr <= self.learning_rate, f"--min_lr must be in [0, learning_rate], got {self.min_lr}"),
+                (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1, "--adam_beta1/--adam_beta2 must be in [0, 1)"),
+                (self.adam_eps > 0, "--adam_eps must be > 0"),
+                (
+                    self.effective_batch_size >= self.batch_size and self.effective_batch_size % self.batch_size == 0,
+                    f"--effective_batch_size ({self.effective_batch_size}) must be a multiple of --batch_size "
+                    f"({self.batch_size})",
+                ),
+                (self.warmup_steps >= 0, "--warmup_steps must be >= 0"),
+                (0 <= self.dropout < 1, f"--dropout must be in [0, 1), got {self.dropout}"),
+                (self.eval_every >= 0 and self.eval_batches >= 1, "--eval_every must be >= 0 and --eval_batches >= 1"),
+                (self.spike_factor > 1, f"--spike_factor must be > 1, got {self.spike_factor}"),
+                (
+                    self.spike_window >= 1 and self.spike_patience >= 1 and self.spike_arm_steps >= 1,
+                    "--spike_window, --spike_patience and --spike_arm_steps must be >= 1",
+                ),
+                (
+                    0 < self.rollback_lr_factor <= 1,
+                    f"--rollback_lr_factor must be in (0, 1], got {self.rollback_lr_factor}",
+                ),
+                (self.max_rollbacks >= 0, f"--max_rollbacks must be >= 0, got {self.max_rollbacks}"),
+                (self.loss_chunk_tokens >= 0, f"--loss_chunk_tokens must be >= 0, got {self.loss_chunk_tokens}"),
+                (self.sample_tokens >= 0, f"--sample_tokens must be >= 0, got {self.sample_tokens}"),
+            ]
+        )
+        check_drill(
+            parse_inject_spike(self.inject_spike), self.save_every, min(self.spike_arm_steps, self.spike_window)
+        )
 
     def for_data(self, train_blocks: int) -> "PretrainConfig":
         """The config of the run once the data is known: --max_steps defaults to one pass over the training split."""
-        cfg = self if self.max_steps is not None else replace(
-            self, max_steps=max(1, train_blocks // self.effective_batch_size))
-        require([(cfg.warmup_steps < cfg.max_steps, f"--warmup_steps ({cfg.warmup_steps}) must be below --max_steps "
-                                                    f"({cfg.max_steps})")])
+        cfg = (
+            self
+            if self.max_steps is not None
+            else replace(self, max_steps=max(1, train_blocks // self.effective_batch_size))
+        )
+        require(
+            [
+                (
+                    cfg.warmup_steps < cfg.max_steps,
+                    f"--warmup_steps ({cfg.warmup_steps}) must be below --max_steps ({cfg.max_steps})",
+                )
+            ]
+        )
         return cfg
 
 

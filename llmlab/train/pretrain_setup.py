@@ -1,4 +1,5 @@
 """The pieces the pretraining loop is assembled from: accelerator, model, optimizer, data, schedule, outputs."""
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,10 @@ def accumulation_plugin(steps: int):
 
 def accumulation_steps(cfg, world: int) -> int:
     if cfg.effective_batch_size % (cfg.batch_size * world):
-        raise UserError(f"--effective_batch_size {cfg.effective_batch_size} is not a multiple of --batch_size "
-                        f"{cfg.batch_size} x {world} processes; change one of them")
+        raise UserError(
+            f"--effective_batch_size {cfg.effective_batch_size} is not a multiple of --batch_size "
+            f"{cfg.batch_size} x {world} processes; change one of them"
+        )
     return cfg.effective_batch_size // (cfg.batch_size * world)
 
 
@@ -37,20 +40,23 @@ def check_deepspeed(accelerator, cfg) -> None:
     if ds_plugin is None:
         return
 
-
     check_deepspeed_choices(accelerator, cfg.optimizer, cfg.clip_mode)
     clip = parse_clip(cfg.clip)
     if clip == "adaptive":
-        raise UserError("--clip adaptive is not available under DeepSpeed (it clips inside its own step); "
-                        "pass a number, e.g. --clip 1.0")
+        raise UserError(
+            "--clip adaptive is not available under DeepSpeed (it clips inside its own step); "
+            "pass a number, e.g. --clip 1.0"
+        )
     if ds_plugin.deepspeed_config.get("gradient_clipping", "auto") == "auto":
         ds_plugin.deepspeed_config["gradient_clipping"] = float(clip)
 
 
 def check_data_size(train_dl, accelerator) -> None:
     if len(train_dl) < accelerator.gradient_accumulation_steps:
-        raise UserError(f"the training split has only {len(train_dl)} batches per process, fewer than one "
-                        "optimizer step; use more data or a smaller --effective_batch_size")
+        raise UserError(
+            f"the training split has only {len(train_dl)} batches per process, fewer than one "
+            "optimizer step; use more data or a smaller --effective_batch_size"
+        )
 
 
 def build_pretrain_model(cfg, tokenizer):
@@ -58,12 +64,15 @@ def build_pretrain_model(cfg, tokenizer):
     if cfg.init_from:
         model = load_pretrained_model(cfg.init_from)
         if model.get_input_embeddings().num_embeddings < len(tokenizer):
-            raise UserError(f"--init_from {cfg.init_from} has {model.get_input_embeddings().num_embeddings} "
-                            f"token embeddings but the tokenizer has {len(tokenizer)}; pass its own --tokenizer")
+            raise UserError(
+                f"--init_from {cfg.init_from} has {model.get_input_embeddings().num_embeddings} "
+                f"token embeddings but the tokenizer has {len(tokenizer)}; pass its own --tokenizer"
+            )
     else:
         drop = {"resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.dropout}
-        model = build_gpt2_model(cfg.model, vocab_size=len(tokenizer), n_layer=cfg.n_layer, n_embd=cfg.n_embd,
-                                 n_head=cfg.n_head, **drop)
+        model = build_gpt2_model(
+            cfg.model, vocab_size=len(tokenizer), n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head, **drop
+        )
     if cfg.gradient_checkpointing:
         model.config.use_cache = False
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -73,16 +82,24 @@ def build_pretrain_model(cfg, tokenizer):
 def build_optimizer(cfg, model):
     """--optimizer from the shared factory (weight decay on matrices only; Lion's lr / wd convention there)."""
 
-    return build(cfg.optimizer, model.parameters(), cfg.learning_rate, cfg.weight_decay,
-                 betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps if cfg.optimizer == "adamw" else None)
+    return build(
+        cfg.optimizer,
+        model.parameters(),
+        cfg.learning_rate,
+        cfg.weight_decay,
+        betas=(cfg.adam_beta1, cfg.adam_beta2),
+        eps=cfg.adam_eps if cfg.optimizer == "adamw" else None,
+    )
 
 
 def make_scheduler(cfg, optimizer, state):
     """Linear warmup, then --lr_scheduler down to min_lr, times the run's lr scale (lowered by each rollback).
     Stepped once per optimizer step."""
 
-    return scaled_schedule(build_schedule(optimizer, cfg.lr_scheduler, cfg.warmup_steps, cfg.max_steps,
-                                          cfg.min_lr / cfg.learning_rate), state)
+    return scaled_schedule(
+        build_schedule(optimizer, cfg.lr_scheduler, cfg.warmup_steps, cfg.max_steps, cfg.min_lr / cfg.learning_rate),
+        state,
+    )
 
 
 def make_dataloaders(cfg, data):
@@ -95,10 +112,20 @@ def make_dataloaders(cfg, data):
     train = data.train.with_format("torch")
     val = data.validation.with_format("torch")
     sampler = DistributedSampler(train, num_replicas=1, rank=0, shuffle=True, seed=cfg.seed)
-    train_dl = DataLoader(train, batch_size=cfg.batch_size, sampler=sampler, drop_last=True,
-                          generator=torch.Generator().manual_seed(cfg.seed))
-    val_dl = DataLoader(val, batch_size=cfg.batch_size, shuffle=False, drop_last=len(val) >= cfg.batch_size,
-                        generator=torch.Generator().manual_seed(cfg.seed))
+    train_dl = DataLoader(
+        train,
+        batch_size=cfg.batch_size,
+        sampler=sampler,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(cfg.seed),
+    )
+    val_dl = DataLoader(
+        val,
+        batch_size=cfg.batch_size,
+        shuffle=False,
+        drop_last=len(val) >= cfg.batch_size,
+        generator=torch.Generator().manual_seed(cfg.seed),
+    )
     return train_dl, val_dl
 
 
@@ -154,7 +181,6 @@ def save_final(accelerator, model, tokenizer, output_dir: Path) -> Path:
     accelerator.wait_for_everyone()
     state_dict = master_state_dict(accelerator, model)  # every process must take part (ZeRO gathers its shards)
     if accelerator.is_main_process:
-
         hf_model = accelerator.unwrap_model(model).model  # inside the loss wrapper
         state_dict = {k.removeprefix("model."): v.float() for k, v in state_dict.items()}
         if hf_model.config.tie_word_embeddings:  # one matrix: the input embedding's (fp32 master) value is the head's

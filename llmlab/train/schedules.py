@@ -1,6 +1,7 @@
 """The schedules' factor on the peak lr: a linear warmup, then the registered shape (llmlab.train.components), decaying
 to a floor. Torch-free: train/optim.py wraps it in a LambdaLR, and configs, the lab's report and scripts/findings.py
 use it without loading the training stack."""
+
 from __future__ import annotations
 
 from llmlab.train.components import POLYNOMIAL_POWER, SCHEDULES  # noqa: F401 (part of this module's API)

@@ -1,4 +1,5 @@
 """Loss-spike detection for rollback, and the `--inject_spike` drill that lets you watch one happen."""
+
 from __future__ import annotations
 
 import math
@@ -66,6 +67,7 @@ def parse_inject_spike(value: str | None) -> tuple[int, float] | None:
 @dataclass
 class RollbackState:
     """What rollbacks must remember across them (and across a resume): registered for checkpointing."""
+
     rollbacks: int = 0
     drill_done: bool = False
 
@@ -82,9 +84,13 @@ def check_drill(drill: tuple[int, float] | None, save_every: int, arm_after: int
         return
     step = drill[0]
     if step <= save_every:
-        raise UserError(f"--inject_spike {step}: there is no checkpoint to roll back to before step {step} (the first "
-                        f"is saved at step {save_every}); inject after step {save_every} or lower --save_every")
+        raise UserError(
+            f"--inject_spike {step}: there is no checkpoint to roll back to before step {step} (the first "
+            f"is saved at step {save_every}); inject after step {save_every} or lower --save_every"
+        )
     if step <= arm_after:
-        raise UserError(f"--inject_spike {step}: the spike detector arms after {arm_after} normal steps, so it cannot "
-                        f"see a spike at step {step}; inject at step {arm_after + 1} or later (or lower "
-                        "--spike_arm_steps)")
+        raise UserError(
+            f"--inject_spike {step}: the spike detector arms after {arm_after} normal steps, so it cannot "
+            f"see a spike at step {step}; inject at step {arm_after + 1} or later (or lower "
+            "--spike_arm_steps)"
+        )

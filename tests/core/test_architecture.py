@@ -1,4 +1,5 @@
 """The layout promised in ARCHITECTURE.md: packages by pipeline stage, no import cycles, thin scripts."""
+
 import ast
 from pathlib import Path
 
@@ -10,8 +11,9 @@ MAX_FUNCTION_LINES = 60  # longer ones must say why in a `# long:` comment
 
 def _modules() -> dict[str, Path]:
     root = REPO / "llmlab"
-    return {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p
-            for p in root.rglob("*.py")}
+    return {
+        ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p for p in root.rglob("*.py")
+    }
 
 
 def _imports(path: Path, package: str) -> set[str]:
@@ -35,15 +37,17 @@ def test_every_module_lives_in_a_stage_package():
 
 def test_no_import_cycles():
     modules = _modules()
-    graph = {name: {m for m in _imports(path, name) if m in modules and m != name and not name.startswith(m + ".")}
-             for name, path in modules.items()}
+    graph = {
+        name: {m for m in _imports(path, name) if m in modules and m != name and not name.startswith(m + ".")}
+        for name, path in modules.items()
+    }
     state: dict[str, int] = {}
 
     def visit(node: str, trail: list[str]) -> None:
         state[node] = 1
         for nxt in graph[node]:
             if state.get(nxt) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(trail[trail.index(nxt):] + [nxt]))
+                raise AssertionError("import cycle: " + " -> ".join(trail[trail.index(nxt) :] + [nxt]))
             if nxt not in state:
                 visit(nxt, trail + [nxt])
         state[node] = 2
@@ -85,7 +89,7 @@ def test_no_function_is_long_without_a_reason():
         for node in ast.walk(ast.parse(source)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 length = node.end_lineno - node.lineno + 1
-                body = "\n".join(lines[node.lineno - 1:node.end_lineno])
+                body = "\n".join(lines[node.lineno - 1 : node.end_lineno])
                 if length > MAX_FUNCTION_LINES and "# long:" not in body:
                     long.append(f"{name}.{node.name} ({length} lines)")
     assert long == [], f"split these or say why in a `# long:` comment: {long}"
@@ -95,25 +99,37 @@ def test_no_function_is_long_without_a_reason():
 # 1. Modules a script imports before it parses its flags (configs, and the core / data / models / scaling layers they
 #    use) import heavy third-party packages inside the functions that need them: `--help` and a bad flag then answer
 #    in ~0.7 s instead of ~3 s with torch (test_a_bad_flag_never_loads_the_training_stack).
-DEFERRING = ("llmlab.core.", "llmlab.data.", "llmlab.models.", "llmlab.scaling.", "llmlab.infer.config",
-             "llmlab.sweep.config", "llmlab.sweep.design", "llmlab.sweep.factors", "llmlab.sweep.spec",
-             "llmlab.train.config", "llmlab.train.pretrain_config", "llmlab.train.lora_config",
-             "llmlab.train.schedules", "llmlab.train.components")
+DEFERRING = (
+    "llmlab.core.",
+    "llmlab.data.",
+    "llmlab.models.",
+    "llmlab.scaling.",
+    "llmlab.infer.config",
+    "llmlab.sweep.config",
+    "llmlab.sweep.design",
+    "llmlab.sweep.factors",
+    "llmlab.sweep.spec",
+    "llmlab.train.config",
+    "llmlab.train.pretrain_config",
+    "llmlab.train.lora_config",
+    "llmlab.train.schedules",
+    "llmlab.train.components",
+)
 # 2. Optional or slow extras that most runs never touch, imported where used in any module.
 OPTIONAL = {
     "deepspeed": "ZeRO runs only; its import probes the accelerator and takes seconds",
     "bitsandbytes": "CUDA and 4-bit paths only; probed, never required",
     "matplotlib": "plots only, drawn once at the end of a report",
     "transformers.optimization": "Adafactor only: importing it loads transformers' Trainer utilities and peft, 2.4 s "
-                                 "of a 3.7 s sweep-trial start that every spawned or Ray trial pays",
+    "of a 3.7 s sweep-trial start that every spawned or Ray trial pays",
 }
 # llmlab modules imported inside a function, each with its reason.
 INTERNAL_IN_FUNCTION = {
     ("llmlab.scaling.analysis", "llmlab.models.minimal"): "recommend counts a model's parameters only when asked; "
-                                                          "the model modules load torch",
+    "the model modules load torch",
     ("llmlab.scaling.analysis", "llmlab.models.gpt2"): "as above",
     ("llmlab.sweep.runner", "llmlab.sweep.launchers.ray"): "--launcher ray only: Ray's import takes seconds, and a "
-                                                            "sweep on one machine never needs it",
+    "sweep on one machine never needs it",
 }
 
 
@@ -153,8 +169,15 @@ def test_a_bad_flag_never_loads_the_training_stack():
 
     heavy = ("torch", "datasets", "peft", "deepspeed", "accelerate", "scipy", "ray")
     for command in (["train_pretrain.py"], ["train_lora.py"], ["sweep.py"], ["merge_and_infer.py", "merge"]):
-        proc = subprocess.run([sys.executable, "-X", "importtime", *command, "--no_such_flag"], cwd=REPO,
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-X", "importtime", *command, "--no_such_flag"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 2 and "--no_such_flag" in proc.stderr, proc.stderr[-500:]
-        loaded = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time")}
+        loaded = {
+            line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time")
+        }
         assert not loaded & set(heavy), f"{command[0]} loads {sorted(loaded & set(heavy))} before parsing"

@@ -1,4 +1,5 @@
 """Config, tokenizer and run-folder basics."""
+
 from __future__ import annotations
 
 import json

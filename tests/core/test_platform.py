@@ -1,5 +1,6 @@
 """What runs where (issue 22): every script imports without the Unix-only `fcntl` and `resource` (as on Windows),
 and an unsupported device is a one-line refusal."""
+
 import subprocess
 import sys
 
@@ -44,8 +45,13 @@ def test_every_script_imports_without_fcntl_and_resource():
     assert [p for p in (REPO / "llmlab").rglob("*.py") if unix_only.search(p.read_text())] == []
 
 
-@pytest.mark.parametrize("args", [["sweep.py", "--device", "mps"],
-                                  ["merge_and_infer.py", "generate", "--model", "x", "--prompt", "x", "--device", "mps"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["sweep.py", "--device", "mps"],
+        ["merge_and_infer.py", "generate", "--model", "x", "--prompt", "x", "--device", "mps"],
+    ],
+)
 def test_mps_is_a_one_line_refusal(args):
     proc = run_script(args, timeout=300)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "mps" in proc.stderr, proc.stderr

@@ -1,4 +1,5 @@
 """--report_to: accelerate's tracker API with metrics.jsonl as a small custom tracker (issue 12)."""
+
 from __future__ import annotations
 
 import json
@@ -61,9 +62,24 @@ def test_a_plugged_in_tracker_and_tensorboard_get_the_config_and_the_metrics(tmp
 
     monkeypatch.setattr(loop, "make_trackers", lambda report_to, out: original(report_to, out) + [fake])
     out = tmp_path / "run"
-    cfg = parse_config(PretrainConfig, [*SMALL, "--max_documents", "3", "--cache_dir", str(tmp_path / "cache"),
-                                        "--output_dir", str(out), "--max_steps", "4", "--eval_every", "4",
-                                        "--save_every", "4"])
+    cfg = parse_config(
+        PretrainConfig,
+        [
+            *SMALL,
+            "--max_documents",
+            "3",
+            "--cache_dir",
+            str(tmp_path / "cache"),
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "4",
+            "--eval_every",
+            "4",
+            "--save_every",
+            "4",
+        ],
+    )
     summary = train(cfg)
     assert fake.started and fake.finished
     assert fake.config["learning_rate"] == 1e-2 and fake.config["max_steps"] == 4  # the resolved config
@@ -79,15 +95,30 @@ def test_a_plugged_in_tracker_and_tensorboard_get_the_config_and_the_metrics(tmp
     assert len(runs) == 1 and not list(out.rglob("hparams.yml"))  # one run: scalars and hparams together
     events = EventAccumulator(str(runs.pop())).Reload()
     start = plugin_data_pb2.HParamsPluginData.FromString(
-        events.PluginTagToContent("hparams")["_hparams_/session_start_info"]).session_start_info
+        events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    ).session_start_info
     assert start.hparams["learning_rate"].number_value == 1e-2 and "train/loss" in events.Tags()["scalars"]
     assert summary["step"] == 4
 
 
 def test_report_to_none_keeps_metrics_jsonl_only(tmp_path):
     out = tmp_path / "run"
-    proc = run_script(["train_pretrain.py", *SMALL, "--max_documents", "3", "--cache_dir", str(tmp_path / "cache"),
-                       "--output_dir", str(out), "--max_steps", "2", "--report_to", "none"])
+    proc = run_script(
+        [
+            "train_pretrain.py",
+            *SMALL,
+            "--max_documents",
+            "3",
+            "--cache_dir",
+            str(tmp_path / "cache"),
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "2",
+            "--report_to",
+            "none",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (out / "metrics.jsonl").is_file() and not (out / "tensorboard").exists()
 
@@ -101,7 +132,9 @@ def test_a_missing_or_unknown_tracker_is_a_one_line_error(tmp_path):
         check_report_to(["none", "tensorboard"])
     assert check_report_to(["none"]) == [] and "tensorboard" in check_report_to(["all"])
     for script in ("train_pretrain.py", "train_lora.py"):
-        proc = run_script([script, "--report_to", "wandb", "--output_dir", str(tmp_path / script),
-                           "--base_model", str(tmp_path)] if script == "train_lora.py" else
-                          [script, "--report_to", "wandb", "--output_dir", str(tmp_path / script)])
+        proc = run_script(
+            [script, "--report_to", "wandb", "--output_dir", str(tmp_path / script), "--base_model", str(tmp_path)]
+            if script == "train_lora.py"
+            else [script, "--report_to", "wandb", "--output_dir", str(tmp_path / script)]
+        )
         assert_one_line_error(proc, "--report_to wandb", "pip install wandb")

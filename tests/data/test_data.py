@@ -1,4 +1,5 @@
 """The data pipeline on small real corpora: cleaning, packing, split, cache, bad input."""
+
 from __future__ import annotations
 
 import itertools
@@ -12,17 +13,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from llmlab.core.errors import UserError
 from llmlab.data import prepare as data_mod
 from llmlab.data.cleaning import clean_text
 from llmlab.data.packing import split_documents
 from llmlab.data.prepare import DataConfig, format_prepare_summary, prepare_dataset
 from llmlab.data.shards import MANIFEST
-from llmlab.core.errors import UserError
 
-WORDS = ("river stone garden window market letter engine harbor winter silver forest lantern village "
-         "thunder meadow copper bridge candle orchard valley mirror falcon ribbon castle pepper canyon "
-         "marble anchor violet saddle walnut compass glacier tunnel feather basket plaster comet willow "
-         "ladder shadow quartz timber oyster sparrow granite pillow harvest beacon").split()
+WORDS = (
+    "river stone garden window market letter engine harbor winter silver forest lantern village "
+    "thunder meadow copper bridge candle orchard valley mirror falcon ribbon castle pepper canyon "
+    "marble anchor violet saddle walnut compass glacier tunnel feather basket plaster comet willow "
+    "ladder shadow quartz timber oyster sparrow granite pillow harvest beacon"
+).split()
 
 
 def random_doc(rng: random.Random, n_words: int = 120) -> str:
@@ -55,7 +58,11 @@ def planted(tmp_path):
     words[60] = "zeppelin"  # one word changed out of 120: 5-gram Jaccard ~0.92
     near_dup = " ".join(words).upper().replace(".", "!")
     half_shared = " ".join(distinct[1].split()[:60] + random_doc(rng).split()[60:])  # Jaccard ~0.33: kept
-    html_doc = "<html><body><p>Ｆｕｌｌ　ｗｉｄｔｈ &amp; <b>bold</b></p><script>var x = 1;</script> " + random_doc(rng) + "</body></html>"
+    html_doc = (
+        "<html><body><p>Ｆｕｌｌ　ｗｉｄｔｈ &amp; <b>bold</b></p><script>var x = 1;</script> "
+        + random_doc(rng)
+        + "</body></html>"
+    )
     texts = [
         *distinct,
         "too short",  # under 50 characters
@@ -69,10 +76,14 @@ def planted(tmp_path):
 
 
 def test_clean_text_strips_markup_and_normalises():
-    raw = ("<p class='x'>Ｈｅｌｌｏ　ＷＯＲＬＤ １２３</p><!-- hidden --><style>p {}</style>"
-           "<script>alert(1)</script>&lt;kept&gt; &amp; '''bold''' ''it'' [[Target page|link text]] {{cite web}}\n"
-           "== Heading ==\n\n\n\ntext\nFile:Snow.jpg|Range in snow\nA grave|alt=Two stones")
-    assert clean_text(raw) == "Hello WORLD 123 <kept> & bold it link text \nHeading\n\ntext\nRange in snow\nA grave".replace(" \n", "\n")
+    raw = (
+        "<p class='x'>Ｈｅｌｌｏ　ＷＯＲＬＤ １２３</p><!-- hidden --><style>p {}</style>"
+        "<script>alert(1)</script>&lt;kept&gt; &amp; '''bold''' ''it'' [[Target page|link text]] {{cite web}}\n"
+        "== Heading ==\n\n\n\ntext\nFile:Snow.jpg|Range in snow\nA grave|alt=Two stones"
+    )
+    assert clean_text(
+        raw
+    ) == "Hello WORLD 123 <kept> & bold it link text \nHeading\n\ntext\nRange in snow\nA grave".replace(" \n", "\n")
 
 
 def test_cleaning_removes_planted_documents_and_keeps_distinct(tmp_path, planted, gpt2_tokenizer):
@@ -154,8 +165,13 @@ def test_cache_reuse_and_invalidation(tmp_path, gpt2_tokenizer, monkeypatch):
     assert again.train.records and again.train.dtype == np.uint16  # GPT-2 ids in 2 bytes, memory-mapped
 
     paths = {first.cache_path}
-    for change in (dict(block_size=16), dict(min_doc_chars=10), dict(near_dup_threshold=0.5),
-                   dict(val_fraction=0.2), dict(data_seed=5)):
+    for change in (
+        dict(block_size=16),
+        dict(min_doc_chars=10),
+        dict(near_dup_threshold=0.5),
+        dict(val_fraction=0.2),
+        dict(data_seed=5),
+    ):
         other = prepare_dataset(cfg_for(tmp_path, path, **change), gpt2_tokenizer)
         assert other.report["cache_hit"] is False, change
         paths.add(other.cache_path)
@@ -206,15 +222,22 @@ def test_killed_preparation_resumes_to_the_same_bytes(tmp_path, gpt2_tokenizer, 
     rng = random.Random(5)
     path = write_jsonl(tmp_path / "c.jsonl", [random_doc(rng) for _ in range(40)])
     cache = tmp_path / "cache"
-    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(path), str(cache), stage], cwd=repo_root,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_SCRIPT, str(path), str(cache), stage],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == -9, proc.stderr[-2000:]
     [folder] = [p for p in cache.iterdir() if p.is_dir()]
     assert not (folder / MANIFEST).exists()  # a killed preparation is never used as it is
     cfg = cfg_for(tmp_path, path, cache_dir=str(cache), val_fraction=0.2, shard_tokens=256, num_proc=2)
     resumed = prepare_dataset(cfg, gpt2_tokenizer)
-    fresh = prepare_dataset(cfg_for(tmp_path, path, cache_dir=str(tmp_path / "fresh"), val_fraction=0.2,
-                                    shard_tokens=256, num_proc=1), gpt2_tokenizer)
+    fresh = prepare_dataset(
+        cfg_for(tmp_path, path, cache_dir=str(tmp_path / "fresh"), val_fraction=0.2, shard_tokens=256, num_proc=1),
+        gpt2_tokenizer,
+    )
     names = sorted(p.name for p in fresh.cache_path.glob("*.bin"))
     assert len(names) > 4 and names == sorted(p.name for p in resumed.cache_path.glob("*.bin"))
     for name in names:
@@ -247,11 +270,14 @@ def test_builtin_wiki_sample(tmp_path, gpt2_tokenizer):
     assert prepared.report["train_blocks"] > 10 and prepared.report["validation_blocks"] >= 1
 
 
-@pytest.mark.parametrize("texts, kwargs, message", [
-    (None, {}, "does not exist"),
-    (["short", "tiny"], {}, "empty after cleaning"),
-    ([], dict(block_size=2048), "larger than the tokenizer's model_max_length 1024"),
-])
+@pytest.mark.parametrize(
+    "texts, kwargs, message",
+    [
+        (None, {}, "does not exist"),
+        (["short", "tiny"], {}, "empty after cleaning"),
+        ([], dict(block_size=2048), "larger than the tokenizer's model_max_length 1024"),
+    ],
+)
 def test_bad_inputs(tmp_path, gpt2_tokenizer, texts, kwargs, message):
     path = tmp_path / "missing.jsonl" if texts is None else write_jsonl(tmp_path / "c.jsonl", texts)
     with pytest.raises(UserError, match=message):
@@ -312,15 +338,21 @@ def test_hub_dataset_columns_split_and_missing_field(tmp_path, gpt2_tokenizer, m
 
     rng = random.Random(7)
     train_texts = [random_doc(rng) for _ in range(4)] + [None]
-    fake_hub = datasets.DatasetDict({
-        "validation": datasets.Dataset.from_dict({"body": [random_doc(rng)], "n": [0]}),
-        "train": datasets.Dataset.from_dict({"body": train_texts, "n": list(range(5))}),
-    })
+    fake_hub = datasets.DatasetDict(
+        {
+            "validation": datasets.Dataset.from_dict({"body": [random_doc(rng)], "n": [0]}),
+            "train": datasets.Dataset.from_dict({"body": train_texts, "n": list(range(5))}),
+        }
+    )
     calls = []
-    monkeypatch.setattr(datasets, "load_dataset",
-                        lambda name, config=None, streaming=False: calls.append((name, config, streaming)) or fake_hub)
-    prepared = prepare_dataset(cfg_for(tmp_path, "someorg/somecorpus", dataset_config="v1", text_field="body"),
-                               gpt2_tokenizer)
+    monkeypatch.setattr(
+        datasets,
+        "load_dataset",
+        lambda name, config=None, streaming=False: calls.append((name, config, streaming)) or fake_hub,
+    )
+    prepared = prepare_dataset(
+        cfg_for(tmp_path, "someorg/somecorpus", dataset_config="v1", text_field="body"), gpt2_tokenizer
+    )
     assert calls == [("someorg/somecorpus", "v1", True)]  # streamed, never loaded whole
     assert prepared.report["steps"][0]["out"] == 4  # the train split, None row dropped
     assert prepared.cache_path.name.startswith("somecorpus-b32-")
@@ -334,8 +366,16 @@ def test_prepare_only_cli_summary_and_one_line_error(tmp_path):
 
     rng = random.Random(8)
     path = write_jsonl(tmp_path / "c.jsonl", [random_doc(rng) for _ in range(6)])
-    common = ["train_pretrain.py", "--prepare_only", "--output_dir", str(tmp_path / "out"),
-              "--cache_dir", str(tmp_path / "cache"), "--block_size", "32"]
+    common = [
+        "train_pretrain.py",
+        "--prepare_only",
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--cache_dir",
+        str(tmp_path / "cache"),
+        "--block_size",
+        "32",
+    ]
     ok = run_script([*common, "--dataset", str(path)])
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "exact duplicates" in ok.stdout and "blocks of 32: train" in ok.stdout and "tokens/s" in ok.stdout
@@ -393,10 +433,26 @@ def test_one_small_text_file_splits_within_the_text_and_trains(tmp_path, gpt2_to
     assert prepared.report["split"] == "within the text"
     ids = gpt2_tokenizer(text.read_text())["input_ids"]
     assert stream.tolist() == ids[: len(stream)]
-    proc = subprocess.run([sys.executable, "train_pretrain.py", "--dataset", str(text), "--max_steps", "2",
-                           "--sample_tokens", "0", "--cache_dir", str(tmp_path / "c2"), "--output_dir",
-                           str(tmp_path / "run")], cwd=Path(__file__).resolve().parents[2], capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train_pretrain.py",
+            "--dataset",
+            str(text),
+            "--max_steps",
+            "2",
+            "--sample_tokens",
+            "0",
+            "--cache_dir",
+            str(tmp_path / "c2"),
+            "--output_dir",
+            str(tmp_path / "run"),
+        ],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert "the last" in proc.stdout and "blocks of the text are the validation split" in proc.stdout
 
@@ -406,9 +462,18 @@ def test_the_fast_gpt2_encoder_gives_transformers_ids(gpt2_tokenizer):
     from llmlab.data.tokenizer import fast_gpt2_encoder, is_builtin_gpt2
 
     assert is_builtin_gpt2(gpt2_tokenizer)
-    tricky = ["Hello  world!\n\n\tTabs", "naïve café — “quotes” ½ ﬁ", "I'm you'll we've they're it's", "    leading",
-              "trailing   ", "数字 123,456.78 and ١٢٣", "emoji 🙂🚀 mixed", "<|endoftext|> is text here", "a\r\nb\u2028c",
-              "".join(chr(c) for c in range(32, 600))]
+    tricky = [
+        "Hello  world!\n\n\tTabs",
+        "naïve café — “quotes” ½ ﬁ",
+        "I'm you'll we've they're it's",
+        "    leading",
+        "trailing   ",
+        "数字 123,456.78 and ١٢٣",
+        "emoji 🙂🚀 mixed",
+        "<|endoftext|> is text here",
+        "a\r\nb\u2028c",
+        "".join(chr(c) for c in range(32, 600)),
+    ]
     wiki = list(itertools.islice(iter_documents("builtin:wiki", None, "text"), 5))
     fast = fast_gpt2_encoder()
     for text in tricky + wiki:
@@ -435,7 +500,11 @@ def test_skipping_passes_the_text_does_not_need_changes_nothing():
         return cleaning._MANY_NEWLINES.sub("\n\n", text).strip()
 
     wiki = list(itertools.islice(iter_documents("builtin:wiki", None, "text"), 8))
-    tricky = ["<b>&lt;b&gt;</b> &amp;#123;&amp;#123;x}} [[a|b]] ==H== ''i'' File:x.jpg|c |alt=d",
-              "a \t b\u00a0 c \n d\n\n\n\ne  ", "plain prose. one space each.", "&#60;script&#62;x&#60;/script&#62;"]
+    tricky = [
+        "<b>&lt;b&gt;</b> &amp;#123;&amp;#123;x}} [[a|b]] ==H== ''i'' File:x.jpg|c |alt=d",
+        "a \t b\u00a0 c \n d\n\n\n\ne  ",
+        "plain prose. one space each.",
+        "&#60;script&#62;x&#60;/script&#62;",
+    ]
     for text in wiki + [filter_wiki(t) for t in wiki] + tricky:
         assert cleaning.clean_text(text) == every_pass(text), text[:60]

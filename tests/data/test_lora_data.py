@@ -1,4 +1,5 @@
 """instruct_data: the builtin:pydoc builder, schema errors, prompt masking and padding (all in-process, fast)."""
+
 from __future__ import annotations
 
 import inspect
@@ -8,8 +9,17 @@ import pytest
 import torch
 
 from llmlab.core.errors import UserError
-from llmlab.data.instruct import (DEFAULT_PROMPT, DEFAULT_PROMPT_NO_INPUT, check_templates, collate,
-                                  collate_prompts, format_prompt, load_records, split_records, tokenize_example)
+from llmlab.data.instruct import (
+    DEFAULT_PROMPT,
+    DEFAULT_PROMPT_NO_INPUT,
+    check_templates,
+    collate,
+    collate_prompts,
+    format_prompt,
+    load_records,
+    split_records,
+    tokenize_example,
+)
 from llmlab.data.pydoc_qa import build_pydoc_records, load_pydoc, pydoc_cache_path
 from llmlab.train.common import causal_lm_loss
 
@@ -45,8 +55,12 @@ def test_full_pydoc_build_is_cached_deterministic_and_about_4k(pydoc_cache, tmp_
     assert len({r["output"] for r in records}) == len(records)
     assert len({r["instruction"] for r in records}) == len(records)
     questions = {r["instruction"] for r in records}
-    for known in ("What does `json.dumps` do?", "What does `os.path.join` do?", "What does `math.sqrt` do?",
-                  "What is the `collections.OrderedDict` class for?"):
+    for known in (
+        "What does `json.dumps` do?",
+        "What does `os.path.join` do?",
+        "What does `math.sqrt` do?",
+        "What is the `collections.OrderedDict` class for?",
+    ):
         assert known in questions, known
     assert not any(bad in q for q in questions for bad in ("`antigravity", "`this.", "`tkinter", "`idlelib"))
     # defaults such as cgi.FieldStorage(environ=os.environ) must not copy this machine's environment in
@@ -77,8 +91,7 @@ def test_jsonl_schema_errors_name_file_line_and_field(tmp_path):
 
 def test_json_array_schema_errors_name_the_records_line(tmp_path):
     path = tmp_path / "data.json"
-    path.write_text('[\n  {"instruction": "a", "input": "", "output": "b"},\n'
-                    '  {"input": "",\n   "output": "d"}\n]\n')
+    path.write_text('[\n  {"instruction": "a", "input": "", "output": "b"},\n  {"input": "",\n   "output": "d"}\n]\n')
     with pytest.raises(UserError, match=r"data\.json:3: missing field 'instruction'"):
         load_records(str(path))
     path.write_text('[{"instruction": "a", "input": "", "output": "b"}, {"instruction": "c", "output": "d"}]')
@@ -99,8 +112,11 @@ def test_hub_dataset_missing_column_is_named(tmp_path):
 
 def test_prompt_mask_labels_only_answer_and_eos(gpt2_tokenizer):
     tok = gpt2_tokenizer
-    record = {"instruction": "What does `len` do?", "input": "len(obj, /)",
-              "output": "Return the number of items in a container."}
+    record = {
+        "instruction": "What does `len` do?",
+        "input": "len(obj, /)",
+        "output": "Return the number of items in a container.",
+    }
     prompt = format_prompt(record)
     assert prompt == DEFAULT_PROMPT.format(instruction=record["instruction"], input=record["input"])
     example = tokenize_example(tok, prompt, record["output"], max_length=128)
@@ -128,7 +144,7 @@ def test_prompt_mask_labels_only_answer_and_eos(gpt2_tokenizer):
     base = causal_lm_loss(logits, labels)
     changed = logits.clone()
     changed[0, : n_prompt - 1] += 100 * torch.randn_like(changed[0, : n_prompt - 1])  # predicting prompt tokens
-    changed[1, n - 1:] += 100  # positions after the eos: padding
+    changed[1, n - 1 :] += 100  # positions after the eos: padding
     assert torch.allclose(causal_lm_loss(changed, labels), base)
     eos_position = changed.clone()
     eos_position[1, n - 2] += 100 * torch.randn(len(tok))  # the position that predicts the eos
@@ -141,8 +157,9 @@ def test_truncation_and_templates(gpt2_tokenizer):
     cut = tokenize_example(tok, "Q:\n", long_answer, max_length=32)
     assert len(cut["input_ids"]) == 32 and tok.eos_token_id not in cut["labels"]  # cut answers never "stop"
     assert tokenize_example(tok, "prompt " * 40, "answer", max_length=32) is None
-    assert format_prompt({"instruction": "Do it", "input": "", "output": "x"}) == \
-        DEFAULT_PROMPT_NO_INPUT.format(instruction="Do it")
+    assert format_prompt({"instruction": "Do it", "input": "", "output": "x"}) == DEFAULT_PROMPT_NO_INPUT.format(
+        instruction="Do it"
+    )
     with pytest.raises(UserError, match="must contain {input}"):
         check_templates("Q: {instruction}\nA:", DEFAULT_PROMPT_NO_INPUT)
     with pytest.raises(UserError, match="bad placeholder"):

@@ -1,4 +1,5 @@
 """merge_and_infer: LoRA merge equivalence, standalone export, seeded sampling, CPU INT8, bench, CLI errors."""
+
 from __future__ import annotations
 
 import bz2
@@ -25,9 +26,17 @@ def adapter_dir(tiny_gpt2_dir, tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(1)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir),
-                           LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj", "c_fc"],
-                                      fan_in_fan_out=True, lora_dropout=0.0, task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir),
+        LoraConfig(
+            r=4,
+            lora_alpha=8,
+            target_modules=["c_attn", "c_proj", "c_fc"],
+            fan_in_fan_out=True,
+            lora_dropout=0.0,
+            task_type="CAUSAL_LM",
+        ),
+    )
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "lora_B" in name:
@@ -43,8 +52,10 @@ def merged(tiny_gpt2_dir, adapter_dir, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("merge") / "merged"
     lines = []
-    report = merge_adapter(MergeConfig(base_model=str(tiny_gpt2_dir), adapter=str(adapter_dir), out=str(out),
-                                       dtype="fp32"), log=lines.append)
+    report = merge_adapter(
+        MergeConfig(base_model=str(tiny_gpt2_dir), adapter=str(adapter_dir), out=str(out), dtype="fp32"),
+        log=lines.append,
+    )
     return out, report, lines
 
 
@@ -74,8 +85,7 @@ def trained_dir(wiki_texts, gpt2_tokenizer, tmp_path_factory):
     torch.manual_seed(0)
     ids = torch.tensor(gpt2_tokenizer("\n".join(wiki_texts[:10]))["input_ids"])
     data = ids[: len(ids) // 32 * 32].view(-1, 32)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, n_positions=256,
-                                       vocab_size=len(gpt2_tokenizer)))
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, n_positions=256, vocab_size=len(gpt2_tokenizer)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for _ in range(15):
         batch = data[torch.randint(0, len(data), (4,))]
@@ -89,6 +99,7 @@ def trained_dir(wiki_texts, gpt2_tokenizer, tmp_path_factory):
 
 
 # ---- merge ------------------------------------------------------------------------------------------------------
+
 
 def test_merge_matches_base_plus_adapter(merged, tiny_gpt2_dir, adapter_dir, gpt2_tokenizer):
     from peft import PeftModel
@@ -116,8 +127,10 @@ def test_merge_fails_loudly_above_tolerance_and_saves_nothing(tiny_gpt2_dir, ada
 
     out = tmp_path / "never"
     with pytest.raises(UserError, match="tolerance 1.000e-12.*nothing was saved"):
-        merge_adapter(MergeConfig(base_model=str(tiny_gpt2_dir), adapter=str(adapter_dir), out=str(out),
-                                  tolerance=1e-12), log=lambda msg: None)
+        merge_adapter(
+            MergeConfig(base_model=str(tiny_gpt2_dir), adapter=str(adapter_dir), out=str(out), tolerance=1e-12),
+            log=lambda msg: None,
+        )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -142,18 +155,21 @@ def test_merge_cli_fp16_export(tiny_gpt2_dir, adapter_dir, tmp_path):
     from safetensors import safe_open
 
     out = tmp_path / "merged16"
-    result = run_script([SCRIPT, "merge", "--base_model", str(tiny_gpt2_dir), "--adapter", str(adapter_dir),
-                         "--out", str(out)])
+    result = run_script(
+        [SCRIPT, "merge", "--base_model", str(tiny_gpt2_dir), "--adapter", str(adapter_dir), "--out", str(out)]
+    )
     assert result.returncode == 0, result.stderr
     assert "max |merged - base+adapter|" in result.stdout and "cast to fp16" in result.stdout
     with safe_open(str(next(out.glob("*.safetensors"))), "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F16"}
-    again = run_script([SCRIPT, "merge", "--base_model", str(tiny_gpt2_dir), "--adapter", str(adapter_dir),
-                        "--out", str(out)])
+    again = run_script(
+        [SCRIPT, "merge", "--base_model", str(tiny_gpt2_dir), "--adapter", str(adapter_dir), "--out", str(out)]
+    )
     assert again.returncode == 2 and "already exists" in again.stderr and "--overwrite" in again.stderr
 
 
 # ---- generation ---------------------------------------------------------------------------------------------------
+
 
 def _generate(model, tokenizer, **flags):
     from llmlab.infer.generate import GenerateConfig, generate, generation_config
@@ -190,8 +206,10 @@ def test_generate_streams_one_prompt_and_saves_it(merged, tmp_path, capsys):
     from llmlab.infer.generate import GenerateConfig, run_generate
 
     out = tmp_path / "one.jsonl"
-    run_generate(GenerateConfig(model=str(merged[0]), prompt="Hello there", max_new_tokens=8, seed=3,
-                                output=str(out)), log=lambda msg: None)
+    run_generate(
+        GenerateConfig(model=str(merged[0]), prompt="Hello there", max_new_tokens=8, seed=3, output=str(out)),
+        log=lambda msg: None,
+    )
     record = json.loads(out.read_text())
     assert capsys.readouterr().out == "Hello there" + record["completion"] + "\n"  # streamed == saved
     assert record["new_tokens"] == 8 and record["seed"] == 3
@@ -204,8 +222,21 @@ def test_generate_cli_batch_with_unmerged_adapter(merged, tiny_gpt2_dir, adapter
     model = str(merged[0])
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"id": 1, "prompt": "The history of the city"}\n{"id": 2, "prompt": "Once upon a time"}\n')
-    result = run_script([SCRIPT, "generate", "--base_model", str(tiny_gpt2_dir), "--adapter", str(adapter_dir),
-                         "--prompts_file", str(prompts), "--greedy", "--max_new_tokens", "8"])
+    result = run_script(
+        [
+            SCRIPT,
+            "generate",
+            "--base_model",
+            str(tiny_gpt2_dir),
+            "--adapter",
+            str(adapter_dir),
+            "--prompts_file",
+            str(prompts),
+            "--greedy",
+            "--max_new_tokens",
+            "8",
+        ]
+    )
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in (tmp_path / "prompts.generations.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == [1, 2] and all(r["new_tokens"] == 8 for r in rows)
@@ -213,8 +244,9 @@ def test_generate_cli_batch_with_unmerged_adapter(merged, tiny_gpt2_dir, adapter
 
     loaded = load_for_inference(model=model, precision="fp32", device="cpu")
     # the unmerged adapter path decodes exactly like the merged model
-    assert [r["completion"] for r in rows] == [r["completion"] for r in _generate(loaded.model, loaded.tokenizer,
-                                                                                   greedy=True)]
+    assert [r["completion"] for r in rows] == [
+        r["completion"] for r in _generate(loaded.model, loaded.tokenizer, greedy=True)
+    ]
 
 
 def test_prompt_template_saved_by_train_lora_is_used_and_kept_by_merge(tiny_gpt2_dir, adapter_dir, tmp_path):
@@ -226,11 +258,16 @@ def test_prompt_template_saved_by_train_lora_is_used_and_kept_by_merge(tiny_gpt2
 
     adapter = tmp_path / "adapter"
     shutil.copytree(adapter_dir, adapter)
-    (adapter / PROMPT_FILE).write_text(json.dumps({"prompt_template": "Q: {instruction}\nC: {input}\nA:",
-                                                   "prompt_template_no_input": "Q: {instruction}\nA:"}))
+    (adapter / PROMPT_FILE).write_text(
+        json.dumps(
+            {"prompt_template": "Q: {instruction}\nC: {input}\nA:", "prompt_template_no_input": "Q: {instruction}\nA:"}
+        )
+    )
     merged_dir = tmp_path / "merged"
-    merge_adapter(MergeConfig(base_model=str(tiny_gpt2_dir), adapter=str(adapter), out=str(merged_dir),
-                              dtype="fp32"), log=lambda msg: None)
+    merge_adapter(
+        MergeConfig(base_model=str(tiny_gpt2_dir), adapter=str(adapter), out=str(merged_dir), dtype="fp32"),
+        log=lambda msg: None,
+    )
     assert (merged_dir / PROMPT_FILE).read_text() == (adapter / PROMPT_FILE).read_text()
 
     prompts = tmp_path / "p.jsonl"
@@ -238,11 +275,15 @@ def test_prompt_template_saved_by_train_lora_is_used_and_kept_by_merge(tiny_gpt2
     common = dict(prompts_file=str(prompts), greedy=True, max_new_tokens=3)
     templated = run_generate(GenerateConfig(model=str(merged_dir), **common), log=lambda m: None)
     assert [r["model_input"] for r in templated] == ["Q: Add\nC: 2 and 3\nA:", "Q: Name a colour\nA:"]
-    unmerged = run_generate(GenerateConfig(base_model=str(tiny_gpt2_dir), adapter=str(adapter), **common,
-                                           output=str(tmp_path / "u.jsonl")), log=lambda m: None)
+    unmerged = run_generate(
+        GenerateConfig(base_model=str(tiny_gpt2_dir), adapter=str(adapter), **common, output=str(tmp_path / "u.jsonl")),
+        log=lambda m: None,
+    )
     assert [r["completion"] for r in unmerged] == [r["completion"] for r in templated]
-    raw = run_generate(GenerateConfig(model=str(merged_dir), prompt_format="raw", **common,
-                                      output=str(tmp_path / "raw.jsonl")), log=lambda m: None)
+    raw = run_generate(
+        GenerateConfig(model=str(merged_dir), prompt_format="raw", **common, output=str(tmp_path / "raw.jsonl")),
+        log=lambda m: None,
+    )
     assert "model_input" not in raw[1] and raw[1]["prompt"] == "Name a colour"
 
 
@@ -280,7 +321,7 @@ def test_int8_cpu_changes_weights_and_keeps_perplexity(trained_dir, wiki_texts, 
     assert 0 < error <= qweight.q_scale() / 2 + 1e-7
 
     held = gpt2_tokenizer(wiki_texts[11])["input_ids"]
-    blocks = [held[i:i + 128] for i in range(0, len(held) - 127, 128)][:12]
+    blocks = [held[i : i + 128] for i in range(0, len(held) - 127, 128)][:12]
     ppl32, ppl8 = perplexity(fp32, blocks), perplexity(q, blocks)
     assert ppl32 < 20000  # trained: far from the uniform 50257
     assert abs(ppl8 / ppl32 - 1) < INT8_PPL_BOUND, (ppl32, ppl8)
@@ -294,8 +335,11 @@ def test_every_low_bit_variant_is_smaller_than_bf16(trained_dir):
     from llmlab.infer.loading import load_for_inference
     from llmlab.infer.quantize import available_precisions
 
-    sizes = {p: weight_bytes(load_for_inference(model=str(trained_dir), precision=p, device="cpu").model)
-             for p in ("bf16", "int8", "int4") if p in available_precisions("cpu")}
+    sizes = {
+        p: weight_bytes(load_for_inference(model=str(trained_dir), precision=p, device="cpu").model)
+        for p in ("bf16", "int8", "int4")
+        if p in available_precisions("cpu")
+    }
     assert "int8" in sizes
     for precision in ("int8", "int4"):
         if precision in sizes:  # in memory and serialized
@@ -303,6 +347,7 @@ def test_every_low_bit_variant_is_smaller_than_bf16(trained_dir):
 
 
 # ---- bench --------------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.slow  # 20-30 s on a busy 2-core machine (subprocesses import torch)
 def test_bench_prints_table_for_available_precisions(merged, tiny_gpt2_dir, adapter_dir, wiki_texts, tmp_path):
@@ -312,9 +357,20 @@ def test_bench_prints_table_for_available_precisions(merged, tiny_gpt2_dir, adap
     text = tmp_path / "held.txt"
     text.write_text(wiki_texts[11])
     lines = []
-    result = run_bench(BenchConfig(model=str(merged[0]), base_model=str(tiny_gpt2_dir), adapter=str(adapter_dir),
-                                   eval_data=str(text), eval_tokens=256, block_size=128, decode_tokens=4, repeats=1,
-                                   output=str(tmp_path / "bench.json")), log=lines.append)
+    result = run_bench(
+        BenchConfig(
+            model=str(merged[0]),
+            base_model=str(tiny_gpt2_dir),
+            adapter=str(adapter_dir),
+            eval_data=str(text),
+            eval_tokens=256,
+            block_size=128,
+            decode_tokens=4,
+            repeats=1,
+            output=str(tmp_path / "bench.json"),
+        ),
+        log=lines.append,
+    )
     table = lines[-2]
     expected = available_precisions("cpu")
     assert set(expected) >= {"fp32", "bf16", "int8"}
@@ -327,12 +383,14 @@ def test_bench_prints_table_for_available_precisions(merged, tiny_gpt2_dir, adap
     by_name = {r["name"]: r for r in result["rows"] + result["adapter_rows"]}
     assert by_name["bf16"]["disk_mb"] < 0.6 * by_name["fp32"]["disk_mb"]
     # merged and unmerged are the same function: same perplexity
-    assert math.isclose(by_name["fp32 merged"]["perplexity"], by_name["fp32 base+adapter (unmerged)"]["perplexity"],
-                        rel_tol=1e-4)
+    assert math.isclose(
+        by_name["fp32 merged"]["perplexity"], by_name["fp32 base+adapter (unmerged)"]["perplexity"], rel_tol=1e-4
+    )
     assert json.loads((tmp_path / "bench.json").read_text())["rows"][0]["name"] == "fp32"
 
 
 # ---- CLI errors ---------------------------------------------------------------------------------------------------
+
 
 def _one_line_error(result, *needles):
     assert result.returncode == 2, (result.stdout, result.stderr)
@@ -344,21 +402,36 @@ def _one_line_error(result, *needles):
     return last
 
 
-@pytest.mark.parametrize("args, needles", [
-    (["generate", "--model", "{base}", "--prompt", "a", "--prompts_file", "{base}/config.json"],
-     ["--prompt or --prompts_file"]),
-    (["generate", "--model", "{base}", "--prompt", "a", "--greedy", "--temperature", "0.5"], ["--greedy", "temperature"]),
-    (["generate", "--model", "{missing}", "--prompt", "a"], ["--model", "not found"]),
-    (["generate", "--model", "{adapter}", "--prompt", "a"], ["LoRA adapter folder", "--base_model"]),
-    (["generate", "--model", "{base}", "--adapter", "{adapter}", "--prompt", "a"], ["--adapter needs --base_model"]),
-    (["merge", "--base_model", "{base}", "--adapter", "{missing}", "--out", "{tmp}/m"], ["--adapter", "not found"]),
-    (["merge", "--base_model", "{base}", "--adapter", "{adapter}", "--out", "{base}"], ["--out", "base_model"]),
-    (["bench", "--model", "{base}", "--precisions", "int3"], ["unknown int3"]),
-    (["generate", "--model", "{base}", "--prompt", "a", "--prompt_format", "template"], ["llmlab_prompt.json"]),
-])
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (
+            ["generate", "--model", "{base}", "--prompt", "a", "--prompts_file", "{base}/config.json"],
+            ["--prompt or --prompts_file"],
+        ),
+        (
+            ["generate", "--model", "{base}", "--prompt", "a", "--greedy", "--temperature", "0.5"],
+            ["--greedy", "temperature"],
+        ),
+        (["generate", "--model", "{missing}", "--prompt", "a"], ["--model", "not found"]),
+        (["generate", "--model", "{adapter}", "--prompt", "a"], ["LoRA adapter folder", "--base_model"]),
+        (
+            ["generate", "--model", "{base}", "--adapter", "{adapter}", "--prompt", "a"],
+            ["--adapter needs --base_model"],
+        ),
+        (["merge", "--base_model", "{base}", "--adapter", "{missing}", "--out", "{tmp}/m"], ["--adapter", "not found"]),
+        (["merge", "--base_model", "{base}", "--adapter", "{adapter}", "--out", "{base}"], ["--out", "base_model"]),
+        (["bench", "--model", "{base}", "--precisions", "int3"], ["unknown int3"]),
+        (["generate", "--model", "{base}", "--prompt", "a", "--prompt_format", "template"], ["llmlab_prompt.json"]),
+    ],
+)
 def test_cli_bad_input_gives_one_line_error(args, needles, tiny_gpt2_dir, adapter_dir, tmp_path):
-    fill = {"base": str(tiny_gpt2_dir), "adapter": str(adapter_dir), "missing": str(tmp_path / "nope"),
-            "tmp": str(tmp_path)}
+    fill = {
+        "base": str(tiny_gpt2_dir),
+        "adapter": str(adapter_dir),
+        "missing": str(tmp_path / "nope"),
+        "tmp": str(tmp_path),
+    }
     result = run_script([SCRIPT, *[a.format(**fill) for a in args]])
     _one_line_error(result, *needles)
     assert len(result.stderr.strip().splitlines()) == 1  # caught before any heavy import could print
@@ -366,8 +439,11 @@ def test_cli_bad_input_gives_one_line_error(args, needles, tiny_gpt2_dir, adapte
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 runs on CUDA")
 def test_cli_unavailable_precision_names_alternative(tiny_gpt2_dir):
-    last = _one_line_error(run_script([SCRIPT, "generate", "--model", str(tiny_gpt2_dir), "--prompt", "a",
-                                       "--precision", "fp16"]), "fp16", "CUDA")
+    last = _one_line_error(
+        run_script([SCRIPT, "generate", "--model", str(tiny_gpt2_dir), "--prompt", "a", "--precision", "fp16"]),
+        "fp16",
+        "CUDA",
+    )
     assert "bf16" in last
 
 
@@ -382,22 +458,43 @@ def test_cli_refuses_quantized_base_and_foreign_adapter(tiny_gpt2_dir, adapter_d
     config = json.loads((quantized / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
     (quantized / "config.json").write_text(json.dumps(config))
-    _one_line_error(run_script([SCRIPT, "merge", "--base_model", str(quantized), "--adapter", str(adapter_dir),
-                                "--out", str(tmp_path / "m")]), "quantized", "full-precision base")
+    _one_line_error(
+        run_script(
+            [
+                SCRIPT,
+                "merge",
+                "--base_model",
+                str(quantized),
+                "--adapter",
+                str(adapter_dir),
+                "--out",
+                str(tmp_path / "m"),
+            ]
+        ),
+        "quantized",
+        "full-precision base",
+    )
 
     other = tmp_path / "other_base"
     GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=64, vocab_size=50257)).save_pretrained(other)
-    _one_line_error(run_script([SCRIPT, "merge", "--base_model", str(other), "--adapter", str(adapter_dir),
-                                "--out", str(tmp_path / "m2")]), "does not fit", "--base_model")
+    _one_line_error(
+        run_script(
+            [SCRIPT, "merge", "--base_model", str(other), "--adapter", str(adapter_dir), "--out", str(tmp_path / "m2")]
+        ),
+        "does not fit",
+        "--base_model",
+    )
     assert not (tmp_path / "m").exists() and not (tmp_path / "m2").exists()
 
 
 # ---- CUDA ---------------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (fp16 and bitsandbytes int8/int4 paths)")
-def test_cuda_precisions_load_quantized_and_generate(tiny_gpt2_dir, adapter_dir, trained_dir, wiki_texts,
-                                                     gpt2_tokenizer):
+def test_cuda_precisions_load_quantized_and_generate(
+    tiny_gpt2_dir, adapter_dir, trained_dir, wiki_texts, gpt2_tokenizer
+):
     from llmlab.infer.generate import GenerateConfig, generate, generation_config
     from llmlab.infer.generate import heldout_perplexity as perplexity
     from llmlab.infer.loading import load_for_inference
@@ -405,7 +502,7 @@ def test_cuda_precisions_load_quantized_and_generate(tiny_gpt2_dir, adapter_dir,
 
     assert {"fp16", "int8", "int4"} <= set(available_precisions("cuda"))
     held = gpt2_tokenizer(wiki_texts[11])["input_ids"]
-    blocks = [held[i:i + 128] for i in range(0, len(held) - 127, 128)][:8]
+    blocks = [held[i : i + 128] for i in range(0, len(held) - 127, 128)][:8]
     ppl = {}
     for precision in ("fp32", "fp16", "int8", "int4"):
         loaded = load_for_inference(model=str(trained_dir), precision=precision, device="cuda")
@@ -416,8 +513,11 @@ def test_cuda_precisions_load_quantized_and_generate(tiny_gpt2_dir, adapter_dir,
     assert abs(ppl["fp16"] / ppl["fp32"] - 1) < 0.01 and abs(ppl["int8"] / ppl["fp32"] - 1) < 0.05
     assert abs(ppl["int4"] / ppl["fp32"] - 1) < 0.25  # NF4 on a 64-wide model: coarse, but not broken
     # QLoRA-style: the adapter stays unmerged on top of the 4-bit base
-    unmerged = load_for_inference(base_model=str(tiny_gpt2_dir), adapter=str(adapter_dir), precision="int4",
-                                  device="cuda")
+    unmerged = load_for_inference(
+        base_model=str(tiny_gpt2_dir), adapter=str(adapter_dir), precision="int4", device="cuda"
+    )
     assert unmerged.quantized_layers > 0
-    gen = generation_config(GenerateConfig(model="unused", prompt="x", max_new_tokens=4, greedy=True), unmerged.tokenizer)
+    gen = generation_config(
+        GenerateConfig(model="unused", prompt="x", max_new_tokens=4, greedy=True), unmerged.tokenizer
+    )
     assert generate(unmerged.model, unmerged.tokenizer, ["Hello"], gen, 0)[0]["new_tokens"] == 4

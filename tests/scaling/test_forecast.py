@@ -1,5 +1,6 @@
 """The held-out forecast's statistics: censored vertices, noise that grows with lr, verdict rules whose error rates
 come from simulating the whole pipeline, and the pre-registered forecast the verdict judges."""
+
 from __future__ import annotations
 
 import math
@@ -18,9 +19,18 @@ def bowl(lrs, curvature=0.2, centre=3e-3, sigma=0.02, seeds=3, seed=0, noise_slo
     for lr in lrs:
         offset = math.log(lr / centre)
         for s in range(seeds):
-            rows.append({"trial_id": f"lr{lr:.3g}-r{s}", "size": "64x2", "batch_size": 4.0, "lr": lr,
-                         "n_params": 65856.0, "final_loss": 6.5 + curvature * offset ** 2
-                         + rng.normal(0, sigma * math.exp(noise_slope / 2 * offset))})
+            rows.append(
+                {
+                    "trial_id": f"lr{lr:.3g}-r{s}",
+                    "size": "64x2",
+                    "batch_size": 4.0,
+                    "lr": lr,
+                    "n_params": 65856.0,
+                    "final_loss": 6.5
+                    + curvature * offset**2
+                    + rng.normal(0, sigma * math.exp(noise_slope / 2 * offset)),
+                }
+            )
     return rows
 
 
@@ -42,11 +52,11 @@ def test_a_flat_bowl_whose_draws_pile_at_the_edge_is_a_bound_not_a_value():
     lrs = sorted({r["lr"] for r in flat})
     means = [np.mean([r["final_loss"] for r in flat if r["lr"] == lr]) for lr in lrs]
     assert min(means) != means[0]  # the seed-mean minimum itself is interior: only the bootstrap sees the edge
-    assert grid_extension(lrs, means, point["status"], 2 ** 0.5) == [float(f"{lrs[0] / 2 ** 0.5:.3g}")]
+    assert grid_extension(lrs, means, point["status"], 2**0.5) == [float(f"{lrs[0] / 2**0.5:.3g}")]
 
 
 def test_the_estimator_averages_every_bracketing_window_so_no_window_is_chosen():
-    rows = bowl(GRID + [3e-3 * 2 ** 2, 3e-3 * 2 ** 2.5], seed=5)
+    rows = bowl(GRID + [3e-3 * 2**2, 3e-3 * 2**2.5], seed=5)
     point = cell_optimum(rows, 0.02)
     assert point["status"] == "measured" and point["windows"] >= 2
 
@@ -61,9 +71,15 @@ def test_noise_that_grows_with_lr_is_detected_and_used_only_then():
     assert not trend["used"] and trend["ci"][0] < 0 < trend["ci"][1]
 
 
-@pytest.mark.parametrize("ln_r, se, verdict", [(0.0, 0.1, "within 1.5x"), (math.log(2), 0.1, "failed"),
-                                               (math.log(1.45), 0.05, "undecided"),  # excludes 1, inside the band
-                                               (math.log(1.6), 0.5, "undecided")])  # outside the band, CI spans 1
+@pytest.mark.parametrize(
+    "ln_r, se, verdict",
+    [
+        (0.0, 0.1, "within 1.5x"),
+        (math.log(2), 0.1, "failed"),
+        (math.log(1.45), 0.05, "undecided"),  # excludes 1, inside the band
+        (math.log(1.6), 0.5, "undecided"),
+    ],
+)  # outside the band, CI spans 1
 def test_verdict_rule(ln_r, se, verdict):
     assert decide(ln_r, se, 20)["verdict"] == verdict
 
@@ -72,8 +88,10 @@ def test_the_registered_forecast_is_the_one_judged():
     rows = []
     for i, (size, n) in enumerate((("32x2", 16544.0), ("64x2", 65856.0), ("96x2", 147936.0), ("128x2", 262784.0))):
         centre = 4e-3 * (n / 16544) ** -0.5
-        rows += [dict(r, size=size, n_params=n) for r in bowl([centre * 2 ** (k / 2) for k in range(-3, 4)],
-                                                               centre=centre, seed=i)]
+        rows += [
+            dict(r, size=size, n_params=n)
+            for r in bowl([centre * 2 ** (k / 2) for k in range(-3, 4)], centre=centre, seed=i)
+        ]
     points = size_points(rows, seed_noise(rows))
     refit = holdout_verdict(points)["rows"][0]
     law = {"ln_lr": math.log(refit["predicted"] * 2), "se_mean": 0.05, "se_pred": 0.05, "df": 1}
@@ -88,9 +106,14 @@ def test_the_registered_forecast_is_the_one_judged():
 
 
 def test_simulated_error_rates_separate_an_exact_forecast_from_a_2x_miss():
-    sizes = {f"{w}x2": 24.0 * w ** 2 for w in (32, 64, 96, 128, 160, 320)}
-    truth = Truth(n_params=sizes, curvature={s: 0.2 for s in sizes}, sigma={s: 0.01 for s in sizes},
-                  lr_at=(3e-3, sizes["160x2"]), centring_sd=0.1)
+    sizes = {f"{w}x2": 24.0 * w**2 for w in (32, 64, 96, 128, 160, 320)}
+    truth = Truth(
+        n_params=sizes,
+        curvature={s: 0.2 for s in sizes},
+        sigma={s: 0.01 for s in sizes},
+        lr_at=(3e-3, sizes["160x2"]),
+        centring_sd=0.1,
+    )
     design = Design(tuple(list(sizes)[:-1]), "320x2", fit_lrs=5, fit_seeds=2, held_lrs=5, held_seeds=2)
     oc = operating_characteristics(truth, design, reps=6, seed=1)
     assert oc["trials"] == 5 * 5 * 2 + 5 * 2
@@ -107,8 +130,15 @@ def machine_blocked_bowl(seed: int, offset: float, sigma: float = 0.03) -> list[
         one_seed = bowl(grid, curvature=0.15, centre=1.25e-3, sigma=sigma, seeds=1, seed=seed * 100 + replicate)
         for k, row in enumerate(one_seed):
             machine = "A" if replicate < 6 and k < 4 else "B"
-            rows.append({**row, "trial_id": f"{row['trial_id']}-{replicate}", "replicate": replicate,
-                         "cpu": machine, "final_loss": row["final_loss"] + (offset if machine == "B" else 0.0)})
+            rows.append(
+                {
+                    **row,
+                    "trial_id": f"{row['trial_id']}-{replicate}",
+                    "replicate": replicate,
+                    "cpu": machine,
+                    "final_loss": row["final_loss"] + (offset if machine == "B" else 0.0),
+                }
+            )
     return rows
 
 
@@ -125,8 +155,9 @@ def test_a_planted_machine_offset_moves_the_blocked_vertex_by_no_more_than_its_s
     exact = blocked_point(machine_blocked_bowl(0, 0.05, sigma=1e-9))
     truth = blocked_point(machine_blocked_bowl(0, 0.0, sigma=1e-9))
     assert exact["ln_lr_opt"] == pytest.approx(truth["ln_lr_opt"], abs=1e-6)
-    pooled = size_points(machine_blocked_bowl(0, 0.05, sigma=1e-9), {"sigma": 1e-9, "df": 50, "per_size": {},
-                                                                      "lr_trend": {}})[0]
+    pooled = size_points(
+        machine_blocked_bowl(0, 0.05, sigma=1e-9), {"sigma": 1e-9, "df": 50, "per_size": {}, "lr_trend": {}}
+    )[0]
     assert pooled["ln_lr_opt"] - truth["ln_lr_opt"] < -0.03  # a high-lr machine that loses more drags it low
     # with seed noise: the vertex lands within its stated 95 % interval of the no-offset truth as often as stated
     covered, errors = 0, []

@@ -1,9 +1,11 @@
 """Scaling fits, feasible region, report and `sweep.py recommend` on synthetic trial tables (no training)."""
+
 from __future__ import annotations
 
 import json
-import shutil
 import math
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +15,8 @@ from llmlab.core.errors import UserError
 from llmlab.core.identity import file_sha256
 from llmlab.scaling import ScalingOptions, analyse, feasible_region, lr_optimum, write_lr_bs_report
 from llmlab.scaling.law import predict
-from llmlab.sweep.recommend import recommend_main
 from llmlab.scaling.transfer import analyse_sizes
+from llmlab.sweep.recommend import recommend_main
 
 TRUE_A, TRUE_B = 1e-4, 0.5  # lr_opt = a * batch^b
 TRUE_C, TRUE_D = 300.0, 0.8  # peak_mem_mb = c * batch^d
@@ -33,20 +35,32 @@ def synthetic_rows(seed: int = 1, batches=BATCHES, lrs=None, loss_noise=0.01, lr
     lrs = np.geomspace(1e-5, 1e-1, 17) if lrs is None else lrs
     rows = []
     for batch in batches:
-        lr_true = TRUE_A * batch ** TRUE_B * (5.0 if batch == lr_outlier_batch else 1.0)
+        lr_true = TRUE_A * batch**TRUE_B * (5.0 if batch == lr_outlier_batch else 1.0)
         for lr in lrs:
             trial_id = f"t{len(rows):03d}"
-            memory = TRUE_C * batch ** TRUE_D * math.exp(rng.normal(0, 0.01))
-            rows.append({
-                "trial_id": trial_id, "status": "ok", "lr": float(lr), "batch_size": batch, "model": "synthetic",
-                "final_loss": 3.0 + 0.1 * (math.log(lr / lr_true)) ** 2 + rng.normal(0, loss_noise),
-                "initial_loss_slope": -0.01,
-                "early_loss_std": math.exp(TRUE_K[0] + TRUE_K[1] * math.log(1 / lr) + TRUE_K[2] * math.log(batch)
-                                           + rng.normal(0, 0.05)),
-                "grad_norm_mean": 2.0 / math.sqrt(batch), "grad_norm_std": 0.1, "clipped_steps": 0,
-                "peak_memory_mb": memory * (5.0 if trial_id in MEMORY_OUTLIERS else 1.0),
-                "time_per_step_s": 0.1, "steps": 200, "n_params": 1_000_000, "seq_len": 128,
-            })
+            memory = TRUE_C * batch**TRUE_D * math.exp(rng.normal(0, 0.01))
+            rows.append(
+                {
+                    "trial_id": trial_id,
+                    "status": "ok",
+                    "lr": float(lr),
+                    "batch_size": batch,
+                    "model": "synthetic",
+                    "final_loss": 3.0 + 0.1 * (math.log(lr / lr_true)) ** 2 + rng.normal(0, loss_noise),
+                    "initial_loss_slope": -0.01,
+                    "early_loss_std": math.exp(
+                        TRUE_K[0] + TRUE_K[1] * math.log(1 / lr) + TRUE_K[2] * math.log(batch) + rng.normal(0, 0.05)
+                    ),
+                    "grad_norm_mean": 2.0 / math.sqrt(batch),
+                    "grad_norm_std": 0.1,
+                    "clipped_steps": 0,
+                    "peak_memory_mb": memory * (5.0 if trial_id in MEMORY_OUTLIERS else 1.0),
+                    "time_per_step_s": 0.1,
+                    "steps": 200,
+                    "n_params": 1_000_000,
+                    "seq_len": 128,
+                }
+            )
     return rows
 
 
@@ -113,8 +127,14 @@ def test_feasible_region_drops_the_right_rows_with_reasons():
         {**base, "trial_id": "div", "status": "ok", "final_loss": 11.5},
         {**base, "trial_id": "nan", "status": "ok", "final_loss": float("nan")},
         {**base, "trial_id": "shaky", "status": "ok", "early_loss_std": 0.9},
-        {**base, "trial_id": "edge", "status": "ok", "boundary": True, "fallback": "clip 0.9",
-         "failures": "diverged: loss 12.1 > 10"},
+        {
+            **base,
+            "trial_id": "edge",
+            "status": "ok",
+            "boundary": True,
+            "fallback": "clip 0.9",
+            "failures": "diverged: loss 12.1 > 10",
+        },
     ]
     feasible, dropped, thresholds = feasible_region(rows, ScalingOptions())
     assert [r["trial_id"] for r in feasible] == ["ok1", "ok2"]
@@ -124,8 +144,9 @@ def test_feasible_region_drops_the_right_rows_with_reasons():
     assert reasons["div"].startswith("diverged: final loss 11.5 >")
     assert reasons["nan"].startswith("diverged") and "not finite" in reasons["nan"]
     assert reasons["shaky"].startswith("unstable: early loss std 0.9 >")
-    assert reasons["edge"] == ("boundary: finished only after a retry with fallback clip 0.9 "
-                               "(first attempt: diverged: loss 12.1 > 10)")
+    assert reasons["edge"] == (
+        "boundary: finished only after a retry with fallback clip 0.9 (first attempt: diverged: loss 12.1 > 10)"
+    )
     assert "edge" in [r["trial_id"] for r in feasible_region(rows, ScalingOptions(keep_boundary=True))[0]]
     # default unstable threshold: 3 x the median early std of the ok trials (0.1, 0.12, 0.1, 0.1, 0.9, 0.1 -> 0.1)
     assert thresholds["unstable_std"] == pytest.approx(0.3)
@@ -140,8 +161,9 @@ def test_report_writes_fits_markdown_and_plots(tmp_path):
     write_lr_bs_report(tmp_path, rows, SYNTHETIC_OPTIONS)
     fits = json.loads((tmp_path / "scaling_fits.json").read_text())
     assert fits["n_trials"] == len(rows) and fits["n_feasible"] == len(rows) - 1
-    assert fits["dropped"] == [{"trial_id": "t005", "lr": rows[5]["lr"], "batch_size": 8, "status": "oom",
-                                "reason": "status oom"}]
+    assert fits["dropped"] == [
+        {"trial_id": "t005", "lr": rows[5]["lr"], "batch_size": 8, "status": "oom", "reason": "status oom"}
+    ]
     report = (tmp_path / "scaling_report.md").read_text()
     assert "| t005 |" in report and "status oom" in report and "outlier (RANSAC)" in report
     for name in ("loss_vs_lr", "lr_opt_fit", "peak_memory_fit", "loss_std_fit"):
@@ -163,15 +185,28 @@ def test_recommend_writes_a_complete_config_that_train_pretrain_resolves(sweep_d
     from llmlab.train.pretrain_config import PretrainConfig
 
     output = tmp_path / "rec.yaml"
-    rec = recommend_main(["--from", str(sweep_dir), "--memory-gb", "24", "--params", "50000000", "--output", str(output)])
+    rec = recommend_main(
+        ["--from", str(sweep_dir), "--memory-gb", "24", "--params", "50000000", "--output", str(output)]
+    )
     written = yaml.safe_load(output.read_text())
-    assert {"learning_rate", "min_lr", "effective_batch_size", "batch_size", "max_steps", "warmup_steps", "clip",
-            "label_smoothing", "n_layer", "n_embd", "block_size"} <= set(written)
+    assert {
+        "learning_rate",
+        "min_lr",
+        "effective_batch_size",
+        "batch_size",
+        "max_steps",
+        "warmup_steps",
+        "clip",
+        "label_smoothing",
+        "n_layer",
+        "n_embd",
+        "block_size",
+    } <= set(written)
     assert written["effective_batch_size"] == rec["batch_size"] * rec["accumulation"]
     assert rec["predicted_memory_gb"] <= rec["usable_memory_gb"] and rec["batch_size"] >= 1
     cfg = parse_config(PretrainConfig, ["--config", str(output)])
     assert cfg.learning_rate == pytest.approx(rec["learning_rate"], rel=1e-3) and cfg.block_size == 1024
-    assert 12 * cfg.n_layer * cfg.n_embd ** 2 == pytest.approx(5e7, rel=0.25)
+    assert 12 * cfg.n_layer * cfg.n_embd**2 == pytest.approx(5e7, rel=0.25)
     assert "uncalibrated" in " ".join(rec["notes"])  # CPU trials never calibrate the memory model
     printed = capsys.readouterr().out
     assert "confirm the lr" in printed and str(output) in printed
@@ -186,11 +221,35 @@ def test_memory_model_fits_50m_on_24gb_and_refuses_7b_without_offload(sweep_dir,
     assert memory.predicted_bytes(big, 1, zero_stage=2, offload=True)["states"] == pytest.approx(4 * big.total)
     assert memory.predicted_bytes(big, 1, "lion")["states"] == pytest.approx(12 * big.total)
     with pytest.raises(UserError, match="ZeRO-2 with CPU offload") as info:
-        recommend_main(["--from", str(sweep_dir), "--memory-gb", "24", "--params", "7000000000",
-                        "--output", str(tmp_path / "7b.yaml")])
+        recommend_main(
+            [
+                "--from",
+                str(sweep_dir),
+                "--memory-gb",
+                "24",
+                "--params",
+                "7000000000",
+                "--output",
+                str(tmp_path / "7b.yaml"),
+            ]
+        )
     assert "\n" not in str(info.value) and not (tmp_path / "7b.yaml").exists()
-    offloaded = recommend_main(["--from", str(sweep_dir), "--memory-gb", "80", "--params", "7000000000", "--zero_stage",
-                                "2", "--offload", "--gradient_checkpointing", "--output", str(tmp_path / "7b.yaml")])
+    offloaded = recommend_main(
+        [
+            "--from",
+            str(sweep_dir),
+            "--memory-gb",
+            "80",
+            "--params",
+            "7000000000",
+            "--zero_stage",
+            "2",
+            "--offload",
+            "--gradient_checkpointing",
+            "--output",
+            str(tmp_path / "7b.yaml"),
+        ]
+    )
     assert offloaded["batch_size"] >= 1
 
 
@@ -199,8 +258,16 @@ def test_memory_model_is_calibrated_only_by_gpu_peaks():
 
     shape = memory.Shape(2, 128, seq_len=128)
     predicted = memory.predicted_bytes(shape, 4)["total"] - memory.CONTEXT_BYTES
-    gpu = {"memory_source": "cuda", "peak_memory_mb": 1.5 * predicted / 2 ** 20, "model_width": 128,
-           "model_depth": 2, "seq_len": 128, "batch_size": 4, "optimizer": "adamw", "precision": "bf16"}
+    gpu = {
+        "memory_source": "cuda",
+        "peak_memory_mb": 1.5 * predicted / 2**20,
+        "model_width": 128,
+        "model_depth": 2,
+        "seq_len": 128,
+        "batch_size": 4,
+        "optimizer": "adamw",
+        "precision": "bf16",
+    }
     assert memory.calibrate([gpu])[0] == pytest.approx(1.5)
     assert memory.calibrate([{**gpu, "memory_source": "cpu_rss", "peak_memory_mb": 900.0}])[0] == 1.0
 
@@ -245,9 +312,31 @@ def test_smoke_lr_bs_scan_end_to_end(tmp_path):
     from tests.conftest import run_script
 
     out = tmp_path / "lr_bs"
-    scan = run_script(["sweep.py", "--grid", "lr_bs", "--budget", "smoke", "--lrs", "1e-3", "3e-3",
-                       "--batch_sizes", "1", "2", "4", "--steps", "6",  # lr_bs default: no accumulation
-                       "--precheck_steps", "3", "--workers", "2", "--output_dir", str(out)], timeout=900)
+    scan = run_script(
+        [
+            "sweep.py",
+            "--grid",
+            "lr_bs",
+            "--budget",
+            "smoke",
+            "--lrs",
+            "1e-3",
+            "3e-3",
+            "--batch_sizes",
+            "1",
+            "2",
+            "4",
+            "--steps",
+            "6",  # lr_bs default: no accumulation
+            "--precheck_steps",
+            "3",
+            "--workers",
+            "2",
+            "--output_dir",
+            str(out),
+        ],
+        timeout=900,
+    )
     assert scan.returncode == 0, scan.stderr[-2000:]
     fits = json.loads((out / "scaling_fits.json").read_text())
     assert fits["n_trials"] == 6 and fits["measured"]["seq_len"] == 32 and fits["measured"]["params"] > 0
@@ -255,8 +344,24 @@ def test_smoke_lr_bs_scan_end_to_end(tmp_path):
     assert (out / "scaling_report.md").is_file() and (out / "plots" / "lr_opt_fit.png").is_file()
 
     output = tmp_path / "recommended.yaml"
-    rec = run_script(["sweep.py", "recommend", "--from", str(out), "--memory-gb", "4", "--seq_len", "32",
-                      "--effective_batch_size", "2", "--tokens", "100000", "--output", str(output)])
+    rec = run_script(
+        [
+            "sweep.py",
+            "recommend",
+            "--from",
+            str(out),
+            "--memory-gb",
+            "4",
+            "--seq_len",
+            "32",
+            "--effective_batch_size",
+            "2",
+            "--tokens",
+            "100000",
+            "--output",
+            str(output),
+        ]
+    )
     assert rec.returncode == 0, rec.stderr[-2000:]
     assert "learning_rate" in rec.stdout and "warmup_steps" in rec.stdout
     values = yaml.safe_load(output.read_text())
@@ -302,27 +407,50 @@ PLANTED_ALPHA = -0.5
 WIDTHS = (32, 64, 96, 128, 160, 320)  # five fit sizes and one held out 4x beyond the largest in N
 
 
-def planted_scan(seed: int = 0, sigma: float = 0.02, miss: float = 1.0, curvature: float = 0.3, seeds: int = 2,
-                 batches=(4,), beta: float = 0.0, widths=WIDTHS) -> list[dict]:
+def planted_scan(
+    seed: int = 0,
+    sigma: float = 0.02,
+    miss: float = 1.0,
+    curvature: float = 0.3,
+    seeds: int = 2,
+    batches=(4,),
+    beta: float = 0.0,
+    widths=WIDTHS,
+) -> list[dict]:
     """Loss bowls quadratic in ln lr around a planted law (N = 24 w^2), 7 lrs a factor sqrt(2) apart per size with
     a randomly off-centre grid, `seeds` runs per lr with Gaussian seed noise `sigma`; the held-out (largest) size's
     true optimum is `miss` times the law's."""
     rng = np.random.default_rng(seed)
     rows = []
     for width in widths:
-        n = 24.0 * width ** 2
+        n = 24.0 * width**2
         for batch in batches:
-            ln_opt = math.log(4e-3) + PLANTED_ALPHA * math.log(n / 24 / 32 ** 2) + beta * math.log(batch / 4)
+            ln_opt = math.log(4e-3) + PLANTED_ALPHA * math.log(n / 24 / 32**2) + beta * math.log(batch / 4)
             ln_opt += math.log(miss) if width == widths[-1] else 0.0
             centre = ln_opt + rng.normal(0, 0.15)
             for k in range(7):
                 lr = math.exp(centre + (k - 3) * math.log(2) / 2)
                 for s in range(seeds):
-                    rows.append({"trial_id": f"{width}x2_lr{lr:.4g}_bs{batch}-r{s}", "status": "ok", "size": f"{width}x2",
-                                 "n_params": n, "lr": lr, "batch_size": batch, "seed": s, "model": "minimal",
-                                 "steps": 200, "seq_len": 128, "train_tokens": 200 * batch * 128, "initial_loss": 10.9,
-                                 "final_loss": 6.5 + curvature * (math.log(lr) - ln_opt) ** 2 + rng.normal(0, sigma),
-                                 "early_loss_std": 0.1, "grad_norm_mean": 1.0, "peak_memory_mb": 300.0 * batch ** 0.8})
+                    rows.append(
+                        {
+                            "trial_id": f"{width}x2_lr{lr:.4g}_bs{batch}-r{s}",
+                            "status": "ok",
+                            "size": f"{width}x2",
+                            "n_params": n,
+                            "lr": lr,
+                            "batch_size": batch,
+                            "seed": s,
+                            "model": "minimal",
+                            "steps": 200,
+                            "seq_len": 128,
+                            "train_tokens": 200 * batch * 128,
+                            "initial_loss": 10.9,
+                            "final_loss": 6.5 + curvature * (math.log(lr) - ln_opt) ** 2 + rng.normal(0, sigma),
+                            "early_loss_std": 0.1,
+                            "grad_norm_mean": 1.0,
+                            "peak_memory_mb": 300.0 * batch**0.8,
+                        }
+                    )
     return rows
 
 
@@ -337,8 +465,10 @@ def test_law_interval_covers_the_planted_alpha_in_90_percent_of_scans():
     assert np.mean(covered) >= 0.9, np.mean(covered)
 
 
-@pytest.mark.parametrize("miss, sigma, verdict", [(1.0, 0.02, "within 1.5x"), (2.0, 0.02, "failed"),
-                                                  (0.5, 0.02, "failed"), (1.0, 0.06, "undecided")])
+@pytest.mark.parametrize(
+    "miss, sigma, verdict",
+    [(1.0, 0.02, "within 1.5x"), (2.0, 0.02, "failed"), (0.5, 0.02, "failed"), (1.0, 0.06, "undecided")],
+)
 def test_held_out_verdict_can_pass_fail_or_stay_undecided(miss, sigma, verdict):
     from llmlab.scaling.transfer import analyse_sizes
 
@@ -352,12 +482,12 @@ def test_held_out_verdict_can_pass_fail_or_stay_undecided(miss, sigma, verdict):
             assert row["decided_by"]["seeds_now"] == 2 and "power" in row
         else:  # at the planted noise every fit size is a measurement
             assert holdout["fitted_on"] == ["32x2", "64x2", "96x2", "128x2", "160x2"]
-            assert 0.8 * miss ** -1 < holdout["worst_ratio"] < 1.25 * miss ** -1
+            assert 0.8 * miss**-1 < holdout["worst_ratio"] < 1.25 * miss**-1
 
 
 def test_worst_held_out_ratio_is_the_largest_miss_never_an_average():
-    from llmlab.scaling.transfer import holdout_verdict, size_points, seed_noise
     from llmlab.scaling.fits import feasible_region
+    from llmlab.scaling.transfer import holdout_verdict, seed_noise, size_points
 
     rows = planted_scan(seed=4, batches=(4, 8))
     feasible = feasible_region(rows, SYNTHETIC_OPTIONS)[0]
@@ -387,12 +517,15 @@ def test_an_edge_optimum_extends_the_grid_and_never_enters_the_fit_as_a_value():
     analysis = analyse_sizes(rows)
     assert [p["size"] for p in analysis["bounds"]] == ["96x2"] and "96x2" not in analysis["law"]["sizes"]
     assert analysis["law"]["n_points"] == 5
-    added = extension(edge, {r["trial_id"] for r in edge}, 2 ** 0.5)
-    assert added == [pytest.approx(top * 2 ** 0.5, rel=0.01), pytest.approx(top * 2, rel=0.01)]
+    added = extension(edge, {r["trial_id"] for r in edge}, 2**0.5)
+    assert added == [pytest.approx(top * 2**0.5, rel=0.01), pytest.approx(top * 2, rel=0.01)]
     low = [{**r, "final_loss": 6.5 + 0.1 * math.log(r["lr"] / top * 100)} for r in edge]
-    assert cell_optimum(low, 0.02)["status"] == "below_grid" and len(extension(low, {r["trial_id"] for r in low}, 2 ** 0.5)) == 2
+    assert (
+        cell_optimum(low, 0.02)["status"] == "below_grid"
+        and len(extension(low, {r["trial_id"] for r in low}, 2**0.5)) == 2
+    )
     diverged_above = [r for r in edge if r["lr"] < top]  # the largest lr diverged: that side needs no extension
-    assert extension(edge, {r["trial_id"] for r in diverged_above}, 2 ** 0.5) == []
+    assert extension(edge, {r["trial_id"] for r in diverged_above}, 2**0.5) == []
 
 
 def test_lr_sensitivity_is_larger_for_a_sharper_bowl():
@@ -409,7 +542,7 @@ def test_held_out_report_line_carries_the_verdict_word_and_recommend_warns_on_un
     assert "**held-out: undecided**" in report and "would decide it" in report and "RANSAC" in report
     assert report.index("## Held-out check") < report.index("## Dropped trials")
     assert (tmp_path / "plots" / "lr_transfer.png").stat().st_size > 10_000
-    rec = recommend_main(["--from", str(tmp_path), "--memory-gb", "8", "--params", str(int(24 * 320 ** 2 * 2))])
+    rec = recommend_main(["--from", str(tmp_path), "--memory-gb", "8", "--params", str(int(24 * 320**2 * 2))])
     assert rec["validated_extrapolation"] == 1.0 and rec["heldout_verdict"] == "undecided"
     assert any(n.startswith("WARNING") and "undecided" in n for n in rec["notes"])
 
@@ -417,12 +550,23 @@ def test_held_out_report_line_carries_the_verdict_word_and_recommend_warns_on_un
 def test_recommend_forecasts_from_the_law_with_its_prediction_interval(tmp_path):
     write_lr_bs_report(tmp_path, planted_scan(seed=0), SYNTHETIC_OPTIONS)
     output = tmp_path / "rec.yaml"
-    n_held = 24.0 * 320 ** 2
-    near = recommend_main(["--from", str(tmp_path), "--memory-gb", "8", "--params", str(int(2 * n_held)),
-                           "--output", str(output)])
-    far = recommend_main(["--from", str(tmp_path), "--memory-gb", "80", "--params", str(int(100 * n_held)),
-                          "--output", str(tmp_path / "far.yaml")])
-    law = lambda n: math.exp(math.log(4e-3) + PLANTED_ALPHA * math.log(n / 24 / 32 ** 2))  # noqa: E731
+    n_held = 24.0 * 320**2
+    near = recommend_main(
+        ["--from", str(tmp_path), "--memory-gb", "8", "--params", str(int(2 * n_held)), "--output", str(output)]
+    )
+    far = recommend_main(
+        [
+            "--from",
+            str(tmp_path),
+            "--memory-gb",
+            "80",
+            "--params",
+            str(int(100 * n_held)),
+            "--output",
+            str(tmp_path / "far.yaml"),
+        ]
+    )
+    law = lambda n: math.exp(math.log(4e-3) + PLANTED_ALPHA * math.log(n / 24 / 32**2))  # noqa: E731
     assert near["heldout_verdict"] == "within 1.5x" and near["validated_extrapolation"] == pytest.approx(4.0)
     assert near["learning_rate_interval"][0] < near["learning_rate"] < near["learning_rate_interval"][1]
     assert 0.8 < near["learning_rate"] / law(2 * n_held) < 1.25
@@ -441,12 +585,14 @@ def test_multi_size_bad_inputs_are_one_line_errors():
     from llmlab.core.config import parse_config
     from llmlab.sweep.config import SweepConfig
 
-    for argv, needle in ((["--grid", "lr_bs", "--sizes", "128x2"], "at least two different sizes"),
-                         (["--grid", "lr_bs", "--sizes", "128x2", "gpt2-tiny"], "not WIDTHxDEPTH"),
-                         (["--grid", "lr_bs", "--sizes", "100x2", "128x2"], "multiple of the 32-wide"),
-                         (["--grid", "lr_bs", "--model", "gpt2-tiny", "--sizes", "96x2", "128x2"], "multiple of the 64-wide"),
-                         (["--grid", "doe20", "--sizes", "64x2", "128x2"], "belongs to --grid lr_bs"),
-                         (["--grid", "lr_bs", "--sizes", "64x2", "128x4", "--parametrization", "mup"], "one depth")):
+    for argv, needle in (
+        (["--grid", "lr_bs", "--sizes", "128x2"], "at least two different sizes"),
+        (["--grid", "lr_bs", "--sizes", "128x2", "gpt2-tiny"], "not WIDTHxDEPTH"),
+        (["--grid", "lr_bs", "--sizes", "100x2", "128x2"], "multiple of the 32-wide"),
+        (["--grid", "lr_bs", "--model", "gpt2-tiny", "--sizes", "96x2", "128x2"], "multiple of the 64-wide"),
+        (["--grid", "doe20", "--sizes", "64x2", "128x2"], "belongs to --grid lr_bs"),
+        (["--grid", "lr_bs", "--sizes", "64x2", "128x4", "--parametrization", "mup"], "one depth"),
+    ):
         with pytest.raises(UserError, match=needle):
             parse_config(SweepConfig, argv)
 
@@ -456,9 +602,35 @@ def test_smoke_multi_size_scan_end_to_end_plans_grids_and_resumes(tmp_path):
     from tests.conftest import run_script
 
     out = tmp_path / "sizes"
-    args = ["sweep.py", "--grid", "lr_bs", "--budget", "smoke", "--sizes", "32x1", "64x1", "96x1", "--lr_points", "5",
-            "--max_lr_extensions", "1", "--batch_sizes", "2", "--steps", "8", "--precheck_steps", "3", "--workers", "2",
-            "--holdout_lr_points", "3", "--holdout_replicates", "3", "--output_dir", str(out)]
+    args = [
+        "sweep.py",
+        "--grid",
+        "lr_bs",
+        "--budget",
+        "smoke",
+        "--sizes",
+        "32x1",
+        "64x1",
+        "96x1",
+        "--lr_points",
+        "5",
+        "--max_lr_extensions",
+        "1",
+        "--batch_sizes",
+        "2",
+        "--steps",
+        "8",
+        "--precheck_steps",
+        "3",
+        "--workers",
+        "2",
+        "--holdout_lr_points",
+        "3",
+        "--holdout_replicates",
+        "3",
+        "--output_dir",
+        str(out),
+    ]
     scan = run_script(args, timeout=900)
     assert scan.returncode == 0, scan.stderr[-3000:]
     plan = json.loads((out / "scan_plan.json").read_text())
@@ -545,8 +717,20 @@ def test_a_bf16_scan_on_a_cpu_without_bf16_units_is_refused_in_one_line(tmp_path
     from tests.conftest import run_script
 
     out = tmp_path / "scan"
-    args = ["sweep.py", "--grid", "lr_bs", "--budget", "smoke", "--sizes", "32x1", "64x1", "--precision", "bf16",
-            "--output_dir", str(out)]
+    args = [
+        "sweep.py",
+        "--grid",
+        "lr_bs",
+        "--budget",
+        "smoke",
+        "--sizes",
+        "32x1",
+        "64x1",
+        "--precision",
+        "bf16",
+        "--output_dir",
+        str(out),
+    ]
     refused = run_script(args, timeout=120, env={"LLMLAB_MACHINE_LABEL": "AMD EPYC (family 23 model 49) -bf16"})
     assert refused.returncode != 0 and len(refused.stderr.strip().splitlines()) == 1
     assert "no bf16 units" in refused.stderr and "--precision fp32" in refused.stderr
@@ -556,9 +740,13 @@ def test_a_bf16_scan_on_a_cpu_without_bf16_units_is_refused_in_one_line(tmp_path
 def test_the_run_order_is_balanced_blocks_reproducible_from_the_order_seed():
     from llmlab.sweep.scan import design_for, run_order
 
-    plan = {"order_seed": 7, "cells": [{"size": "32x2", "batch_size": 4, "lrs": [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2],
-                                        "seeds": 3},
-                                       {"size": "64x2", "batch_size": 4, "lrs": [1e-3, 2e-3, 4e-3], "seeds": 2}]}
+    plan = {
+        "order_seed": 7,
+        "cells": [
+            {"size": "32x2", "batch_size": 4, "lrs": [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2], "seeds": 3},
+            {"size": "64x2", "batch_size": 4, "lrs": [1e-3, 2e-3, 4e-3], "seeds": 2},
+        ],
+    }
     order = run_order(design_for(plan, 2, 42))
     blocks = [t["block"] for t in order]
     assert blocks == sorted(blocks, key=blocks.index)  # each block runs whole before the next starts
@@ -585,12 +773,26 @@ def test_a_bf16_trial_on_a_node_without_bf16_units_stops_in_one_line(tmp_path):
     from tests.conftest import REPO
 
     hp = Hparams(**resolve(parse_config(SweepConfig, []), {**CONTROL, "lr": 1e-3, "batch_size": 4}))
-    spec = TrialSpec(trial_id="t", trial_dir=str(tmp_path / "t"), data_dir=str(tmp_path / "no-data"), hparams=hp,
-                     seed=0, steps=2, precision="bf16", device="cpu")
+    spec = TrialSpec(
+        trial_id="t",
+        trial_dir=str(tmp_path / "t"),
+        data_dir=str(tmp_path / "no-data"),
+        hparams=hp,
+        seed=0,
+        steps=2,
+        precision="bf16",
+        device="cpu",
+    )
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec.to_json()))
     env = {**__import__("os").environ, "LLMLAB_MACHINE_LABEL": "AMD EPYC (family 23 model 49) -bf16"}
-    proc = subprocess.run([sys.executable, "-m", "llmlab.sweep.trial", str(path)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmlab.sweep.trial", str(path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0 and "has no bf16 units" in proc.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "t" / "result.json").exists()

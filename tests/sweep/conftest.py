@@ -1,5 +1,6 @@
 """What the sweep tests share: the smoke data cache, sweep.py's arguments, and one smoke doe20 run by the local
 launcher (test_sweep checks it end to end; test_ray compares the Ray launcher's losses with it)."""
+
 import csv
 
 import pytest
@@ -14,8 +15,18 @@ def data_cache(tmp_path_factory):
 
 def sweep_args(out, cache, *extra):
     # one CPU thread per trial: on a shared 2-core box, 2 threads per tiny trial measured ~8x slower
-    return ["sweep.py", "--budget", "smoke", "--output_dir", str(out), "--data_cache_dir", str(cache),
-            "--threads_per_worker", "1", *extra]
+    return [
+        "sweep.py",
+        "--budget",
+        "smoke",
+        "--output_dir",
+        str(out),
+        "--data_cache_dir",
+        str(cache),
+        "--threads_per_worker",
+        "1",
+        *extra,
+    ]
 
 
 def read_csv(path):

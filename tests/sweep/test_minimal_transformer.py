@@ -1,12 +1,17 @@
 """The minimal Transformer: the spec's parameter budget, tied head (trainable or frozen), causality per position
 encoding."""
+
 import math
 
 import pytest
 import torch
 
-from llmlab.models.minimal import (MinimalTransformer, MinimalTransformerConfig, expected_trainable_parameters,
-                                        parameter_table)
+from llmlab.models.minimal import (
+    MinimalTransformer,
+    MinimalTransformerConfig,
+    expected_trainable_parameters,
+    parameter_table,
+)
 from llmlab.train.common import causal_lm_loss
 
 SPEC_TRAINABLE = 1_181_376  # 4 x (4*192^2 + 2*192*384 + 2*192) + 192
@@ -112,15 +117,23 @@ def test_mup_equals_standard_at_base_width_and_scales_lr_readout_and_init_with_w
     assert multipliers["token_embedding.weight"] == multipliers["blocks.0.ln_attn.weight"] == 1.0
     # hidden init shrinks as 1/sqrt(width_mult): 0.02 / 2 at 4x the base width
     assert abs(float(wide.blocks[0].attn.qkv.weight.std()) - 0.01) < 0.001
-    optimizer = build_optimizer("adamw", list(wide.parameters()), 1e-3, 0.01,
-                                lr_multipliers={id(p): multipliers[n] for n, p in wide.named_parameters()})
+    optimizer = build_optimizer(
+        "adamw",
+        list(wide.parameters()),
+        1e-3,
+        0.01,
+        lr_multipliers={id(p): multipliers[n] for n, p in wide.named_parameters()},
+    )
     lrs = sorted({(g["lr"], g["weight_decay"]) for g in optimizer.param_groups})
     assert lrs == [(2.5e-4, 0.01), (1e-3, 0.0), (1e-3, 0.01)]
     assert optimizer.param_groups[0]["lr"] == 1e-3  # the lr the curves record is the one the user set
     ids = torch.randint(0, 50257, (1, 8))
     with torch.no_grad():  # the readout divides the tied head's logits by width_mult
-        hidden = wide.ln_final(wide.blocks[1](wide.blocks[0](wide.token_embedding(ids),
-                                                              (wide.rope_cos, wide.rope_sin))[0],
-                                              (wide.rope_cos, wide.rope_sin))[0])
+        hidden = wide.ln_final(
+            wide.blocks[1](
+                wide.blocks[0](wide.token_embedding(ids), (wide.rope_cos, wide.rope_sin))[0],
+                (wide.rope_cos, wide.rope_sin),
+            )[0]
+        )
         expected = torch.nn.functional.linear(hidden, wide.token_embedding.weight) / 4
         assert torch.allclose(wide(ids), expected, atol=1e-5)

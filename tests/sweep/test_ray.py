@@ -1,5 +1,6 @@
 """sweep.py --launcher ray on a real 2-node Ray cluster on this host (loopback only): a node removed mid-sweep,
 trials on both nodes, the same losses as the local launcher, and the one-line error without a cluster."""
+
 import json
 import os
 import subprocess
@@ -43,14 +44,35 @@ def results_by_node(out) -> dict:
 
 
 @pytest.mark.slow
-def test_smoke_doe20_on_two_nodes_survives_a_lost_node_and_matches_the_local_launcher(two_node_cluster, smoke_doe20,
-                                                                                      data_cache, tmp_path):
+def test_smoke_doe20_on_two_nodes_survives_a_lost_node_and_matches_the_local_launcher(
+    two_node_cluster, smoke_doe20, data_cache, tmp_path
+):
     cluster, second = two_node_cluster
     out = tmp_path / "ray"
-    args = sweep_args(out, data_cache, "--grid", "doe20", "--replicates", "1", "--launcher", "ray", "--ray_address",
-                      cluster.address, "--cpus_per_trial", "1", "--node_retries", "2")
-    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env={**os.environ, **LOOPBACK},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = sweep_args(
+        out,
+        data_cache,
+        "--grid",
+        "doe20",
+        "--replicates",
+        "1",
+        "--launcher",
+        "ray",
+        "--ray_address",
+        cluster.address,
+        "--cpus_per_trial",
+        "1",
+        "--node_retries",
+        "2",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=REPO,
+        env={**os.environ, **LOOPBACK},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 600
     while len(results_by_node(out)) < 2:  # both nodes have finished a trial: the second is now mid-trial
         assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
@@ -72,8 +94,10 @@ def test_smoke_doe20_on_two_nodes_survives_a_lost_node_and_matches_the_local_lau
 
 def test_no_cluster_is_a_one_line_error_naming_the_address(tmp_path, data_cache):
     pytest.importorskip("ray")
-    proc = run_script(sweep_args(tmp_path / "x", data_cache, "--grid", "doe20", "--launcher", "ray",
-                                 "--ray_address", "127.0.0.1:1"), timeout=300)
+    proc = run_script(
+        sweep_args(tmp_path / "x", data_cache, "--grid", "doe20", "--launcher", "ray", "--ray_address", "127.0.0.1:1"),
+        timeout=300,
+    )
     assert proc.returncode == 2 and "127.0.0.1:1" in proc.stderr and "ray start --head" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not (tmp_path / "x").exists()  # refused before anything was written
@@ -83,14 +107,23 @@ SMALL_GRID = ["--grid", "lr_bs", "--lrs", "1e-3", "3e-3", "--batch_sizes", "2", 
 
 
 @pytest.mark.slow
-def test_a_killed_driver_resumes_without_rerunning_and_the_timeout_holds_on_the_node(two_node_cluster, data_cache,
-                                                                                     tmp_path):
+def test_a_killed_driver_resumes_without_rerunning_and_the_timeout_holds_on_the_node(
+    two_node_cluster, data_cache, tmp_path
+):
     cluster, _ = two_node_cluster
     out = tmp_path / "killed"
-    args = [sys.executable, *sweep_args(out, data_cache, *SMALL_GRID, "--launcher", "ray", "--ray_address",
-                                        cluster.address)]
-    proc = subprocess.Popen(args, cwd=REPO, env={**os.environ, **LOOPBACK}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    args = [
+        sys.executable,
+        *sweep_args(out, data_cache, *SMALL_GRID, "--launcher", "ray", "--ray_address", cluster.address),
+    ]
+    proc = subprocess.Popen(
+        args,
+        cwd=REPO,
+        env={**os.environ, **LOOPBACK},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.time() + 300
     while not list((out / "trials").glob("*/result.json")):
         assert proc.poll() is None and time.time() < deadline
@@ -101,26 +134,44 @@ def test_a_killed_driver_resumes_without_rerunning_and_the_timeout_holds_on_the_
     resumed = run_script(args[1:], timeout=600, env=LOOPBACK)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming: {len(finished)} finished trial(s) skipped" in resumed.stdout
-    assert {p.parent.name: p.stat().st_mtime_ns for p in (out / "trials").glob("*/result.json")
-            if p.parent.name in finished} == finished  # nothing ran twice
+    assert {
+        p.parent.name: p.stat().st_mtime_ns for p in (out / "trials").glob("*/result.json") if p.parent.name in finished
+    } == finished  # nothing ran twice
     rows = read_csv(out / "results.csv")
     assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}
 
     # --trial_timeout is enforced where the trial runs: 1 s does not even cover its imports
-    slow = run_script(sweep_args(tmp_path / "timeout", data_cache, *SMALL_GRID, "--launcher", "ray", "--ray_address",
-                                 cluster.address, "--trial_timeout", "1", "--no-rerun_crashed"), timeout=600, env=LOOPBACK)
+    slow = run_script(
+        sweep_args(
+            tmp_path / "timeout",
+            data_cache,
+            *SMALL_GRID,
+            "--launcher",
+            "ray",
+            "--ray_address",
+            cluster.address,
+            "--trial_timeout",
+            "1",
+            "--no-rerun_crashed",
+        ),
+        timeout=600,
+        env=LOOPBACK,
+    )
     assert slow.returncode == 0, slow.stderr[-3000:]
     rows = read_csv(tmp_path / "timeout" / "results.csv")
     assert {r["status"] for r in rows} == {"timeout"} and all("1 s trial timeout" in r["failures"] for r in rows)
     assert all(r["node"] for r in rows)
 
 
-@pytest.mark.parametrize("flags,needle", [
-    (["--cpus_per_trial", "0"], "--cpus_per_trial must be > 0"),
-    (["--gpus_per_trial", "-1"], "--gpus_per_trial and --node_retries >= 0"),
-    (["--node_retries", "-1"], "--gpus_per_trial and --node_retries >= 0"),
-    (["--gpus_per_trial", "1"], "pass --precision bf16, fp16 or fp32"),
-])
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (["--cpus_per_trial", "0"], "--cpus_per_trial must be > 0"),
+        (["--gpus_per_trial", "-1"], "--gpus_per_trial and --node_retries >= 0"),
+        (["--node_retries", "-1"], "--gpus_per_trial and --node_retries >= 0"),
+        (["--gpus_per_trial", "1"], "pass --precision bf16, fp16 or fp32"),
+    ],
+)
 def test_bad_ray_options_are_one_line_errors_before_anything_is_written(tmp_path, flags, needle):
     proc = run_script(sweep_args(tmp_path / "x", tmp_path / "cache", "--grid", "doe20", "--launcher", "ray", *flags))
     lines = proc.stderr.strip().splitlines()

@@ -1,4 +1,5 @@
 """sweep.py end to end on real processes: smoke doe20, a SIGKILLed worker, resume, fail-safes, bad grids."""
+
 import json
 import os
 import re
@@ -13,8 +14,16 @@ import pytest
 
 from llmlab.core.errors import UserError
 from llmlab.sweep.config import BUDGETS
-from llmlab.sweep.design import (CONTROL, FACTORS, balance_design, doe20_design, grid_from_yaml, latin_hypercube_levels,
-                                 level_counts, lr_bs_design)
+from llmlab.sweep.design import (
+    CONTROL,
+    FACTORS,
+    balance_design,
+    doe20_design,
+    grid_from_yaml,
+    latin_hypercube_levels,
+    level_counts,
+    lr_bs_design,
+)
 from tests.conftest import REPO, run_script
 from tests.sweep.conftest import read_csv, sweep_args
 
@@ -54,25 +63,33 @@ def test_balance_repair_fixes_a_deficient_latin_hypercube():
 def test_lr_bs_grid_and_yaml_grids(tmp_path):
     grid = lr_bs_design([1e-4, 1e-3], [8, 16])
     assert [(t["lr"], t["batch_size"]) for t in grid] == [(1e-4, 8), (1e-3, 8), (1e-4, 16), (1e-3, 16)]
-    explicit, settings = grid_from_yaml(write_grid(tmp_path / "e.yaml", "trials:\n  - {optimizer: lion}\n  - {trial_id: x, clip: adaptive}\n"))
+    explicit, settings = grid_from_yaml(
+        write_grid(tmp_path / "e.yaml", "trials:\n  - {optimizer: lion}\n  - {trial_id: x, clip: adaptive}\n")
+    )
     assert settings == {}
     assert explicit[0] == {"trial_id": "g01", **{**CONTROL, "optimizer": "lion"}} and explicit[1]["clip"] == "adaptive"
-    factorial, _ = grid_from_yaml(write_grid(tmp_path / "f.yaml", "factorial:\n  optimizer: [adamw, lion]\n  warmup: [100, 500, 1000]\n"))
+    factorial, _ = grid_from_yaml(
+        write_grid(tmp_path / "f.yaml", "factorial:\n  optimizer: [adamw, lion]\n  warmup: [100, 500, 1000]\n")
+    )
     assert len(factorial) == 6 and {(t["optimizer"], t["warmup"]) for t in factorial} == {
-        (o, w) for o in ("adamw", "lion") for w in (100, 500, 1000)}
+        (o, w) for o in ("adamw", "lion") for w in (100, 500, 1000)
+    }
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("trials: [{optimizer: sgd}]", "optimizer = 'sgd' is invalid"),
-    ("trials: [{learning_rate: 0.1}]", "unknown key(s) learning_rate"),
-    ("trials: []", "non-empty list"),
-    ("factorial: {clip: 1.0}", "non-empty list"),
-    ("factorial: {clip: [-1]}", "clip = -1 is invalid"),
-    ("trials: [{warmup: 1.5}]", "warmup = 1.5 is invalid"),
-    ("grid: [1, 2]", "exactly one of"),
-    ("trials: [{trial_id: a}, {trial_id: a}]", "used more than once"),
-    ("trials: [unclosed", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("trials: [{optimizer: sgd}]", "optimizer = 'sgd' is invalid"),
+        ("trials: [{learning_rate: 0.1}]", "unknown key(s) learning_rate"),
+        ("trials: []", "non-empty list"),
+        ("factorial: {clip: 1.0}", "non-empty list"),
+        ("factorial: {clip: [-1]}", "clip = -1 is invalid"),
+        ("trials: [{warmup: 1.5}]", "warmup = 1.5 is invalid"),
+        ("grid: [1, 2]", "exactly one of"),
+        ("trials: [{trial_id: a}, {trial_id: a}]", "used more than once"),
+        ("trials: [unclosed", "not valid YAML"),
+    ],
+)
 def test_bad_grid_files_are_one_line_errors(tmp_path, text, needle):
     with pytest.raises(UserError, match=None) as err:
         grid_from_yaml(write_grid(tmp_path / "bad.yaml", text))
@@ -80,8 +97,11 @@ def test_bad_grid_files_are_one_line_errors(tmp_path, text, needle):
 
 
 def test_bad_grid_on_the_command_line(tmp_path):
-    for grid, needle in ((write_grid(tmp_path / "bad.yaml", "trials: [{optimizer: sgd}]"), "optimizer = 'sgd'"),
-                         (str(tmp_path / "missing.yaml"), "not found"), ("doe99", "neither a known grid")):
+    for grid, needle in (
+        (write_grid(tmp_path / "bad.yaml", "trials: [{optimizer: sgd}]"), "optimizer = 'sgd'"),
+        (str(tmp_path / "missing.yaml"), "not found"),
+        ("doe99", "neither a known grid"),
+    ):
         proc = run_script(sweep_args(tmp_path / "out", tmp_path / "cache", "--grid", grid))
         assert proc.returncode == 2, proc.stderr
         lines = proc.stderr.strip().splitlines()
@@ -98,16 +118,34 @@ def test_smoke_doe20_end_to_end(smoke_doe20):
     rows = read_csv(out / "results.csv")
     assert len(rows) == 25 and {r["status"] for r in rows} == {"ok"}  # 19 points + the control 6 times
     for row in rows:
-        for key in ("final_loss", "val_perplexity", "stability_index", "attention_entropy_last_layer",
-                    "update_ratio_mean", "grad_norm_mean", "grad_norm_std", "peak_memory_mb", "wall_time_s",
-                    "initial_loss_slope", "early_loss_std", "time_per_step_s", "val_loss_pos_2-8", "val_loss_pos_25-32"):
+        for key in (
+            "final_loss",
+            "val_perplexity",
+            "stability_index",
+            "attention_entropy_last_layer",
+            "update_ratio_mean",
+            "grad_norm_mean",
+            "grad_norm_std",
+            "peak_memory_mb",
+            "wall_time_s",
+            "initial_loss_slope",
+            "early_loss_std",
+            "time_per_step_s",
+            "val_loss_pos_2-8",
+            "val_loss_pos_25-32",
+        ):
             assert row[key] not in ("", "None"), (row["trial_id"], key)
         assert 5 < float(row["final_loss"]) < 12
     control = next(r for r in rows if r["trial_id"] == "control")
     assert float(control["delta_loss"]) == 0.0
     report = (out / "report.md").read_text()
-    for section in ("## Design", "## Effects on final loss", "## Two-factor interactions", "## Verdict: effective gain",
-                    "plots/loss_curves.png"):
+    for section in (
+        "## Design",
+        "## Effects on final loss",
+        "## Two-factor interactions",
+        "## Verdict: effective gain",
+        "plots/loss_curves.png",
+    ):
         assert section in report
     assert report.count("| t") >= 19
     smoke = BUDGETS["smoke"]
@@ -170,14 +208,19 @@ def test_killed_worker_is_recorded_and_resume_reruns_only_it(tmp_path, data_cach
 
 @pytest.mark.slow
 def test_each_fail_safe_trips_and_retries_once(tmp_path, data_cache):
-    grid = write_grid(tmp_path / "g.yaml", "trials:\n"
-                      "  - {trial_id: blowup, optimizer: adamw, lr: 50.0, clip: 1.0, warmup: 0}\n"
-                      "  - {trial_id: frozen, lr: 0.0, warmup: 500}\n")
+    grid = write_grid(
+        tmp_path / "g.yaml",
+        "trials:\n"
+        "  - {trial_id: blowup, optimizer: adamw, lr: 50.0, clip: 1.0, warmup: 0}\n"
+        "  - {trial_id: frozen, lr: 0.0, warmup: 500}\n",
+    )
     out = tmp_path / "a"
     proc = run_script(sweep_args(out, data_cache, "--grid", grid, "--workers", "2", "--flat_window", "4"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = {r["trial_id"]: json.loads((out / "trials" / r["trial_id"] / "result.json").read_text())
-            for r in read_csv(out / "results.csv")}
+    rows = {
+        r["trial_id"]: json.loads((out / "trials" / r["trial_id"] / "result.json").read_text())
+        for r in read_csv(out / "results.csv")
+    }
     blowup, frozen = rows["blowup"], rows["frozen"]
     assert blowup["status"] == "failed" and blowup["boundary"] and blowup["attempts"] == 2
     assert blowup["fallback"] == "clip 1.0 -> 0.9" and blowup["effective_hparams"]["clip"] == 0.9
@@ -186,7 +229,9 @@ def test_each_fail_safe_trips_and_retries_once(tmp_path, data_cache):
     assert all("probe loss moved 0.00e+00 < 1e-05 over 4 steps" in f for f in frozen["failures"])
     assert "boundary case" in (out / "report.md").read_text()
 
-    grid = write_grid(tmp_path / "h.yaml", "trials:\n  - {trial_id: spike, optimizer: lion, lr: 50.0, clip: 0, warmup: 0}\n")
+    grid = write_grid(
+        tmp_path / "h.yaml", "trials:\n  - {trial_id: spike, optimizer: lion, lr: 50.0, clip: 0, warmup: 0}\n"
+    )
     out = tmp_path / "b"
     proc = run_script(sweep_args(out, data_cache, "--grid", grid, "--fail_loss", "1e9"))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -221,7 +266,10 @@ def test_precheck_stops_a_trial_that_cannot_finish_within_its_timeout(tmp_path, 
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "trials" / "g01" / "result.json").read_text())
     assert result["status"] == "failed" and result["attempts"] == 1 and result["fallback"] is None
-    assert result["failures"][0].startswith("pre-check: projected") and "exceeds the trial timeout 120 s" in result["failures"][0]
+    assert (
+        result["failures"][0].startswith("pre-check: projected")
+        and "exceeds the trial timeout 120 s" in result["failures"][0]
+    )
     assert len(result["curves"]["loss"]) == 10  # stopped at the end of the 10-step pre-check
 
 
@@ -243,8 +291,20 @@ def test_cuda_trial_uses_fp16_with_grad_scaler(tmp_path, data_cache):
 def test_help_lists_every_option():
     proc = run_script(["sweep.py", "--help"])
     assert proc.returncode == 0, proc.stderr
-    for flag in ("--grid", "--budget", "--workers", "--trial_timeout", "--lrs", "--batch_sizes", "--clip",
-                 "--label_smoothing", "--model", "--fail_grad_norm", "--flat_window", "--config"):
+    for flag in (
+        "--grid",
+        "--budget",
+        "--workers",
+        "--trial_timeout",
+        "--lrs",
+        "--batch_sizes",
+        "--clip",
+        "--label_smoothing",
+        "--model",
+        "--fail_grad_norm",
+        "--flat_window",
+        "--config",
+    ):
         assert flag in proc.stdout
 
 
@@ -255,8 +315,10 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
     from llmlab.sweep.trial import train_attempt
 
     rng = np.random.default_rng(0)
-    data = {"train": rng.integers(0, 50257, (64, 16)).astype(np.uint16),
-            "validation": rng.integers(0, 50257, (8, 16)).astype(np.uint16)}
+    data = {
+        "train": rng.integers(0, 50257, (64, 16)).astype(np.uint16),
+        "validation": rng.integers(0, 50257, (8, 16)).astype(np.uint16),
+    }
     from dataclasses import replace
 
     from llmlab.core.config import parse_config
@@ -264,17 +326,42 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
     from llmlab.sweep.factors import resolve
     from llmlab.sweep.spec import Hparams, TrialSpec
 
-    hp = Hparams(**resolve(parse_config(SweepConfig, []), {**CONTROL, "warmup": 0, "lr": 1e-3, "batch_size": 4,
-                                                           "position_encoding": "sinusoidal"}))
-    spec = TrialSpec(trial_id="acc", trial_dir=str(tmp_path), data_dir=str(tmp_path), hparams=hp, seed=42, steps=2,
-                     block_size=16, log_every=1, precheck_steps=2, timeout_s=600, eval_batches=1, eval_batch_size=4)
+    hp = Hparams(
+        **resolve(
+            parse_config(SweepConfig, []),
+            {**CONTROL, "warmup": 0, "lr": 1e-3, "batch_size": 4, "position_encoding": "sinusoidal"},
+        )
+    )
+    spec = TrialSpec(
+        trial_id="acc",
+        trial_dir=str(tmp_path),
+        data_dir=str(tmp_path),
+        hparams=hp,
+        seed=42,
+        steps=2,
+        block_size=16,
+        log_every=1,
+        precheck_steps=2,
+        timeout_s=600,
+        eval_batches=1,
+        eval_batch_size=4,
+    )
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matmuls: one thread is faster on a shared 2-core box
     try:
-        runs = [train_attempt(replace(spec, micro_batch_size=micro), hp, data, torch.device("cpu"),
-                              tmp_path / str(micro), __import__("time").time()) for micro in (4, 1)]
+        runs = [
+            train_attempt(
+                replace(spec, micro_batch_size=micro),
+                hp,
+                data,
+                torch.device("cpu"),
+                tmp_path / str(micro),
+                __import__("time").time(),
+            )
+            for micro in (4, 1)
+        ]
     finally:
         torch.set_num_threads(threads)
     assert runs[1]["summary"]["accumulation_steps"] == 4 and runs[0]["summary"]["accumulation_steps"] == 1
@@ -292,19 +379,32 @@ def _gain_case(with_replicates: bool):
     control_curve = list(8 - 2 * (1 - np.exp(-steps / 60)) + 0.05 * np.sin(steps))
     fast_steady = list(8 - 2.2 * (1 - np.exp(-steps / 30)) + 0.01 * np.sin(steps))
     fast_noisy = list(8 - 2.2 * (1 - np.exp(-steps / 30)) + 0.3 * np.sin(steps))
-    base = [{"trial_id": "control", **CONTROL}, {"trial_id": "win", **CONTROL, "optimizer": "lion"},
-            {"trial_id": "noisy", **CONTROL, "optimizer": "adafactor"}, {"trial_id": "small", **CONTROL}]
+    base = [
+        {"trial_id": "control", **CONTROL},
+        {"trial_id": "win", **CONTROL, "optimizer": "lion"},
+        {"trial_id": "noisy", **CONTROL, "optimizer": "adafactor"},
+        {"trial_id": "small", **CONTROL},
+    ]
     design = replicate(base, 3 if with_replicates else 1, False, 42)
 
     def result(trial_id, curve, final_loss):
         tail = np.array(curve[-100:])
-        hparams = {k: v for k, v in next(t for t in design if t["trial_id"] == trial_id).items()
-                   if k in CONTROL}
-        return {"trial_id": trial_id, "status": "ok", "hparams": hparams, "curves": {"loss": curve},
-                "final_loss": final_loss, "stability_index": float(tail.std() / tail.mean())}
+        hparams = {k: v for k, v in next(t for t in design if t["trial_id"] == trial_id).items() if k in CONTROL}
+        return {
+            "trial_id": trial_id,
+            "status": "ok",
+            "hparams": hparams,
+            "curves": {"loss": curve},
+            "final_loss": final_loss,
+            "stability_index": float(tail.std() / tail.mean()),
+        }
 
-    results = [result("control", control_curve, 6.0), result("win", fast_steady, 5.8),
-               result("noisy", fast_noisy, 5.8), result("small", fast_steady, 5.97)]
+    results = [
+        result("control", control_curve, 6.0),
+        result("win", fast_steady, 5.8),
+        result("noisy", fast_noisy, 5.8),
+        result("small", fast_steady, 5.97),
+    ]
     if with_replicates:  # seed noise of 0.01 nats: a 0.2 gain is resolved, a 0.03 one is not
         results += [result("control-r1", control_curve, 6.01), result("control-r2", control_curve, 5.99)]
     return derived_metrics(design, results, None)
@@ -315,8 +415,14 @@ def test_effective_gain_needs_all_three_criteria_and_a_resolved_difference():
 
     rows, facts = _gain_case(with_replicates=True)
     verdict = {r["trial_id"]: r["effective_gain"] for r in rows}
-    assert verdict == {"control": False, "control-r1": False, "control-r2": False, "win": True, "noisy": False,
-                       "small": False}
+    assert verdict == {
+        "control": False,
+        "control-r1": False,
+        "control-r2": False,
+        "win": True,
+        "noisy": False,
+        "small": False,
+    }
     win = next(r for r in rows if r["trial_id"] == "win")
     assert win["gain_resolved"] and win["delta_ci_high"] < 0 < win["delta_ci_high"] + 0.3
     assert win["steps_to_target"] < 0.9 * facts["reference_steps_to_target"]

@@ -1,5 +1,6 @@
 """The factor registry and the typed trial contract (issue 21): level checks, defaults, replicate names, warmup at
 every budget, and the factors the original lab had (accumulation, loss masking, token-masking ratio) in real runs."""
+
 import json
 import math
 
@@ -21,18 +22,27 @@ def test_every_factor_has_a_check_a_default_and_a_trial_field(tmp_path):
     assert set(levels) == set(REGISTRY) == set(Hparams.__dataclass_fields__)
     assert set(FACTORS) | set(EXTRA_FACTORS) == set(REGISTRY)
     assert levels["lr"] == 1e-3 and levels["accumulation"] == 1 and levels["loss_mask"] == "full"
-    spec = TrialSpec(trial_id="t", trial_dir=str(tmp_path), data_dir=str(tmp_path), hparams=Hparams(**levels),
-                     seed=1, steps=10)
+    spec = TrialSpec(
+        trial_id="t", trial_dir=str(tmp_path), data_dir=str(tmp_path), hparams=Hparams(**levels), seed=1, steps=10
+    )
     assert TrialSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec  # written as JSON, read back typed
     with pytest.raises(ValueError, match="unknown spec keys"):
         TrialSpec.from_json({**spec.to_json(), "print_parameters": True})
 
 
-@pytest.mark.parametrize("entry, fragment", [
-    ("{lr: .nan}", "lr = nan is invalid"), ("{weight_decay: .inf}", "weight_decay = inf is invalid"),
-    ("{clip: .nan}", "clip = nan is invalid"), ("{accumulation: 0}", "accumulation = 0 is invalid"),
-    ("{loss_mask: both}", "one of full, padding"), ("{token_mask_ratio: 1.0}", "token_mask_ratio = 1.0"),
-    ("{lr: -1}", "lr = -1 is invalid"), ("{batch_size: true}", "batch_size = True is invalid")])
+@pytest.mark.parametrize(
+    "entry, fragment",
+    [
+        ("{lr: .nan}", "lr = nan is invalid"),
+        ("{weight_decay: .inf}", "weight_decay = inf is invalid"),
+        ("{clip: .nan}", "clip = nan is invalid"),
+        ("{accumulation: 0}", "accumulation = 0 is invalid"),
+        ("{loss_mask: both}", "one of full, padding"),
+        ("{token_mask_ratio: 1.0}", "token_mask_ratio = 1.0"),
+        ("{lr: -1}", "lr = -1 is invalid"),
+        ("{batch_size: true}", "batch_size = True is invalid"),
+    ],
+)
 def test_bad_levels_are_one_line_errors_naming_the_trial(tmp_path, entry, fragment):
     grid = tmp_path / "grid.yaml"
     grid.write_text(f"trials:\n  - {entry}\n")
@@ -79,14 +89,31 @@ def test_new_factors_run_in_a_yaml_grid(tmp_path):
     grid = tmp_path / "grid.yaml"
     grid.write_text(GRID)
     out = tmp_path / "out"
-    proc = run_script(["sweep.py", "--grid", str(grid), "--budget", "smoke", "--workers", "2", "--threads_per_worker",
-                       "1", "--output_dir", str(out)], timeout=900)
+    proc = run_script(
+        [
+            "sweep.py",
+            "--grid",
+            str(grid),
+            "--budget",
+            "smoke",
+            "--workers",
+            "2",
+            "--threads_per_worker",
+            "1",
+            "--output_dir",
+            str(out),
+        ],
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = {p.parent.name: json.loads(p.read_text()) for p in (out / "trials").glob("*/result.json")}
     assert {r["status"] for r in results.values()} == {"ok"}
     control = results["control"]
     for name, accumulation in (("acc2", 2), ("acc4", 4), ("acc8", 8)):  # equal effective batch, same gradients
-        assert results[name]["accumulation_steps"] == accumulation and results[name]["micro_batch_size"] == 8 // accumulation
+        assert (
+            results[name]["accumulation_steps"] == accumulation
+            and results[name]["micro_batch_size"] == 8 // accumulation
+        )
         assert results[name]["final_loss"] == pytest.approx(control["final_loss"], abs=2e-3)
     assert results["padded"]["final_loss"] != control["final_loss"]
     assert results["halfmask"]["curves"]["loss"][0] != control["curves"]["loss"][0]  # half the targets: another mean

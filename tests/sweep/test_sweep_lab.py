@@ -1,4 +1,5 @@
 """The calibrated lab (issue 11): seed replicates, pure-error statistics, new factors, eval scalars, resume."""
+
 import csv
 import json
 
@@ -16,8 +17,20 @@ def read_csv(path):
 
 
 def smoke_args(out, cache, grid, *extra):
-    return ["sweep.py", "--budget", "smoke", "--output_dir", str(out), "--data_cache_dir", str(cache),
-            "--threads_per_worker", "1", "--grid", str(grid), *extra]
+    return [
+        "sweep.py",
+        "--budget",
+        "smoke",
+        "--output_dir",
+        str(out),
+        "--data_cache_dir",
+        str(cache),
+        "--threads_per_worker",
+        "1",
+        "--grid",
+        str(grid),
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +39,10 @@ def data_cache(tmp_path_factory):
 
 
 # ------------------------------------------------------------------ statistics on planted data (in-process)
-PLANTED = {"optimizer": {"adamw": -0.2, "lion": 0.3, "adafactor": -0.1},
-           "warmup": {100: 0.08, 500: 0.0, 1000: -0.08}}  # clip, scheduler, weight decay: no effect at all
+PLANTED = {
+    "optimizer": {"adamw": -0.2, "lion": 0.3, "adafactor": -0.1},
+    "warmup": {100: 0.08, 500: 0.0, 1000: -0.08},
+}  # clip, scheduler, weight decay: no effect at all
 
 
 def planted_rows(noise_sd: float, seed: int = 0, replicates: int = 3) -> list[dict]:
@@ -56,7 +71,10 @@ def test_treatment_contrasts_recover_planted_effects_and_holm_keeps_zero_effects
             if level == CONTROL[factor]:
                 continue
             c = contrasts[(factor, str(level))]
-            assert np.sign(c["effect"]) == np.sign(truth - reference) and abs(c["effect"] - (truth - reference)) < 3 * c["se"]
+            assert (
+                np.sign(c["effect"]) == np.sign(truth - reference)
+                and abs(c["effect"] - (truth - reference)) < 3 * c["se"]
+            )
             assert c["verdict"] == "resolved" and c["p_holm"] >= c["p_value"]
     for factor in ("scheduler", "clip", "weight_decay"):  # planted zero effects stay within noise after Holm
         assert all(c["verdict"] == "within noise" for c in fitted["contrasts"] if c["factor"] == factor)
@@ -64,7 +82,9 @@ def test_treatment_contrasts_recover_planted_effects_and_holm_keeps_zero_effects
     assert tests["optimizer"]["verdict"] == tests["warmup"]["verdict"] == "resolved"
     assert all(tests[f]["verdict"] == "within noise" for f in ("scheduler", "clip", "weight_decay"))
     shares = stats.variance_shares(rows, list(FACTORS), ["final_loss"], CONTROL, ORDER)["final_loss"]
-    total_ss = float(np.sum((np.array([r["final_loss"] for r in rows]) - np.mean([r["final_loss"] for r in rows])) ** 2))
+    total_ss = float(
+        np.sum((np.array([r["final_loss"] for r in rows]) - np.mean([r["final_loss"] for r in rows])) ** 2)
+    )
     assert shares["optimizer"] > 0.5 and shares["clip"] < 0.02 and abs(sum(shares.values()) - 1) < 1e-9
     assert shares["residual"] == pytest.approx(fitted["fit"].ssr / total_ss)
 
@@ -86,8 +106,11 @@ def test_effect_intervals_cover_the_truth_95_percent_of_the_time():
     truth = PLANTED["optimizer"]["lion"] - PLANTED["optimizer"]["adamw"]
     for seed in range(60):
         rows = planted_rows(noise_sd=0.05, seed=seed, replicates=2)
-        contrast = next(c for c in stats.fit_effects(rows, list(FACTORS), CONTROL, "final_loss", ORDER)["contrasts"]
-                        if c["factor"] == "optimizer" and c["level"] == "lion")
+        contrast = next(
+            c
+            for c in stats.fit_effects(rows, list(FACTORS), CONTROL, "final_loss", ORDER)["contrasts"]
+            if c["factor"] == "optimizer" and c["level"] == "lion"
+        )
         covered.append(contrast["ci_low"] <= truth <= contrast["ci_high"])
     assert 0.88 <= np.mean(covered) <= 1.0  # binomial(60, 0.95): 0.88 is ~2.5 sd below
 
@@ -142,8 +165,17 @@ def lab_grid_run(tmp_path_factory, data_cache):
 def test_yaml_grid_with_seeds_replicates_and_every_new_factor(lab_grid_run):
     _, _, out, _ = lab_grid_run
     rows = {r["trial_id"]: r for r in read_csv(out / "results.csv")}
-    assert set(rows) == {"control", "control-r1", "same_a", "same_b", "learned", "sinus", "valueclip", "smooth",
-                         "bigbatch"}
+    assert set(rows) == {
+        "control",
+        "control-r1",
+        "same_a",
+        "same_b",
+        "learned",
+        "sinus",
+        "valueclip",
+        "smooth",
+        "bigbatch",
+    }
     assert {r["status"] for r in rows.values()} == {"ok"}
     assert (rows["control"]["seed"], rows["control-r1"]["seed"], rows["control-r1"]["replicate"]) == ("42", "43", "1")
     # same seed and settings reproduce exactly; another seed gives another run
@@ -184,10 +216,12 @@ def test_resume_with_more_replicates_runs_only_the_new_seeds(lab_grid_run, data_
 
 
 def test_bad_replication_settings_are_one_line_errors(tmp_path, data_cache):
-    for text, needle in (("replicates: 0\ntrials: [{optimizer: adamw}]\n", "replicates = 0 is invalid"),
-                         ("replicate_all: 3\ntrials: [{optimizer: adamw}]\n", "replicate_all must be true or false"),
-                         ("trials: [{clip_mode: value, clip: adaptive}]\n", "clip_mode value needs a number clip"),
-                         ("trials: [{position_encoding: alibi}]\n", "position_encoding = 'alibi' is invalid")):
+    for text, needle in (
+        ("replicates: 0\ntrials: [{optimizer: adamw}]\n", "replicates = 0 is invalid"),
+        ("replicate_all: 3\ntrials: [{optimizer: adamw}]\n", "replicate_all must be true or false"),
+        ("trials: [{clip_mode: value, clip: adaptive}]\n", "clip_mode value needs a number clip"),
+        ("trials: [{position_encoding: alibi}]\n", "position_encoding = 'alibi' is invalid"),
+    ):
         grid = tmp_path / "bad.yaml"
         grid.write_text(text)
         proc = run_script(smoke_args(tmp_path / "out", data_cache, grid))
@@ -203,8 +237,15 @@ def test_the_resume_fingerprint_ignores_exactly_the_options_declared_outcome_fal
     from llmlab.sweep.runner import settings_fingerprint
 
     base = SweepConfig()
-    neutral = {"workers": 2, "launcher": "spawn", "ray_address": "10.0.0.1:6379", "node_retries": 5,
-               "trial_timeout": 99, "threads_per_worker": 1, "output_dir": "elsewhere"}
+    neutral = {
+        "workers": 2,
+        "launcher": "spawn",
+        "ray_address": "10.0.0.1:6379",
+        "node_retries": 5,
+        "trial_timeout": 99,
+        "threads_per_worker": 1,
+        "output_dir": "elsewhere",
+    }
     assert {f.name for f in fields(SweepConfig) if f.metadata.get("outcome") is False} >= set(neutral)
     assert settings_fingerprint(replace(base, **neutral)) == settings_fingerprint(base)
     for changed in ({"seed": 7}, {"label_smoothing": 0.1}, {"budget": "smoke"}):

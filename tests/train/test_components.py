@@ -1,5 +1,6 @@
 """The component registries (llmlab.train.components): one entry makes an optimizer or a schedule a choice of both
 trainers, a level of the lab's trials, a recommend option and a memory-model row."""
+
 import json
 import os
 
@@ -11,7 +12,7 @@ from tests.conftest import REPO, run_script
 from tests.train.test_lora import TINY_RUN
 from tests.train.test_pretrain import SMALL
 
-PLUGIN = '''
+PLUGIN = """
 import json, os
 import torch
 from accelerate.tracking import GeneralTracker, register_tracker_class
@@ -47,13 +48,12 @@ class PluginTracker(GeneralTracker):  # accelerate's own tracker registry: a --r
 
 
 register_tracker_class(PluginTracker)
-'''
+"""
 
 
 def test_the_shipped_entries_keep_their_conventions():
     assert components.OPTIMIZERS["lion"].lr_divisor == 3.0  # the documented Lion convention
-    assert {n: e.state_bytes for n, e in components.OPTIMIZERS.items()} == {"adamw": 8.0, "lion": 4.0,
-                                                                            "adafactor": 0.0}
+    assert {n: e.state_bytes for n, e in components.OPTIMIZERS.items()} == {"adamw": 8.0, "lion": 4.0, "adafactor": 0.0}
     assert [n for n, e in components.OPTIMIZERS.items() if e.deepspeed] == ["adamw"]
     shares = {n: e.mean_lr_share() for n, e in components.SCHEDULES.items()}
     assert shares == pytest.approx({"linear": 0.5, "cosine": 0.5, "polynomial": 1 / 3, "constant": 1.0}, abs=2e-3)
@@ -65,26 +65,69 @@ def test_a_plugin_that_cannot_be_imported_is_one_line(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_an_optimizer_and_schedule_registered_in_one_place_train_everywhere(tmp_path, tiny_gpt2_dir,
-                                                                          pydoc_cache_dir):
+def test_an_optimizer_and_schedule_registered_in_one_place_train_everywhere(tmp_path, tiny_gpt2_dir, pydoc_cache_dir):
     """One plugin module (LLMLAB_PLUGINS) registers SGD, a step schedule and a tracker: pretraining, LoRA and a sweep
     trial build and log to them. Real processes: each imports the plugin itself."""
     (tmp_path / "llmlab_test_plugin.py").write_text(PLUGIN)
-    env = {"LLMLAB_PLUGINS": "llmlab_test_plugin",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        "LLMLAB_PLUGINS": "llmlab_test_plugin",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
     chosen = ["--optimizer", "plugin_sgd", "--lr_scheduler", "plugin_step", "--report_to", "plugin_tracker"]
-    pre = run_script(["train_pretrain.py", *SMALL, "--cache_dir", str(tmp_path / "cache"), "--max_steps", "3",
-                      "--output_dir", str(tmp_path / "pre"), *chosen], env=env, timeout=600)
+    pre = run_script(
+        [
+            "train_pretrain.py",
+            *SMALL,
+            "--cache_dir",
+            str(tmp_path / "cache"),
+            "--max_steps",
+            "3",
+            "--output_dir",
+            str(tmp_path / "pre"),
+            *chosen,
+        ],
+        env=env,
+        timeout=600,
+    )
     assert pre.returncode == 0 and "PLUGIN SGD BUILT" in pre.stdout, pre.stderr[-2000:]
-    lora = run_script(["train_lora.py", "--base_model", str(tiny_gpt2_dir), "--cache_dir", str(pydoc_cache_dir),
-                       *TINY_RUN, "--max_steps", "2", "--output_dir", str(tmp_path / "lora"), *chosen],
-                      env=env, timeout=600)
+    lora = run_script(
+        [
+            "train_lora.py",
+            "--base_model",
+            str(tiny_gpt2_dir),
+            "--cache_dir",
+            str(pydoc_cache_dir),
+            *TINY_RUN,
+            "--max_steps",
+            "2",
+            "--output_dir",
+            str(tmp_path / "lora"),
+            *chosen,
+        ],
+        env=env,
+        timeout=600,
+    )
     assert lora.returncode == 0 and "PLUGIN SGD BUILT" in lora.stdout, lora.stderr[-2000:]
     (tmp_path / "grid.yaml").write_text("trials:\n  - {optimizer: plugin_sgd, scheduler: plugin_step}\n")
-    sweep = run_script(["sweep.py", "--grid", str(tmp_path / "grid.yaml"), "--budget", "smoke", "--workers", "1",
-                        "--output_dir", str(tmp_path / "sweep"), "--data_cache_dir", str(tmp_path / "cache"),
-                        "--report_to", "plugin_tracker"],
-                       env=env, timeout=600)
+    sweep = run_script(
+        [
+            "sweep.py",
+            "--grid",
+            str(tmp_path / "grid.yaml"),
+            "--budget",
+            "smoke",
+            "--workers",
+            "1",
+            "--output_dir",
+            str(tmp_path / "sweep"),
+            "--data_cache_dir",
+            str(tmp_path / "cache"),
+            "--report_to",
+            "plugin_tracker",
+        ],
+        env=env,
+        timeout=600,
+    )
     assert sweep.returncode == 0, sweep.stderr[-2000:]
     (trial,) = [p for p in (tmp_path / "sweep" / "trials").iterdir() if p.is_dir()]
     result = json.loads((trial / "result.json").read_text())
@@ -105,8 +148,11 @@ def test_recommend_and_the_memory_model_read_the_registry(monkeypatch):
 
     with pytest.raises(UserError, match="--optimizer: 'plugin_sgd' is not one of adamw, lion, adafactor"):
         build_config(RecommendConfig, {"optimizer": "plugin_sgd"})
-    monkeypatch.setitem(components.OPTIMIZERS, "plugin_sgd",
-                        components.OptimizerEntry(lambda *a: None, state_bytes=4.0, deepspeed=False))
+    monkeypatch.setitem(
+        components.OPTIMIZERS,
+        "plugin_sgd",
+        components.OptimizerEntry(lambda *a: None, state_bytes=4.0, deepspeed=False),
+    )
     with pytest.raises(UserError, match="--from is required"):  # the optimizer passed; the next check speaks
         build_config(RecommendConfig, {"optimizer": "plugin_sgd"})
     assert memory.state_bytes_per_param("plugin_sgd", 0, False, "bf16") == 4.0 + 4.0 + 4.0

@@ -1,5 +1,6 @@
 """Several processes on one CPU machine train one model: real launches (accelerate --multi_gpu, torchrun) against
 one process with gradient accumulation, step by step, and validation on the same tokens at any world size."""
+
 from __future__ import annotations
 
 import os
@@ -11,9 +12,32 @@ import pytest
 from llmlab.core.io import read_jsonl
 from tests.conftest import REPO, free_port
 
-TINY = ["--n_layer", "2", "--n_embd", "64", "--n_head", "2", "--block_size", "64", "--max_steps", "8",
-        "--max_documents", "5", "--eval_every", "4", "--eval_batches", "4",
-        "--sample_tokens", "0", "--save_every", "100", "--batch_size", "2", "--effective_batch_size", "4"]
+TINY = [
+    "--n_layer",
+    "2",
+    "--n_embd",
+    "64",
+    "--n_head",
+    "2",
+    "--block_size",
+    "64",
+    "--max_steps",
+    "8",
+    "--max_documents",
+    "5",
+    "--eval_every",
+    "4",
+    "--eval_batches",
+    "4",
+    "--sample_tokens",
+    "0",
+    "--save_every",
+    "100",
+    "--batch_size",
+    "2",
+    "--effective_batch_size",
+    "4",
+]
 
 
 def curves(out) -> dict:
@@ -30,9 +54,14 @@ LAUNCH_ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS"
 
 def launch(prefix: list[str], out, cache, *extra: str) -> subprocess.CompletedProcess:
     env = LAUNCH_ENV
-    return subprocess.run([*prefix, "train_pretrain.py", *TINY, *extra, "--cache_dir", str(cache),
-                           "--output_dir", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.run(
+        [*prefix, "train_pretrain.py", *TINY, *extra, "--cache_dir", str(cache), "--output_dir", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +74,14 @@ def single(tmp_path_factory):
 
 
 LAUNCHERS = {
-    "accelerate --multi_gpu": [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"],
+    "accelerate --multi_gpu": [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+    ],
     "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"],
 }
 
@@ -79,12 +115,40 @@ def test_two_machines_equal_one_process_with_accumulation(single, kind, tmp_path
     root, expected = single
     port = str(free_port())
     flags, distributed = MACHINE_LAUNCHES[kind]
-    procs = [subprocess.Popen([sys.executable, "-m", "accelerate.commands.launch", *flags, "--num_machines", "2",
-                               "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port",
-                               port, "--num_processes", "2", "train_pretrain.py", *TINY, "--mixed_precision", "no",
-                               "--cache_dir", str(tmp_path / f"cache{rank}"), "--output_dir",
-                               str(tmp_path / f"machine{rank}")], cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=LAUNCH_ENV) for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "accelerate.commands.launch",
+                *flags,
+                "--num_machines",
+                "2",
+                "--machine_rank",
+                str(rank),
+                "--main_process_ip",
+                "127.0.0.1",
+                "--main_process_port",
+                port,
+                "--num_processes",
+                "2",
+                "train_pretrain.py",
+                *TINY,
+                "--mixed_precision",
+                "no",
+                "--cache_dir",
+                str(tmp_path / f"cache{rank}"),
+                "--output_dir",
+                str(tmp_path / f"machine{rank}"),
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=LAUNCH_ENV,
+        )
+        for rank in (0, 1)
+    ]
     outputs = [proc.communicate(timeout=600) for proc in procs]
     for proc, (stdout, stderr) in zip(procs, outputs):
         assert proc.returncode == 0, stderr[-3000:]
@@ -99,8 +163,11 @@ def test_two_machines_equal_one_process_with_accumulation(single, kind, tmp_path
 @pytest.mark.slow
 def test_the_cpu_launcher_asked_for_two_processes_is_refused_before_any_work(tmp_path):
     """`accelerate launch --cpu --num_processes 2` starts one process and leaves the ranks to mpirun."""
-    proc = launch([sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2"],
-                  tmp_path / "out", tmp_path / "cache")
+    proc = launch(
+        [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2"],
+        tmp_path / "out",
+        tmp_path / "cache",
+    )
     assert proc.returncode != 0 and "launch with --multi_gpu instead of --cpu" in proc.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()  # refused before any work
 
@@ -134,8 +201,9 @@ def test_auto_precision_honours_the_launch_config(monkeypatch):
     from llmlab.core.device import resolve_device, resolve_precision
     from llmlab.train.loop import resolve_mixed_precision
 
-    hardware = {"fp32": "no"}.get(resolve_precision("auto", resolve_device("auto")),
-                                  resolve_precision("auto", resolve_device("auto")))
+    hardware = {"fp32": "no"}.get(
+        resolve_precision("auto", resolve_device("auto")), resolve_precision("auto", resolve_device("auto"))
+    )
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     assert resolve_mixed_precision("auto") == hardware  # a plain python run: the hardware's choice
     for launched in ("no", "bf16"):  # accelerate launch: its config's value, an explicit "no" included
@@ -149,7 +217,16 @@ def test_auto_precision_honours_the_launch_config(monkeypatch):
 
 @pytest.mark.slow
 def test_cpu_yaml_runs_fp32_as_it_says(tmp_path):
-    proc = launch([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                   str(REPO / "accelerate_configs" / "cpu.yaml")], tmp_path / "out", tmp_path / "cache")
+    proc = launch(
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(REPO / "accelerate_configs" / "cpu.yaml"),
+        ],
+        tmp_path / "out",
+        tmp_path / "cache",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "precision no" in proc.stdout

@@ -1,5 +1,6 @@
 """The one training step (llmlab.train.engine): the trainers and the lab's trials run it, and it gives the losses the
 code before it gave, so the shipped scans stay comparable and resumable."""
+
 import json
 import subprocess
 import sys
@@ -16,9 +17,12 @@ from tests.conftest import REPO
 from tests.train.test_pretrain import SMALL
 
 GOLDEN = Path(__file__).with_name("engine_golden.json")
-TRIALS = {"adamw": {}, "lion_acc2_value": {"optimizer": "lion", "accumulation": 2, "clip": 0.5, "clip_mode": "value"},
-          "adafactor_poly_smooth": {"optimizer": "adafactor", "scheduler": "polynomial", "label_smoothing": 0.1},
-          "adamw_bf16_compiled": {}}
+TRIALS = {
+    "adamw": {},
+    "lion_acc2_value": {"optimizer": "lion", "accumulation": 2, "clip": 0.5, "clip_mode": "value"},
+    "adafactor_poly_smooth": {"optimizer": "adafactor", "scheduler": "polynomial", "label_smoothing": 0.1},
+    "adamw_bf16_compiled": {},
+}
 
 
 def trial_curves(name: str, tmp: Path) -> dict:
@@ -29,12 +33,30 @@ def trial_curves(name: str, tmp: Path) -> dict:
     from llmlab.sweep.trial import train_attempt
 
     rng = np.random.default_rng(0)
-    data = {"train": rng.integers(0, 50257, (64, 16)).astype(np.uint16),
-            "validation": rng.integers(0, 50257, (8, 16)).astype(np.uint16)}
-    hp = Hparams(**resolve(parse_config(SweepConfig, []), {**CONTROL, "warmup": 2, "lr": 3e-3, "batch_size": 4,
-                                                           "position_encoding": "rope", **TRIALS[name]}))
-    spec = TrialSpec(trial_id=name, trial_dir=str(tmp), data_dir=str(tmp), hparams=hp, seed=42, steps=6,
-                     block_size=16, log_every=2, precheck_steps=2, timeout_s=600, eval_batches=1, eval_batch_size=4)
+    data = {
+        "train": rng.integers(0, 50257, (64, 16)).astype(np.uint16),
+        "validation": rng.integers(0, 50257, (8, 16)).astype(np.uint16),
+    }
+    hp = Hparams(
+        **resolve(
+            parse_config(SweepConfig, []),
+            {**CONTROL, "warmup": 2, "lr": 3e-3, "batch_size": 4, "position_encoding": "rope", **TRIALS[name]},
+        )
+    )
+    spec = TrialSpec(
+        trial_id=name,
+        trial_dir=str(tmp),
+        data_dir=str(tmp),
+        hparams=hp,
+        seed=42,
+        steps=6,
+        block_size=16,
+        log_every=2,
+        precheck_steps=2,
+        timeout_s=600,
+        eval_batches=1,
+        eval_batch_size=4,
+    )
     if name == "adamw_bf16_compiled":
         spec = replace(spec, compile=True, precision="bf16")
     run = train_attempt(spec, hp, data, torch.device("cpu"), tmp / "log", time.time())
@@ -42,10 +64,29 @@ def trial_curves(name: str, tmp: Path) -> dict:
 
 
 def pretrain_curves(tmp: Path) -> dict:
-    args = [sys.executable, "train_pretrain.py", *SMALL, "--max_steps", "6", "--log_every", "1", "--eval_every", "6",
-            "--save_every", "100", "--cache_dir", str(tmp / "cache"), "--output_dir", str(tmp / "run"),
-            "--report_to", "none", "--cpu_threads", "1",
-            "--mixed_precision", "no"]  # pinned: the default follows the CPU (bf16 where it has bf16 units)
+    args = [
+        sys.executable,
+        "train_pretrain.py",
+        *SMALL,
+        "--max_steps",
+        "6",
+        "--log_every",
+        "1",
+        "--eval_every",
+        "6",
+        "--save_every",
+        "100",
+        "--cache_dir",
+        str(tmp / "cache"),
+        "--output_dir",
+        str(tmp / "run"),
+        "--report_to",
+        "none",
+        "--cpu_threads",
+        "1",
+        "--mixed_precision",
+        "no",
+    ]  # pinned: the default follows the CPU (bf16 where it has bf16 units)
     proc = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     metrics = [json.loads(line) for line in (tmp / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -63,8 +104,11 @@ def test_the_engine_gives_the_losses_of_the_code_before_it(tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        measured = {f"trial/{name}": trial_curves(name, tmp_path / name) for name in TRIALS
-                    if here in golden or "bf16" not in name}
+        measured = {
+            f"trial/{name}": trial_curves(name, tmp_path / name)
+            for name in TRIALS
+            if here in golden or "bf16" not in name
+        }
     finally:
         torch.set_num_threads(threads)
     measured["pretrain"] = pretrain_curves(tmp_path / "pretrain")
@@ -97,13 +141,13 @@ def test_a_trials_fp16_overflow_goes_to_its_scaler_and_the_next_step_runs():
     model = torch.nn.Linear(2, 1, bias=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 126)  # 4 x 2^126 overflows fp32
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**126)  # 4 x 2^126 overflows fp32
     engine, clipper = Engine(TorchBackend(scaler)), GradClipper("0.5")
     before = model.weight.detach().clone()
     results = []
     for step in range(2):
         engine.backward(model(torch.tensor([[3.0, 4.0]])).sum())
         results.append(engine.step(model.parameters(), optimizer, scheduler, clipper, step))
-    assert results[0].overflow and not results[0].stepped and scaler.get_scale() == 2.0 ** 125
+    assert results[0].overflow and not results[0].stepped and scaler.get_scale() == 2.0**125
     assert results[1].stepped and results[1].grad_norm == pytest.approx(5.0) and results[1].clipped
     assert torch.allclose(before - model.weight.detach(), 0.1 * torch.tensor([[0.3, 0.4]]))

@@ -1,4 +1,5 @@
 """The chunked output layer + cross-entropy (issue 15): the same loss and gradients as the full logits."""
+
 import pytest
 import torch
 

@@ -1,5 +1,6 @@
 """Hostile use, as real processes (issue 22): a folder holds one kind of run, a refused command changes nothing on
 disk, and a resume, a merge and an evaluation check the identity of what they build on."""
+
 from __future__ import annotations
 
 import json
@@ -12,14 +13,35 @@ import pytest
 from tests.conftest import run_script
 from tests.train.test_lora import TINY_RUN
 
-SMALL = ["--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--block_size", "32", "--batch_size", "2",
-         "--effective_batch_size", "2", "--max_documents", "5", "--eval_batches", "2", "--sample_tokens", "0"]
+SMALL = [
+    "--n_layer",
+    "1",
+    "--n_embd",
+    "32",
+    "--n_head",
+    "2",
+    "--block_size",
+    "32",
+    "--batch_size",
+    "2",
+    "--effective_batch_size",
+    "2",
+    "--max_documents",
+    "5",
+    "--eval_batches",
+    "2",
+    "--sample_tokens",
+    "0",
+]
 
 
 def tree(folder) -> dict:
     """Every file under a folder with its size and mtime: what "changed nothing" is checked against."""
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))
-            if p.is_file()}
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def one_line(proc, *fragments):
@@ -34,8 +56,21 @@ def one_line(proc, *fragments):
 def pretrained(tmp_path_factory):
     root = tmp_path_factory.mktemp("hostile")
     out = root / "pretrain"
-    proc = run_script(["train_pretrain.py", *SMALL, "--max_steps", "4", "--save_every", "2", "--cache_dir",
-                       str(root / "cache"), "--output_dir", str(out)], timeout=600)
+    proc = run_script(
+        [
+            "train_pretrain.py",
+            *SMALL,
+            "--max_steps",
+            "4",
+            "--save_every",
+            "2",
+            "--cache_dir",
+            str(root / "cache"),
+            "--output_dir",
+            str(out),
+        ],
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return root, out
 
@@ -44,8 +79,22 @@ def pretrained(tmp_path_factory):
 def test_a_lora_run_cannot_take_over_a_pretraining_folder(pretrained, tiny_gpt2_dir, pydoc_cache_dir):
     _, out = pretrained
     before = tree(out)
-    proc = run_script(["train_lora.py", "--base_model", str(tiny_gpt2_dir), "--cache_dir", str(pydoc_cache_dir),
-                       "--output_dir", str(out), "--overwrite_output_dir", *TINY_RUN, "--max_steps", "2"], timeout=300)
+    proc = run_script(
+        [
+            "train_lora.py",
+            "--base_model",
+            str(tiny_gpt2_dir),
+            "--cache_dir",
+            str(pydoc_cache_dir),
+            "--output_dir",
+            str(out),
+            "--overwrite_output_dir",
+            *TINY_RUN,
+            "--max_steps",
+            "2",
+        ],
+        timeout=300,
+    )
     one_line(proc, "holds a pretraining run", "a lora run cannot use it")
     assert tree(out) == before  # nothing deleted, renamed or rewritten: not even the lock record
 
@@ -54,8 +103,22 @@ def test_a_lora_run_cannot_take_over_a_pretraining_folder(pretrained, tiny_gpt2_
 def test_a_refused_resume_moves_no_checkpoint(pretrained):
     root, out = pretrained
     before = tree(out)
-    proc = run_script(["train_pretrain.py", *SMALL, "--max_steps", "1", "--warmup_steps", "0", "--cache_dir", str(root / "cache"),
-                       "--output_dir", str(out), "--resume_from_checkpoint", str(out / "checkpoints" / "step_2")])
+    proc = run_script(
+        [
+            "train_pretrain.py",
+            *SMALL,
+            "--max_steps",
+            "1",
+            "--warmup_steps",
+            "0",
+            "--cache_dir",
+            str(root / "cache"),
+            "--output_dir",
+            str(out),
+            "--resume_from_checkpoint",
+            str(out / "checkpoints" / "step_2"),
+        ]
+    )
     one_line(proc, "past the 1 steps")
     assert tree(out) == before and not list((out / "checkpoints").glob("*.abandoned-*"))
 
@@ -65,8 +128,18 @@ def test_a_resume_refuses_data_whose_content_changed(tmp_path):
     text = tmp_path / "corpus.txt"
     text.write_text(" ".join(f"word{i % 97} text{i % 13}" for i in range(6000)))
     out, cache = tmp_path / "run", tmp_path / "cache"
-    args = ["train_pretrain.py", *SMALL, "--dataset", str(text), "--save_every", "2", "--cache_dir", str(cache),
-            "--output_dir", str(out)]
+    args = [
+        "train_pretrain.py",
+        *SMALL,
+        "--dataset",
+        str(text),
+        "--save_every",
+        "2",
+        "--cache_dir",
+        str(cache),
+        "--output_dir",
+        str(out),
+    ]
     assert run_script([*args, "--max_steps", "2"], timeout=600).returncode == 0
     text.write_text(" ".join(f"other{i % 89} words{i % 7}" for i in range(6000)))
     proc = run_script([*args, "--max_steps", "4", "--resume_from_checkpoint", "latest"], timeout=600)
@@ -78,8 +151,18 @@ def test_lora_resume_and_merge_check_the_base_weights(tiny_gpt2_dir, pydoc_cache
     base = tmp_path / "base"
     shutil.copytree(tiny_gpt2_dir, base)
     out = tmp_path / "lora"
-    args = ["train_lora.py", "--base_model", str(base), "--cache_dir", str(pydoc_cache_dir), "--output_dir", str(out),
-            *TINY_RUN, "--save_every", "2"]
+    args = [
+        "train_lora.py",
+        "--base_model",
+        str(base),
+        "--cache_dir",
+        str(pydoc_cache_dir),
+        "--output_dir",
+        str(out),
+        *TINY_RUN,
+        "--save_every",
+        "2",
+    ]
     assert run_script([*args, "--max_steps", "3"], timeout=300).returncode == 0
     assert list((out / "checkpoints").glob("step_*"))
     record = json.loads((out / "adapter" / "llmlab_base.json").read_text())
@@ -95,15 +178,38 @@ def test_lora_resume_and_merge_check_the_base_weights(tiny_gpt2_dir, pydoc_cache
             param.add_(torch.randn_like(param) * 0.01)
     model.save_pretrained(other)
     shutil.copy(base / "tokenizer.json", other)
-    merge = run_script(["merge_and_infer.py", "merge", "--base_model", str(other), "--adapter", str(out / "adapter"),
-                        "--out", str(tmp_path / "merged")])
+    merge = run_script(
+        [
+            "merge_and_infer.py",
+            "merge",
+            "--base_model",
+            str(other),
+            "--adapter",
+            str(out / "adapter"),
+            "--out",
+            str(tmp_path / "merged"),
+        ]
+    )
     one_line(merge, "was trained on", "pass the base it was trained on")
     assert not (tmp_path / "merged").exists()
     model.save_pretrained(base)  # the base folder replaced in place, then a resume
     resumed = run_script([*args, "--max_steps", "6", "--resume_from_checkpoint", "latest"], timeout=300)
     one_line(resumed, "changed in place", "base_model")
-    stacked = run_script(["train_lora.py", "--base_model", str(out / "adapter"), "--cache_dir", str(pydoc_cache_dir),
-                          "--output_dir", str(tmp_path / "stacked"), *TINY_RUN, "--max_steps", "1"], timeout=300)
+    stacked = run_script(
+        [
+            "train_lora.py",
+            "--base_model",
+            str(out / "adapter"),
+            "--cache_dir",
+            str(pydoc_cache_dir),
+            "--output_dir",
+            str(tmp_path / "stacked"),
+            *TINY_RUN,
+            "--max_steps",
+            "1",
+        ],
+        timeout=300,
+    )
     one_line(stacked, "is a LoRA adapter folder")
     assert not (tmp_path / "stacked").exists()
 
@@ -114,12 +220,23 @@ def test_merge_overwrite_keeps_the_users_files_and_cleans_its_own_leftovers(tiny
     from transformers import AutoModelForCausalLM
 
     adapter = tmp_path / "adapter"
-    get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir),
-                   LoraConfig(r=2, target_modules=["c_attn"], fan_in_fan_out=True, task_type="CAUSAL_LM")
-                   ).save_pretrained(adapter)
+    get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir),
+        LoraConfig(r=2, target_modules=["c_attn"], fan_in_fan_out=True, task_type="CAUSAL_LM"),
+    ).save_pretrained(adapter)
     out = tmp_path / "merged"
-    merge = ["merge_and_infer.py", "merge", "--base_model", str(tiny_gpt2_dir), "--adapter", str(adapter),
-             "--out", str(out), "--dtype", "fp32"]
+    merge = [
+        "merge_and_infer.py",
+        "merge",
+        "--base_model",
+        str(tiny_gpt2_dir),
+        "--adapter",
+        str(adapter),
+        "--out",
+        str(out),
+        "--dtype",
+        "fp32",
+    ]
     assert run_script(merge).returncode == 0
     (out / "prompts.jsonl").write_text('{"prompt": "mine"}\n')
     (out / "generations.jsonl").write_text('{"text": "also mine"}\n')

@@ -1,4 +1,5 @@
 """train_lora.py end to end on the tiny GPT-2 and small pydoc subsets, plus the adapter plumbing in-process."""
+
 from __future__ import annotations
 
 import json
@@ -9,24 +10,59 @@ import torch
 from tests.conftest import kill_when_ready, run_script
 
 # Small enough for two CPU cores shared with other work; lr is high so 12 steps visibly move the loss.
-TINY_RUN = ["--max_examples", "160", "--max_length", "64", "--batch_size", "4", "--gradient_accumulation_steps", "2",
-            "--warmup_steps", "2", "--eval_every", "4", "--log_every", "3", "--eval_batch_size", "16",
-            "--eval_examples", "4", "--max_new_tokens", "6", "--num_samples", "2"]
+TINY_RUN = [
+    "--max_examples",
+    "160",
+    "--max_length",
+    "64",
+    "--batch_size",
+    "4",
+    "--gradient_accumulation_steps",
+    "2",
+    "--warmup_steps",
+    "2",
+    "--eval_every",
+    "4",
+    "--log_every",
+    "3",
+    "--eval_batch_size",
+    "16",
+    "--eval_examples",
+    "4",
+    "--max_new_tokens",
+    "6",
+    "--num_samples",
+    "2",
+]
 
 
 def _lora(args, tiny_gpt2_dir, cache, out):
-    result = run_script(["train_lora.py", "--base_model", str(tiny_gpt2_dir), "--cache_dir", str(cache),
-                         "--output_dir", str(out), *TINY_RUN, *args], timeout=300)
+    result = run_script(
+        [
+            "train_lora.py",
+            "--base_model",
+            str(tiny_gpt2_dir),
+            "--cache_dir",
+            str(cache),
+            "--output_dir",
+            str(out),
+            *TINY_RUN,
+            *args,
+        ],
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result, json.loads((out / "eval.json").read_text())
 
 
 @pytest.mark.slow
-def test_tiny_run_lowers_validation_loss_and_writes_a_small_adapter(tiny_gpt2_dir, gpt2_tokenizer, pydoc_cache_dir,
-                                                                     tmp_path):
+def test_tiny_run_lowers_validation_loss_and_writes_a_small_adapter(
+    tiny_gpt2_dir, gpt2_tokenizer, pydoc_cache_dir, tmp_path
+):
     out = tmp_path / "run"
-    result, report = _lora(["--learning_rate", "1e-2", "--max_steps", "12", "--sample_every", "6"],
-                           tiny_gpt2_dir, pydoc_cache_dir, out)
+    result, report = _lora(
+        ["--learning_rate", "1e-2", "--max_steps", "12", "--sample_every", "6"], tiny_gpt2_dir, pydoc_cache_dir, out
+    )
     before, after = report["before"]["validation"], report["after"]["validation"]
     for split in ("validation", "test"):
         for key in ("loss", "perplexity", "rougeL"):
@@ -34,9 +70,12 @@ def test_tiny_run_lowers_validation_loss_and_writes_a_small_adapter(tiny_gpt2_di
     assert after["loss"] < before["loss"] - 0.02 and after["perplexity"] < before["perplexity"]
     test_change = report["change"]["test"]["perplexity"]  # a paired bootstrap CI over the test examples
     assert test_change["ci"][0] <= test_change["change"] <= test_change["ci"][1] < 0
-    assert test_change["change"] == pytest.approx(report["after"]["test"]["perplexity"]
-                                                  - report["before"]["test"]["perplexity"], rel=1e-4)
-    assert 12 <= report["test_examples"] <= 16 and report["val_examples"] + report["train_examples"] <= 144  # 160 records, 10 % test; over-long prompts dropped
+    assert test_change["change"] == pytest.approx(
+        report["after"]["test"]["perplexity"] - report["before"]["test"]["perplexity"], rel=1e-4
+    )
+    assert (
+        12 <= report["test_examples"] <= 16 and report["val_examples"] + report["train_examples"] <= 144
+    )  # 160 records, 10 % test; over-long prompts dropped
     assert report["steps"] == 12 and report["best_step"] > 0 and not report["stopped_early"]
     assert len(report["examples"]) == 4 and all(isinstance(r["after"], str) for r in report["examples"])
     assert "test perplexity" in result.stdout and "rougeL" in result.stdout and "95 % CI" in result.stdout
@@ -102,17 +141,38 @@ def test_tiny_run_lowers_validation_loss_and_writes_a_small_adapter(tiny_gpt2_di
 def test_early_stopping_on_a_stalled_run_keeps_the_best_adapter(tiny_gpt2_dir, pydoc_cache_dir, tmp_path):
     out = tmp_path / "stalled"
     # Also exercises adaptive clipping, label smoothing and gradient checkpointing through the CLI.
-    result, report = _lora(["--learning_rate", "0", "--eval_every", "1", "--patience", "2", "--max_steps", "30",
-                            "--eval_examples", "2", "--sample_every", "100", "--clip", "adaptive",
-                            "--label_smoothing", "0.1", "--gradient_checkpointing"],
-                           tiny_gpt2_dir, pydoc_cache_dir, out)
+    result, report = _lora(
+        [
+            "--learning_rate",
+            "0",
+            "--eval_every",
+            "1",
+            "--patience",
+            "2",
+            "--max_steps",
+            "30",
+            "--eval_examples",
+            "2",
+            "--sample_every",
+            "100",
+            "--clip",
+            "adaptive",
+            "--label_smoothing",
+            "0.1",
+            "--gradient_checkpointing",
+        ],
+        tiny_gpt2_dir,
+        pydoc_cache_dir,
+        out,
+    )
     assert report["stopped_early"] is True
     assert report["steps"] == 2  # step 0 is the baseline; evaluations at steps 1 and 2 did not improve
     assert report["best_step"] == 0
     assert report["after"]["validation"]["loss"] == pytest.approx(report["before"]["validation"]["loss"], abs=1e-6)
     assert "early stop at step 2" in result.stdout
-    val_losses = [m["val/loss"] for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
-                  if "val/loss" in m]
+    val_losses = [
+        m["val/loss"] for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "val/loss" in m
+    ]
     assert len(val_losses) == 3 and len(set(val_losses)) == 1  # the base model (step 0), steps 1 and 2
 
 
@@ -128,9 +188,24 @@ def _per_step(out, key):
 @pytest.mark.slow
 def test_sigkill_then_resume_matches_an_uninterrupted_run(tiny_gpt2_dir, pydoc_cache_dir, tmp_path):
     # 18 optimizer steps per epoch: the 24 steps cross an epoch boundary after the resume point.
-    args = ["train_lora.py", "--base_model", str(tiny_gpt2_dir), "--cache_dir", str(pydoc_cache_dir), *TINY_RUN,
-            "--learning_rate", "1e-2", "--max_steps", "24", "--log_every", "2", "--save_every", "4",
-            "--sample_every", "100"]
+    args = [
+        "train_lora.py",
+        "--base_model",
+        str(tiny_gpt2_dir),
+        "--cache_dir",
+        str(pydoc_cache_dir),
+        *TINY_RUN,
+        "--learning_rate",
+        "1e-2",
+        "--max_steps",
+        "24",
+        "--log_every",
+        "2",
+        "--save_every",
+        "4",
+        "--sample_every",
+        "100",
+    ]
     reference = tmp_path / "reference"
     done = run_script([*args, "--output_dir", str(reference)], timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -157,8 +232,9 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tiny_gpt2_dir, pydoc_c
     assert len(list((out / "checkpoints").glob("step_*"))) == 2  # --keep_last default
 
     # A checkpoint from another setup is refused before anything is loaded.
-    other = run_script([*args, "--output_dir", str(out), "--resume_from_checkpoint", "latest", "--batch_size", "2"],
-                       timeout=300)
+    other = run_script(
+        [*args, "--output_dir", str(out), "--resume_from_checkpoint", "latest", "--batch_size", "2"], timeout=300
+    )
     assert other.returncode == 2 and "resume with the same" in other.stderr and "Traceback" not in other.stderr
 
 
@@ -166,10 +242,29 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tiny_gpt2_dir, pydoc_c
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_tiny_run_on_gpu_with_bf16(tiny_gpt2_dir, pydoc_cache_dir, tmp_path):
     out = tmp_path / "gpu"
-    result = run_script(["-m", "accelerate.commands.launch", "--num_processes", "1", "--mixed_precision", "bf16",
-                         "train_lora.py", "--base_model", str(tiny_gpt2_dir), "--cache_dir", str(pydoc_cache_dir),
-                         "--output_dir", str(out), *TINY_RUN, "--learning_rate", "1e-2", "--max_steps", "12"],
-                        timeout=300)
+    result = run_script(
+        [
+            "-m",
+            "accelerate.commands.launch",
+            "--num_processes",
+            "1",
+            "--mixed_precision",
+            "bf16",
+            "train_lora.py",
+            "--base_model",
+            str(tiny_gpt2_dir),
+            "--cache_dir",
+            str(pydoc_cache_dir),
+            "--output_dir",
+            str(out),
+            *TINY_RUN,
+            "--learning_rate",
+            "1e-2",
+            "--max_steps",
+            "12",
+        ],
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "on cuda" in result.stdout
     report = json.loads((out / "eval.json").read_text())
@@ -196,14 +291,24 @@ def test_bad_options_are_one_line_errors(tmp_path):
     assert result.returncode == 2 and "--keep_last must be >= 1" in result.stderr
     result = run_script(["train_lora.py", "--save_every", "-1", "--base_model", "x"])
     assert result.returncode == 2 and "--save_every must be >= 0" in result.stderr
-    result = run_script(["train_lora.py", "--base_model", str(tmp_path), "--output_dir", str(tmp_path / "run"),
-                         "--resume_from_checkpoint", "latest"])
+    result = run_script(
+        [
+            "train_lora.py",
+            "--base_model",
+            str(tmp_path),
+            "--output_dir",
+            str(tmp_path / "run"),
+            "--resume_from_checkpoint",
+            "latest",
+        ]
+    )
     assert result.returncode == 2 and "no checkpoint in" in result.stderr and "Traceback" not in result.stderr
 
 
 # ---------------------------------------------------------------------------------------------------------
 # In-process: adapter placement, gradient checkpointing, trimmed logits, batched generation
 # ---------------------------------------------------------------------------------------------------------
+
 
 def _tiny_cfg(tiny_gpt2_dir, **overrides):
     from llmlab.train.lora_config import LoraTrainConfig
@@ -214,15 +319,17 @@ def _tiny_cfg(tiny_gpt2_dir, **overrides):
 def _batch(tokenizer):
     from llmlab.data.instruct import collate, format_prompt, tokenize_example
 
-    records = [{"instruction": "What does `len` do?", "input": "len(obj, /)", "output": "Return the number of items."},
-               {"instruction": "Say hi", "input": "", "output": "hi there, friend"}]
+    records = [
+        {"instruction": "What does `len` do?", "input": "len(obj, /)", "output": "Return the number of items."},
+        {"instruction": "Say hi", "input": "", "output": "hi there, friend"},
+    ]
     examples = [tokenize_example(tokenizer, format_prompt(r), r["output"], 64) for r in records]
     return examples, collate(examples, tokenizer.eos_token_id)
 
 
 def test_only_adapter_weights_train_and_checkpointing_reaches_them(tiny_gpt2_dir, gpt2_tokenizer):
-    from llmlab.train.lora_model import add_lora, load_base_model
     from llmlab.train.common import causal_lm_loss
+    from llmlab.train.lora_model import add_lora, load_base_model
 
     torch.manual_seed(0)
     cfg = _tiny_cfg(tiny_gpt2_dir, gradient_checkpointing=True)
@@ -249,21 +356,44 @@ def test_target_modules_follow_the_model_type():
     from llmlab.train.lora_config import LoraTrainConfig
     from llmlab.train.lora_model import add_lora
 
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=2, num_key_value_heads=2))
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+        )
+    )
     model = add_lora(llama, LoraTrainConfig(target_modules=None))  # None: peft's choice for the model type
     assert model.peft_config["default"].target_modules == {"q_proj", "v_proj"}
     adapted = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in model.named_parameters() if "lora_A" in n}
     assert adapted == {"q_proj", "v_proj"}
-    llama2 = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                          num_attention_heads=2, num_key_value_heads=2))
+    llama2 = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+        )
+    )
     model2 = add_lora(llama2, LoraTrainConfig(target_modules=["o_proj"]))
     assert model2.peft_config["default"].target_modules == {"o_proj"}
     from llmlab.core.errors import UserError
 
     every_linear = add_lora(LlamaForCausalLM(llama2.config), LoraTrainConfig())  # the default: all-linear
-    assert ({n.rsplit(".", 1)[-1] for n in every_linear.peft_config["default"].target_modules}
-            == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+    assert {n.rsplit(".", 1)[-1] for n in every_linear.peft_config["default"].target_modules} == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
     with pytest.raises(UserError, match="--target_modules"):
         add_lora(LlamaForCausalLM(llama2.config), LoraTrainConfig(target_modules=["no_such_layer"]))
 
@@ -273,23 +403,27 @@ def test_answer_only_logits_give_the_same_loss(tiny_gpt2_dir, gpt2_tokenizer):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from llmlab.train.lora_eval import answer_logits, answer_loss, pick_logits_mode
     from llmlab.train.common import causal_lm_loss
+    from llmlab.train.lora_eval import answer_logits, answer_loss, pick_logits_mode
 
     model = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir).eval()
     _, batch = _batch(gpt2_tokenizer)
     assert pick_logits_mode(model, batch) == "gather"
     with torch.no_grad():
-        reference = causal_lm_loss(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
-                                   batch["labels"], label_smoothing=0.1)
+        reference = causal_lm_loss(
+            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
+            batch["labels"],
+            label_smoothing=0.1,
+        )
         n_answer_tokens = int((batch["labels"] != -100).sum())
         for mode in ("full", "trim", "gather"):
             logits, targets, rows = answer_logits(model, batch, mode, model.get_output_embeddings())
             assert logits.shape[0] == n_answer_tokens == len(targets) == len(rows), mode
             assert torch.allclose(answer_loss(logits, targets, 0.1), reference, atol=1e-5), mode
     # An adapted output layer must stay inside the model's forward: no gathering then.
-    adapted_head = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir),
-                                  LoraConfig(r=2, target_modules=["c_attn", "lm_head"]))
+    adapted_head = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir), LoraConfig(r=2, target_modules=["c_attn", "lm_head"])
+    )
     assert pick_logits_mode(adapted_head.get_base_model(), batch) == "trim"
 
 

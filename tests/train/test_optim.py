@@ -1,11 +1,11 @@
 """The shared optimizer and schedule factory (llmlab.train.optim), used by both trainers and the lab's trials."""
+
 import math
 
 import pytest
 import torch
 
-from llmlab.train.optim import (OPTIMIZERS, SCHEDULES, build_optimizer, build_schedule,
-                                lr_multiplier, mean_lr_share)
+from llmlab.train.optim import OPTIMIZERS, SCHEDULES, build_optimizer, build_schedule, lr_multiplier, mean_lr_share
 
 
 def tiny_model():
@@ -39,7 +39,9 @@ def test_schedules_warm_up_then_decay_to_the_floor():
         assert all(a >= b - 1e-12 for a, b in zip(values[10:], values[11:]))  # never rises after warmup
     assert lr_multiplier(55, "cosine", 10, 100) == pytest.approx(0.5)
     assert lr_multiplier(55, "polynomial", 10, 100) == pytest.approx(0.25)  # power 2 at half way
-    assert mean_lr_share("linear") == pytest.approx(0.5, abs=1e-3) and mean_lr_share("polynomial") == pytest.approx(1 / 3, abs=2e-3)
+    assert mean_lr_share("linear") == pytest.approx(0.5, abs=1e-3) and mean_lr_share("polynomial") == pytest.approx(
+        1 / 3, abs=2e-3
+    )
 
 
 def test_cosine_equals_transformers_cosine_with_min_lr():
@@ -47,8 +49,9 @@ def test_cosine_equals_transformers_cosine_with_min_lr():
 
     model = tiny_model()
     ours = build_schedule(build_optimizer("adamw", model.parameters(), 1e-3, 0.0), "cosine", 7, 50, 0.05)
-    theirs = get_cosine_with_min_lr_schedule_with_warmup(build_optimizer("adamw", model.parameters(), 1e-3, 0.0),
-                                                         7, 50, min_lr_rate=0.05)
+    theirs = get_cosine_with_min_lr_schedule_with_warmup(
+        build_optimizer("adamw", model.parameters(), 1e-3, 0.0), 7, 50, min_lr_rate=0.05
+    )
     for step in range(50):
         assert ours.lr_lambdas[0](step) == pytest.approx(theirs.lr_lambdas[0](step), abs=1e-15)
 

@@ -1,4 +1,5 @@
 """train_pretrain.py on real (small) data: learning, exact resume after SIGKILL, retention, rollback, errors."""
+
 from __future__ import annotations
 
 import json
@@ -12,9 +13,28 @@ from llmlab.core.io import read_jsonl
 from tests.conftest import kill_when_ready, run_script
 
 # A 1-layer, 32-wide GPT-2 with the real vocabulary, on 5 documents of the built-in Wikipedia sample.
-SMALL = ["--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--block_size", "32", "--batch_size", "2",
-         "--effective_batch_size", "4", "--max_documents", "5", "--learning_rate", "1e-2", "--eval_batches", "2",
-         "--dropout", "0.1"]
+SMALL = [
+    "--n_layer",
+    "1",
+    "--n_embd",
+    "32",
+    "--n_head",
+    "2",
+    "--block_size",
+    "32",
+    "--batch_size",
+    "2",
+    "--effective_batch_size",
+    "4",
+    "--max_documents",
+    "5",
+    "--learning_rate",
+    "1e-2",
+    "--eval_batches",
+    "2",
+    "--dropout",
+    "0.1",
+]
 STEPS = 24
 
 
@@ -24,8 +44,23 @@ def data_cache(tmp_path_factory) -> str:
 
 
 def train_args(out: Path, cache: str, *extra: str) -> list[str]:
-    return ["train_pretrain.py", *SMALL, "--cache_dir", cache, "--output_dir", str(out), "--max_steps", str(STEPS),
-            "--save_every", "4", "--keep_last", "2", "--eval_every", "8", *extra]
+    return [
+        "train_pretrain.py",
+        *SMALL,
+        "--cache_dir",
+        cache,
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        str(STEPS),
+        "--save_every",
+        "4",
+        "--keep_last",
+        "2",
+        "--eval_every",
+        "8",
+        *extra,
+    ]
 
 
 def last_by_step(out: Path, key: str) -> dict[int, float]:
@@ -109,8 +144,21 @@ def test_sigkill_then_resume_matches_uninterrupted_run(reference_run, data_cache
 @pytest.mark.slow
 def test_injected_spike_rolls_back_once_with_lower_lr(data_cache, tmp_path):
     out = tmp_path / "spike"
-    proc = run_script(train_args(out, data_cache, "--max_steps", "14", "--inject_spike", "10:50",
-                                 "--spike_window", "4", "--spike_patience", "2"), timeout=600)
+    proc = run_script(
+        train_args(
+            out,
+            data_cache,
+            "--max_steps",
+            "14",
+            "--inject_spike",
+            "10:50",
+            "--spike_window",
+            "4",
+            "--spike_patience",
+            "2",
+        ),
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = read_jsonl(out / "events.jsonl")
     assert [e["event"] for e in events] == ["rollback"]
@@ -124,9 +172,23 @@ def test_injected_spike_rolls_back_once_with_lower_lr(data_cache, tmp_path):
     assert lrs[14][0] > 0 and (out / "final").is_dir()
     assert "train/rollbacks" in {k for r in read_jsonl(out / "metrics.jsonl") for k in r}
 
-    gave_up = run_script(train_args(tmp_path / "gave_up", data_cache, "--max_steps", "14", "--inject_spike",
-                                    "10:50", "--spike_window", "4", "--spike_patience", "2",
-                                    "--max_rollbacks", "0"), timeout=600)
+    gave_up = run_script(
+        train_args(
+            tmp_path / "gave_up",
+            data_cache,
+            "--max_steps",
+            "14",
+            "--inject_spike",
+            "10:50",
+            "--spike_window",
+            "4",
+            "--spike_patience",
+            "2",
+            "--max_rollbacks",
+            "0",
+        ),
+        timeout=600,
+    )
     assert_one_line_error(gave_up, "loss kept spiking", "--max_rollbacks")
     assert read_jsonl(tmp_path / "gave_up" / "events.jsonl")[-1]["event"] == "gave_up"
 
@@ -144,20 +206,23 @@ def test_spike_detector_counts_nan_and_needs_patience():
     assert parse_inject_spike("50") == (50, 10.0) and parse_inject_spike("7:3.5") == (7, 3.5)
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["--batch_size", "0"], "--batch_size"),
-    (["--batch_size", "4", "--effective_batch_size", "6"], "multiple of --batch_size"),
-    (["--clip", "sometimes"], "--clip"),
-    (["--inject_spike", "soon"], "--inject_spike"),
-    (["--min_lr", "1.0"], "--min_lr"),
-    (["--block_size", "512"], "context length"),
-    (["--rollback_lr_factor", "1.5"], "--rollback_lr_factor"),
-    (["--spike_factor", "1"], "--spike_factor"),
-    (["--loss_chunk_tokens", "-1"], "--loss_chunk_tokens"),
-    (["--sample_tokens", "-1"], "--sample_tokens"),
-    (["--cpu_threads", "-2"], "--cpu_threads"),
-    (["--learning_rate", "nan"], "--learning_rate"),
-])
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--batch_size", "0"], "--batch_size"),
+        (["--batch_size", "4", "--effective_batch_size", "6"], "multiple of --batch_size"),
+        (["--clip", "sometimes"], "--clip"),
+        (["--inject_spike", "soon"], "--inject_spike"),
+        (["--min_lr", "1.0"], "--min_lr"),
+        (["--block_size", "512"], "context length"),
+        (["--rollback_lr_factor", "1.5"], "--rollback_lr_factor"),
+        (["--spike_factor", "1"], "--spike_factor"),
+        (["--loss_chunk_tokens", "-1"], "--loss_chunk_tokens"),
+        (["--sample_tokens", "-1"], "--sample_tokens"),
+        (["--cpu_threads", "-2"], "--cpu_threads"),
+        (["--learning_rate", "nan"], "--learning_rate"),
+    ],
+)
 def test_bad_options_are_user_errors(argv, fragment):
     from llmlab.core.config import parse_config
     from llmlab.train.pretrain_config import PretrainConfig
@@ -179,11 +244,19 @@ def test_preset_defaults_and_recommend_yaml(tmp_path):
     assert (big.block_size, big.warmup_steps, big.effective_batch_size, big.learning_rate) == (1024, 2000, 512, 6e-4)
     assert (big.adam_beta1, big.adam_beta2, big.adam_eps, big.weight_decay, big.min_lr) == (0.9, 0.98, 1e-6, 0.1, 1e-5)
     recommended = tmp_path / "recommended.yaml"  # the keys `sweep.py recommend` writes
-    recommended.write_text(yaml.safe_dump({"learning_rate": 2.5e-4, "effective_batch_size": 64, "batch_size": 16,
-                                           "warmup_steps": 120, "clip": "0.9"}))
+    recommended.write_text(
+        yaml.safe_dump(
+            {"learning_rate": 2.5e-4, "effective_batch_size": 64, "batch_size": 16, "warmup_steps": 120, "clip": "0.9"}
+        )
+    )
     cfg = parse_config(PretrainConfig, ["--config", str(recommended), "--model", "gpt2"])
-    assert (cfg.learning_rate, cfg.effective_batch_size, cfg.batch_size, cfg.warmup_steps, cfg.clip) == \
-        (2.5e-4, 64, 16, 120, "0.9")
+    assert (cfg.learning_rate, cfg.effective_batch_size, cfg.batch_size, cfg.warmup_steps, cfg.clip) == (
+        2.5e-4,
+        64,
+        16,
+        120,
+        "0.9",
+    )
     assert parse_config(PretrainConfig, ["--clip", "adaptive", "--label_smoothing", "0.1"]).clip == "adaptive"
 
 
@@ -224,13 +297,33 @@ def test_cli_errors_are_one_line(tmp_path):
 
 
 def test_prepare_only_prints_summary_and_rejects_bad_input(tmp_path):
-    proc = run_script(["train_pretrain.py", "--prepare_only", "--max_documents", "3", "--block_size", "32",
-                       "--cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "out")])
+    proc = run_script(
+        [
+            "train_pretrain.py",
+            "--prepare_only",
+            "--max_documents",
+            "3",
+            "--block_size",
+            "32",
+            "--cache_dir",
+            str(tmp_path / "cache"),
+            "--output_dir",
+            str(tmp_path / "out"),
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "cleaning step" in proc.stdout and "blocks of 32" in proc.stdout
     assert json.loads((tmp_path / "out" / "prepare_report.json").read_text())["block_size"] == 32
-    proc = run_script(["train_pretrain.py", "--prepare_only", "--dataset", str(tmp_path / "missing.jsonl"),
-                       "--output_dir", str(tmp_path / "out2")])
+    proc = run_script(
+        [
+            "train_pretrain.py",
+            "--prepare_only",
+            "--dataset",
+            str(tmp_path / "missing.jsonl"),
+            "--output_dir",
+            str(tmp_path / "out2"),
+        ]
+    )
     assert_one_line_error(proc, "missing.jsonl")
 
 
@@ -260,16 +353,59 @@ def test_recommended_yaml_drives_a_real_run_with_its_optimizer_and_schedule(data
     scan = tmp_path / "scan"
     write_lr_bs_report(scan, planted_scan(seed=0), SYNTHETIC_OPTIONS)
     rec_path = tmp_path / "rec.yaml"
-    rec = recommend_main(["--from", str(scan), "--memory-gb", "24", "--params", "50000000", "--optimizer", "lion",
-                          "--output", str(rec_path)])
+    rec = recommend_main(
+        [
+            "--from",
+            str(scan),
+            "--memory-gb",
+            "24",
+            "--params",
+            "50000000",
+            "--optimizer",
+            "lion",
+            "--output",
+            str(rec_path),
+        ]
+    )
     written = yaml.safe_load(rec_path.read_text())
     assert written["optimizer"] == "lion" and written["lr_scheduler"] == "cosine"
     out = tmp_path / "run"
-    proc = run_script(["train_pretrain.py", "--config", str(rec_path), "--n_layer", "1", "--n_embd", "64",
-                       "--n_head", "1", "--block_size", "32", "--batch_size", "2", "--effective_batch_size", "2",
-                       "--max_steps", "6", "--warmup_steps", "2", "--max_documents", "5", "--eval_every", "0",
-                       "--eval_batches", "1", "--sample_tokens", "0", "--cache_dir", data_cache,
-                       "--output_dir", str(out)], timeout=600)
+    proc = run_script(
+        [
+            "train_pretrain.py",
+            "--config",
+            str(rec_path),
+            "--n_layer",
+            "1",
+            "--n_embd",
+            "64",
+            "--n_head",
+            "1",
+            "--block_size",
+            "32",
+            "--batch_size",
+            "2",
+            "--effective_batch_size",
+            "2",
+            "--max_steps",
+            "6",
+            "--warmup_steps",
+            "2",
+            "--max_documents",
+            "5",
+            "--eval_every",
+            "0",
+            "--eval_batches",
+            "1",
+            "--sample_tokens",
+            "0",
+            "--cache_dir",
+            data_cache,
+            "--output_dir",
+            str(out),
+        ],
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     resolved = yaml.safe_load((out / "config.yaml").read_text())
     assert resolved["optimizer"] == "lion" and resolved["lr_scheduler"] == "cosine"
@@ -278,5 +414,7 @@ def test_recommended_yaml_drives_a_real_run_with_its_optimizer_and_schedule(data
     logged = last_by_step(out, "train/lr")
     ratio = resolved["min_lr"] / resolved["learning_rate"]
     for step, lr in logged.items():  # the lr of step s is the schedule's at s - 1; Lion's is lr / 3
-        expected = resolved["learning_rate"] / OPTIMIZERS["lion"].lr_divisor * lr_multiplier(step - 1, "cosine", 2, 6, ratio)
+        expected = (
+            resolved["learning_rate"] / OPTIMIZERS["lion"].lr_divisor * lr_multiplier(step - 1, "cosine", 2, 6, ratio)
+        )
         assert lr == pytest.approx(expected, rel=1e-6), step

@@ -1,4 +1,5 @@
 """DeepSpeed / accelerate configs: every shipped file loads and validates; ZeRO-2 + CPU offload really trains."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,9 @@ DS_CONFIGS = sorted((REPO / "ds_configs").glob("*.json"))
 def filled(ds_config: dict) -> dict:
     """The DeepSpeed config with its "auto" values filled in the way accelerate fills them."""
     config = json.loads(json.dumps(ds_config))
-    config.update(gradient_accumulation_steps=2, gradient_clipping=1.0, train_micro_batch_size_per_gpu=4,
-                  train_batch_size=8)
+    config.update(
+        gradient_accumulation_steps=2, gradient_clipping=1.0, train_micro_batch_size_per_gpu=4, train_batch_size=8
+    )
     config["bf16"]["enabled"], config["fp16"]["enabled"] = True, False
     return config
 
@@ -31,8 +33,12 @@ def test_deepspeed_configs_validate(path):
     from deepspeed.runtime.config import DeepSpeedConfig
 
     raw = json.loads(path.read_text())
-    for key in ("gradient_accumulation_steps", "gradient_clipping", "train_batch_size",
-                "train_micro_batch_size_per_gpu"):
+    for key in (
+        "gradient_accumulation_steps",
+        "gradient_clipping",
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+    ):
         assert raw[key] == "auto", key  # accelerate fills these from the trainer, so they never disagree
     assert DeepSpeedPlugin(hf_ds_config=str(path)).zero_stage == 2
     checked = DeepSpeedConfig(filled(raw))
@@ -63,25 +69,64 @@ def test_all_four_setups_are_shipped():
 
 
 def launch_args(out: Path, cache: Path, *extra: str, precision: str = "bf16") -> list[str]:
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-            str(REPO / "accelerate_configs" / "one_gpu_zero2_offload.yaml"), "--main_process_port", str(free_port()),
-            "train_pretrain.py", "--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--block_size", "32",
-            "--batch_size", "2", "--effective_batch_size", "4", "--max_documents", "2", "--learning_rate", "1e-2",
-            "--eval_batches", "2", "--eval_every", "2", "--save_every", "2", "--mixed_precision", precision,
-            "--sample_tokens", "0", "--cache_dir", str(cache), "--output_dir", str(out), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(REPO / "accelerate_configs" / "one_gpu_zero2_offload.yaml"),
+        "--main_process_port",
+        str(free_port()),
+        "train_pretrain.py",
+        "--n_layer",
+        "1",
+        "--n_embd",
+        "32",
+        "--n_head",
+        "2",
+        "--block_size",
+        "32",
+        "--batch_size",
+        "2",
+        "--effective_batch_size",
+        "4",
+        "--max_documents",
+        "2",
+        "--learning_rate",
+        "1e-2",
+        "--eval_batches",
+        "2",
+        "--eval_every",
+        "2",
+        "--save_every",
+        "2",
+        "--mixed_precision",
+        precision,
+        "--sample_tokens",
+        "0",
+        "--cache_dir",
+        str(cache),
+        "--output_dir",
+        str(out),
+        *extra,
+    ]
 
 
 def launch(out: Path, cache: Path, *extra: str, precision: str = "bf16"):
-    return subprocess.run(launch_args(out, cache, *extra, precision=precision), cwd=REPO, capture_output=True,
-                          text=True, timeout=900)
+    return subprocess.run(
+        launch_args(out, cache, *extra, precision=precision), cwd=REPO, capture_output=True, text=True, timeout=900
+    )
 
 
 def killed_and_resumed(out: Path, cache: Path, precision: str) -> dict[int, float]:
     """A 12-step run SIGKILLed once its step-6 checkpoint exists, then resumed: its per-step training losses."""
     from tests.conftest import kill_when_ready
 
-    kill_when_ready(launch_args(out, cache, "--max_steps", "12", precision=precision)[1:],
-                    out / "checkpoints" / "step_6", timeout=900)
+    kill_when_ready(
+        launch_args(out, cache, "--max_steps", "12", precision=precision)[1:],
+        out / "checkpoints" / "step_6",
+        timeout=900,
+    )
     resumed = launch(out, cache, "--max_steps", "12", "--resume_from_checkpoint", "latest", precision=precision)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
@@ -135,14 +180,13 @@ def test_zero2_bf16_final_model_is_the_fp32_master_copy_and_resume_stays_close(t
 
 
 def test_fp16_on_cpu_is_refused_clearly(tmp_path):
+    import torch
     from accelerate.state import AcceleratorState
 
     from llmlab.core.config import parse_config
     from llmlab.core.errors import UserError
     from llmlab.train.loop import TrainingSession
     from llmlab.train.pretrain_config import PretrainConfig
-
-    import torch
 
     if torch.cuda.is_available():
         pytest.skip("fp16 is valid on a GPU")

@@ -1,5 +1,6 @@
 """The first five minutes (issue 15): the README's quick start command, run as written, uses every core and prints
 no third-party warnings; `accelerate launch` no longer pins a CPU run to one thread."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,9 @@ def readme_quick_start() -> list[str]:
     """The pretraining command of the README's quick start block, split into argv."""
     text = (REPO / "README.md").read_text()
     block = text.split("## Quick start", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
-    command = next(part.strip() for line in block.splitlines() for part in line.split("&&") if "train_pretrain.py" in part)
+    command = next(
+        part.strip() for line in block.splitlines() for part in line.split("&&") if "train_pretrain.py" in part
+    )
     return command.split()
 
 
@@ -34,8 +37,9 @@ def test_the_readme_quick_start_is_quiet_and_uses_every_core(tmp_path):
     command = readme_quick_start()
     assert command[0] in ("python", "python3") and command[1] == "train_pretrain.py", command
     out = tmp_path / "run"
-    proc = run([sys.executable, *command[1:], *TINY, "--output_dir", str(out), "--cache_dir", str(tmp_path / "c")],
-               tmp_path)
+    proc = run(
+        [sys.executable, *command[1:], *TINY, "--output_dir", str(out), "--cache_dir", str(tmp_path / "c")], tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [line for line in (proc.stdout + proc.stderr).replace("\r", "\n").splitlines() if line.strip()]
     noisy = [line for line in lines if NOISE.search(line)]
@@ -46,8 +50,20 @@ def test_the_readme_quick_start_is_quiet_and_uses_every_core(tmp_path):
 
 def test_accelerate_launch_no_longer_trains_on_one_core(tmp_path):
     out = tmp_path / "run"
-    proc = run([sys.executable, "-m", "accelerate.commands.launch", "train_pretrain.py", *TINY, "--output_dir",
-                str(out), "--cache_dir", str(tmp_path / "c")], tmp_path)
+    proc = run(
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "train_pretrain.py",
+            *TINY,
+            "--output_dir",
+            str(out),
+            "--cache_dir",
+            str(tmp_path / "c"),
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     threads = json.loads((out / "run_info.json").read_text())["hardware"]["torch_threads"]
     assert threads == available_cores()
@@ -58,6 +74,7 @@ def test_accelerate_launch_no_longer_trains_on_one_core(tmp_path):
 def test_sweep_trial_workers_start_quietly():
     """The sweep's fork server preloads the trial module; its imports (peft via transformers.optimization) must not
     print the optional-kernel notices into the sweep's terminal."""
-    proc = subprocess.run([sys.executable, "-c", "import llmlab.sweep.trial"], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import llmlab.sweep.trial"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0 and not NOISE.search(proc.stderr), proc.stderr[-2000:]

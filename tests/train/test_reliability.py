@@ -1,8 +1,8 @@
 """Issue 14: a run folder is owned, verified and never silently overwritten; no NaN model is ever published; every
 user error is one line. Real processes wherever the failure needs one (kill -9, concurrent runs, Ctrl-C)."""
+
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -26,16 +26,37 @@ def data_cache(tmp_path_factory) -> str:
 
 
 def pretrain(out: Path, cache: str, *extra: str, steps: int = 8) -> list[str]:
-    return ["train_pretrain.py", *SMALL, "--cache_dir", cache, "--output_dir", str(out), "--max_steps", str(steps),
-            "--save_every", "4", "--keep_last", "2", "--eval_every", "4", *extra]
+    return [
+        "train_pretrain.py",
+        *SMALL,
+        "--cache_dir",
+        cache,
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        str(steps),
+        "--save_every",
+        "4",
+        "--keep_last",
+        "2",
+        "--eval_every",
+        "4",
+        *extra,
+    ]
 
 
 def start(args: list[str]) -> subprocess.Popen:
     # a run started from a shell without job control (`cmd &` in a script) inherits SIGINT ignored, and Python
     # then never raises KeyboardInterrupt: start each run as a terminal would, with Ctrl-C at its default
-    return subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen(
+        [sys.executable, *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def wait_for(path: Path, proc: subprocess.Popen | None = None, timeout: float = 300) -> None:
@@ -112,7 +133,7 @@ def test_damaged_checkpoints_are_named_and_the_newest_good_one_is_used(tmp_path,
     assert run_script(pretrain(out, data_cache, steps=12)).returncode == 0
     weights = out / "checkpoints" / "step_12" / "model.safetensors"
     data = bytearray(weights.read_bytes())
-    data[len(data) // 2: len(data) // 2 + 64] = b"\x7f" * 64  # same size, other bytes: only a checksum can tell
+    data[len(data) // 2 : len(data) // 2 + 64] = b"\x7f" * 64  # same size, other bytes: only a checksum can tell
     weights.write_bytes(bytes(data))
     explicit = run_script(pretrain(out, data_cache, "--resume_from_checkpoint", str(weights.parent), steps=16))
     assert_one_line_error(explicit, "damaged", "model.safetensors", "sha256", "step_8")
@@ -131,18 +152,22 @@ def test_damaged_checkpoints_are_named_and_the_newest_good_one_is_used(tmp_path,
 
 @pytest.mark.slow
 def test_resume_honours_schedule_changes_and_refuses_the_rest(tmp_path, data_cache):
-    from transformers import get_cosine_with_min_lr_schedule_with_warmup
     import torch
+    from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
     out = tmp_path / "run"
     assert run_script(pretrain(out, data_cache, steps=8)).returncode == 0
-    resumed = run_script(pretrain(out, data_cache, "--resume_from_checkpoint", "latest", "--learning_rate", "5e-3",
-                                  steps=12))
+    resumed = run_script(
+        pretrain(out, data_cache, "--resume_from_checkpoint", "latest", "--learning_rate", "5e-3", steps=12)
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "honouring changed option(s) learning_rate, max_steps" in resumed.stdout
     schedule = get_cosine_with_min_lr_schedule_with_warmup(
-        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=5e-3), num_warmup_steps=1, num_training_steps=12,
-        min_lr_rate=1e-5 / 5e-3).lr_lambdas[0]
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=5e-3),
+        num_warmup_steps=1,
+        num_training_steps=12,
+        min_lr_rate=1e-5 / 5e-3,
+    ).lr_lambdas[0]
     lrs = {r["step"]: r["train/lr"] for r in read_jsonl(out / "metrics.jsonl") if "train/lr" in r}
     assert lrs[9] == pytest.approx(5e-3 * schedule(8)) and lrs[12] == pytest.approx(5e-3 * schedule(11))
     changed = run_script(pretrain(out, data_cache, "--resume_from_checkpoint", "latest", "--n_embd", "64", steps=16))
@@ -152,11 +177,25 @@ def test_resume_honours_schedule_changes_and_refuses_the_rest(tmp_path, data_cac
 # ------------------------------------------------------------------ nothing non-finite is published
 @pytest.mark.slow
 def test_no_nan_model_is_ever_published(tmp_path, data_cache):
-    assert_one_line_error(run_script(pretrain(tmp_path / "a", data_cache, "--learning_rate", "inf")),
-                          "--learning_rate", "finite")
+    assert_one_line_error(
+        run_script(pretrain(tmp_path / "a", data_cache, "--learning_rate", "inf")), "--learning_rate", "finite"
+    )
     assert_one_line_error(run_script(pretrain(tmp_path / "b", data_cache, "--clip", "nan")), "--clip")
-    wild = run_script(pretrain(tmp_path / "c", data_cache, "--learning_rate", "1e30", "--min_lr", "0",
-                               "--spike_patience", "1", "--max_rollbacks", "1", steps=12))
+    wild = run_script(
+        pretrain(
+            tmp_path / "c",
+            data_cache,
+            "--learning_rate",
+            "1e30",
+            "--min_lr",
+            "0",
+            "--spike_patience",
+            "1",
+            "--max_rollbacks",
+            "1",
+            steps=12,
+        )
+    )
     assert wild.returncode == 2 and "Traceback" not in wild.stderr, wild.stderr[-2000:]
     assert not (tmp_path / "c" / "final").exists()
     for manifest in (tmp_path / "c" / "checkpoints").glob("step_*/trainer_state.json"):  # every sealed one is finite
@@ -170,8 +209,9 @@ def test_no_nan_model_is_ever_published(tmp_path, data_cache):
 @pytest.mark.slow
 def test_a_spike_in_the_first_steps_is_caught(tmp_path, data_cache):
     out = tmp_path / "run"
-    proc = run_script(pretrain(out, data_cache, "--inject_spike", "26:10", "--spike_patience", "3",
-                               "--save_every", "5", steps=32))
+    proc = run_script(
+        pretrain(out, data_cache, "--inject_spike", "26:10", "--spike_patience", "3", "--save_every", "5", steps=32)
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     events = read_jsonl(out / "events.jsonl")
     assert [e["event"] for e in events] == ["rollback"] and events[0]["resumed_step"] == 25
@@ -202,8 +242,10 @@ def test_disk_full_while_checkpointing_is_one_line_and_leaves_no_partial_folder(
 
         def save_state(self, folder):
             (Path(folder) / "model.safetensors").write_bytes(b"partial")
-            raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file "
-                               "data/0: file write failed (unexpected pos 1024 vs 512)")
+            raise RuntimeError(
+                "[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file "
+                "data/0: file write failed (unexpected pos 1024 vs 512)"
+            )
 
     with pytest.raises(UserError, match="the disk is full") as err:
         save_checkpoint(FullDisk(), tmp_path, 4, {}, keep_last=2)
@@ -215,8 +257,9 @@ def test_non_utf8_files_are_one_line_errors_naming_file_and_line(tmp_path, gpt2_
     from llmlab.data.prepare import DataConfig, prepare_dataset
 
     corpus = tmp_path / "corpus.jsonl"
-    corpus.write_bytes(b'{"text": "fine line of text that is long enough to be kept by the filter"}\n'
-                       b'{"text": "caf\xe9 latin-1"}\n')
+    corpus.write_bytes(
+        b'{"text": "fine line of text that is long enough to be kept by the filter"}\n{"text": "caf\xe9 latin-1"}\n'
+    )
     with pytest.raises(UserError, match=r"corpus.jsonl:2 is not UTF-8 text \(byte 0xe9 at column 14\)"):
         prepare_dataset(DataConfig(dataset=str(corpus), block_size=16, cache_dir=str(tmp_path / "c")), gpt2_tokenizer)
     records = tmp_path / "records.jsonl"
@@ -230,8 +273,9 @@ def test_non_utf8_files_are_one_line_errors_naming_file_and_line(tmp_path, gpt2_
 
 
 def test_generate_output_that_is_a_folder_is_refused_before_generating(tiny_gpt2_dir, tmp_path):
-    proc = run_script(["merge_and_infer.py", "generate", "--model", str(tiny_gpt2_dir), "--prompt", "hi",
-                       "--output", str(tmp_path)])
+    proc = run_script(
+        ["merge_and_infer.py", "generate", "--model", str(tiny_gpt2_dir), "--prompt", "hi", "--output", str(tmp_path)]
+    )
     assert_one_line_error(proc, "--output", "is a folder")
 
 
@@ -265,8 +309,19 @@ def test_merge_never_deletes_a_folder_it_did_not_write(tmp_path, tiny_gpt2_dir):
     (adapter / "adapter_config.json").write_text("{}")
     for out in (runs, tmp_path / "userfolder"):
         out.mkdir(exist_ok=True)
-        proc = run_script(["merge_and_infer.py", "merge", "--base_model", str(base), "--adapter", str(adapter),
-                           "--out", str(out), "--overwrite"])
+        proc = run_script(
+            [
+                "merge_and_infer.py",
+                "merge",
+                "--base_model",
+                str(base),
+                "--adapter",
+                str(adapter),
+                "--out",
+                str(out),
+                "--overwrite",
+            ]
+        )
         assert_one_line_error(proc)
         assert "contains the --base_model" in proc.stderr or "not a merged model" in proc.stderr
     assert (base / "model.safetensors").is_file() and (base / "config.json").is_file()
@@ -274,8 +329,20 @@ def test_merge_never_deletes_a_folder_it_did_not_write(tmp_path, tiny_gpt2_dir):
 
 # ------------------------------------------------------------------ the sweep: owned folder, trials die with it
 def sweep_args(out: Path, cache: Path, grid: Path, *extra: str) -> list[str]:
-    return ["sweep.py", "--budget", "smoke", "--output_dir", str(out), "--data_cache_dir", str(cache),
-            "--threads_per_worker", "1", "--grid", str(grid), *extra]
+    return [
+        "sweep.py",
+        "--budget",
+        "smoke",
+        "--output_dir",
+        str(out),
+        "--data_cache_dir",
+        str(cache),
+        "--threads_per_worker",
+        "1",
+        "--grid",
+        str(grid),
+        *extra,
+    ]
 
 
 def _alive(pid: int) -> bool:
@@ -329,13 +396,34 @@ def test_damaged_sweep_files_rerun_or_explain(tmp_path):
 # ------------------------------------------------------------------ memory
 def _prepare_peak_mb(dataset: Path, tmp_path: Path) -> float:
     """Peak RSS of `train_pretrain.py --prepare_only` on `dataset`, in a fresh process (Linux ru_maxrss: KiB)."""
-    code = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
-            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
-    proc = subprocess.run([sys.executable, "-c", code, sys.executable, "train_pretrain.py", "--prepare_only",
-                           "--dataset", str(dataset), "--cache_dir", str(tmp_path / f"cache_{dataset.suffix[1:]}"),
-                           "--output_dir", str(tmp_path / f"out_{dataset.suffix[1:]}"), "--near_dup_threshold", "0",
-                           "--val_fraction", "0"],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    code = (
+        "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            sys.executable,
+            "train_pretrain.py",
+            "--prepare_only",
+            "--dataset",
+            str(dataset),
+            "--cache_dir",
+            str(tmp_path / f"cache_{dataset.suffix[1:]}"),
+            "--output_dir",
+            str(tmp_path / f"out_{dataset.suffix[1:]}"),
+            "--near_dup_threshold",
+            "0",
+            "--val_fraction",
+            "0",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return int(proc.stdout.strip().splitlines()[-1]) / 1024
 
@@ -350,7 +438,7 @@ def test_a_huge_one_line_document_costs_no_more_memory_than_the_same_text_as_man
     (tmp_path / "one.txt").write_text(text)
     with open(tmp_path / "many.jsonl", "w") as f:
         for i in range(0, len(text), 10_000):
-            f.write(json.dumps({"text": text[i:i + 10_000]}) + "\n")
+            f.write(json.dumps({"text": text[i : i + 10_000]}) + "\n")
     one, many = _prepare_peak_mb(tmp_path / "one.txt", tmp_path), _prepare_peak_mb(tmp_path / "many.jsonl", tmp_path)
     # unsplit, this line alone would add ~150 bytes/char x 2 MB = ~300 MB on top of the many-document peak
     assert one < many + 100, (one, many)

@@ -1,5 +1,6 @@
 """TrainingSession and Checkpointer on their own (in-process, a real accelerate, a two-parameter model): the
 optimizer step's guards, clipping modes, the checkpoint cadence, resume refusals, rewind, and the run record."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,9 @@ def fresh_state():
 
 def make(tmp_path, **kwargs):
     cfg = Cfg(output_dir=str(tmp_path / "run"), **kwargs)
-    session = TrainingSession(cfg, "unit", run_files=("checkpoints", "config.yaml"), resumable=("learning_rate",),
-                              mixed_precision="no")
+    session = TrainingSession(
+        cfg, "unit", run_files=("checkpoints", "config.yaml"), resumable=("learning_rate",), mixed_precision="no"
+    )
     model = torch.nn.Linear(2, 1, bias=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.learning_rate)
     model, optimizer = session.prepare(model, optimizer)
@@ -68,10 +70,11 @@ def test_fp16_overflow_goes_to_the_loss_scaler_and_the_next_step_runs(tmp_path, 
     wrapped optimizer's step skips an overflow and lowers the scale), with torch's CPU GradScaler standing in for
     the CUDA one. An overflowed first step is the scaler's to skip; skipping its step ourselves broke the next one."""
     cfg = Cfg(output_dir=str(tmp_path / "run"))
-    session = TrainingSession(cfg, "unit", run_files=("checkpoints", "config.yaml"), resumable=(),
-                              mixed_precision="no")  # fp16 is refused on CPU: set up its scaler path by hand
+    session = TrainingSession(
+        cfg, "unit", run_files=("checkpoints", "config.yaml"), resumable=(), mixed_precision="no"
+    )  # fp16 is refused on CPU: set up its scaler path by hand
     monkeypatch.setattr(type(session.accelerator), "mixed_precision", property(lambda self: "fp16"))
-    session.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 126)  # 4 x 2^126 overflows fp32
+    session.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**126)  # 4 x 2^126 overflows fp32
     session.accelerator.native_amp = True
     model = torch.nn.Linear(2, 1, bias=False)
     model, optimizer = session.prepare(model, torch.optim.SGD(model.parameters(), lr=cfg.learning_rate))
@@ -82,7 +85,7 @@ def test_fp16_overflow_goes_to_the_loss_scaler_and_the_next_step_runs(tmp_path, 
         before = model.weight.detach().clone()
         result = step(session, model, optimizer, scheduler, clipper, [[3.0, 4.0]])
         assert not result.stepped and math.isfinite(result.loss) and torch.equal(model.weight.detach(), before)
-        assert session.accelerator.scaler.get_scale() == 2.0 ** 125  # the scaler saw the overflow
+        assert session.accelerator.scaler.get_scale() == 2.0**125  # the scaler saw the overflow
         result = step(session, model, optimizer, scheduler, clipper, [[3.0, 4.0]])  # 4 x 2^125 fits
         assert result.stepped and result.grad_norm == pytest.approx(5.0)
         assert torch.allclose(before - model.weight.detach(), 0.1 * torch.tensor([[0.3, 0.4]]))

@@ -1,6 +1,7 @@
 """How a trial reaches a process: `local` (this machine: a fork server or fresh interpreters) or `ray` (any node of
 a Ray cluster). Every launcher runs the same `llmlab.sweep.trial` on a TrialSpec and leaves the same trial folder
 (spec.json, log.txt, tensorboard/, result.json) in the sweep; what they share is here, light (no torch, no ray)."""
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,14 @@ def start_trial_process(spec_path: Path, log_path: Path, code_root: str, env: di
     kills all of it), logging to `log_path`."""
     full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join([code_root, os.environ.get("PYTHONPATH", "")])}
     with open(log_path, "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", "llmlab.sweep.trial", str(spec_path)], stdout=log,
-                                stderr=subprocess.STDOUT, env=full_env, cwd=code_root, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "llmlab.sweep.trial", str(spec_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=code_root,
+            start_new_session=True,
+        )
 
 
 def wait_for_trial(proc: subprocess.Popen, timeout: float) -> tuple[int, bool]:
@@ -71,8 +78,15 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def exit_result(spec: TrialSpec, code: Optional[int], timed_out: bool, stopping: bool, started: float, tail: str,
-                reason: Optional[str] = None) -> dict:
+def exit_result(
+    spec: TrialSpec,
+    code: Optional[int],
+    timed_out: bool,
+    stopping: bool,
+    started: float,
+    tail: str,
+    reason: Optional[str] = None,
+) -> dict:
     """The result row of a trial whose process ended without writing one: timed out, interrupted or crashed."""
     if timed_out:
         status, reason = "timeout", f"killed after the {spec.timeout_s} s trial timeout"
@@ -81,10 +95,23 @@ def exit_result(spec: TrialSpec, code: Optional[int], timed_out: bool, stopping:
     else:
         status = "crashed"
         if reason is None:
-            reason = (f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0
-                      else f"exited with code {code} without a result")
+            reason = (
+                f"killed by signal {signal.Signals(-code).name}"
+                if code is not None and code < 0
+                else f"exited with code {code} without a result"
+            )
             if code == -signal.SIGKILL:
                 reason += " (SIGKILL: killed by a user or the out-of-memory killer)"
-    return {"trial_id": spec.trial_id, "hparams": asdict(spec.hparams), "model": spec.model, "steps": spec.steps,
-            "status": status, "failures": [reason], "boundary": False, "attempts": 1, "exit_code": code,
-            "log_tail": tail, "wall_time_s": round(time.time() - started, 3)}
+    return {
+        "trial_id": spec.trial_id,
+        "hparams": asdict(spec.hparams),
+        "model": spec.model,
+        "steps": spec.steps,
+        "status": status,
+        "failures": [reason],
+        "boundary": False,
+        "attempts": 1,
+        "exit_code": code,
+        "log_tail": tail,
+        "wall_time_s": round(time.time() - started, 3),
+    }

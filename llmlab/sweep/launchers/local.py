@@ -3,6 +3,7 @@ torch/transformers once, so a trial starts in a fraction of a second yet still g
 context; `spawn` runs `python -m llmlab.sweep.trial spec.json` from scratch (the default with CUDA, where a process
 forked from a server that may have touched the CUDA driver is not safe). bench/sweep_overhead.py compares them.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,8 +58,9 @@ class TrialLauncher:
 
     def run(self, spec: TrialSpec, slot: int) -> dict:
         # the trial watches its driver: a trial forked from the fork server outlives a killed driver otherwise
-        spec, trial_dir = fresh_trial_dir(spec, threads=self.threads,
-                                          driver=[os.getpid(), process_start_time(os.getpid())])
+        spec, trial_dir = fresh_trial_dir(
+            spec, threads=self.threads, driver=[os.getpid(), process_start_time(os.getpid())]
+        )
         spec_path = trial_dir / "spec.json"
         log_path = trial_dir / "log.txt"
         env = worker_env(slot, spec.device)
@@ -66,8 +68,9 @@ class TrialLauncher:
         if self.launcher == "spawn":
             proc = start_trial_process(spec_path, log_path, str(REPO_ROOT), env)
         else:
-            proc = forkserver_context().Process(target=_child, args=(str(spec_path), str(log_path), env),
-                                                name=f"trial-{spec.trial_id}")
+            proc = forkserver_context().Process(
+                target=_child, args=(str(spec_path), str(log_path), env), name=f"trial-{spec.trial_id}"
+            )
             proc.start()
         atomic_write_text(trial_dir / "pid_start", f"{process_start_time(proc.pid)}\n")  # with the pid, an identity
         atomic_write_text(trial_dir / "pid", f"{proc.pid}\n")

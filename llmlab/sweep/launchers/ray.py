@@ -7,6 +7,7 @@ llmlab's code travels as a runtime_env py_module, the token arrays reach each no
 local launcher would have. A node or worker lost mid-trial is a Ray system failure, so Ray runs the task again
 elsewhere (--node_retries); only a finished task's files are written, result.json last, so a trial appears once.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,12 +26,21 @@ from filelock import FileLock
 import llmlab
 from llmlab.core.errors import UserError
 from llmlab.core.io import atomic_write_bytes, atomic_write_json, llmlab_cache
-from llmlab.sweep.launchers import (SPLITS, exit_result, fresh_trial_dir, log_tail, save_token_arrays,
-                                    start_trial_process, wait_for_trial)
+from llmlab.sweep.launchers import (
+    SPLITS,
+    exit_result,
+    fresh_trial_dir,
+    log_tail,
+    save_token_arrays,
+    start_trial_process,
+    wait_for_trial,
+)
 from llmlab.sweep.spec import TrialSpec
 
-START_A_CLUSTER = ("start one with `ray start --head` on this machine (and `ray start --address HEAD_IP:6379` on "
-                   "the others), then pass --ray_address auto, or HEAD_IP:6379 from elsewhere")
+START_A_CLUSTER = (
+    "start one with `ray start --head` on this machine (and `ray start --address HEAD_IP:6379` on "
+    "the others), then pass --ray_address auto, or HEAD_IP:6379 from elsewhere"
+)
 
 
 def reachable(address: str, timeout: float = 5.0) -> Optional[str]:
@@ -53,11 +63,17 @@ def connect(address: str) -> dict:
     if problem:
         raise UserError(f"{problem}; {START_A_CLUSTER}")
     try:
-        ray.init(address=address, runtime_env={"py_modules": [str(Path(llmlab.__file__).parent)]},
-                 log_to_driver=False, logging_level="ERROR", configure_logging=False)
+        ray.init(
+            address=address,
+            runtime_env={"py_modules": [str(Path(llmlab.__file__).parent)]},
+            log_to_driver=False,
+            logging_level="ERROR",
+            configure_logging=False,
+        )
     except ConnectionError as err:
-        raise UserError(f"no Ray cluster at --ray_address {address} ({str(err).split('. ')[0][:120]}); "
-                        f"{START_A_CLUSTER}") from None
+        raise UserError(
+            f"no Ray cluster at --ray_address {address} ({str(err).split('. ')[0][:120]}); {START_A_CLUSTER}"
+        ) from None
     return ray.cluster_resources()
 
 
@@ -91,31 +107,40 @@ def run_on_node(spec: dict, key: str, boxed_ref: list) -> dict:
         # the trial dies with this worker (PR_SET_PDEATHSIG)
         proc = start_trial_process(spec_path, trial_dir / "log.txt", code_root, {"TOKENIZERS_PARALLELISM": "false"})
         code, timed_out = wait_for_trial(proc, spec["timeout_s"])
-        files = {str(p.relative_to(trial_dir)): p.read_bytes() for p in sorted(trial_dir.rglob("*"))
-                 if p.is_file() and p != spec_path}
+        files = {
+            str(p.relative_to(trial_dir)): p.read_bytes()
+            for p in sorted(trial_dir.rglob("*"))
+            if p.is_file() and p != spec_path
+        }
     return {"node": node, "files": files, "exit_code": code, "timed_out": timed_out}
 
 
 class RayLauncher:
     """TrialLauncher's contract (run(spec, slot) -> result, kill_all, workers) over a Ray cluster."""
 
-    def __init__(self, address: str, data_dir: Path, cpus_per_trial: float = 1, gpus_per_trial: float = 0,
-                 node_retries: int = 2):
+    def __init__(
+        self, address: str, data_dir: Path, cpus_per_trial: float = 1, gpus_per_trial: float = 0, node_retries: int = 2
+    ):
         resources = connect(address)
         cpus, gpus = resources.get("CPU", 0), resources.get("GPU", 0)
         fits = [cpus // cpus_per_trial] + ([gpus // gpus_per_trial] if gpus_per_trial else [])
         self.workers = int(min(fits))
         if self.workers < 1:
-            raise UserError(f"the Ray cluster at {address} has {cpus:g} CPUs and {gpus:g} GPUs, too few for one trial "
-                            f"of --cpus_per_trial {cpus_per_trial:g} --gpus_per_trial {gpus_per_trial:g}")
+            raise UserError(
+                f"the Ray cluster at {address} has {cpus:g} CPUs and {gpus:g} GPUs, too few for one trial "
+                f"of --cpus_per_trial {cpus_per_trial:g} --gpus_per_trial {gpus_per_trial:g}"
+            )
         nodes = sum(1 for node in ray.nodes() if node["Alive"])
-        print(f"Ray cluster: {nodes} node(s), {cpus:g} CPUs, {gpus:g} GPUs -> up to {self.workers} trial(s) at once",
-              flush=True)
+        print(
+            f"Ray cluster: {nodes} node(s), {cpus:g} CPUs, {gpus:g} GPUs -> up to {self.workers} trial(s) at once",
+            flush=True,
+        )
         self.threads = max(1, int(cpus_per_trial))
         self.key = data_digest(data_dir)
         self.data_ref = ray.put({split: np.load(data_dir / f"{split}.npy") for split in SPLITS})
-        self.task = ray.remote(run_on_node).options(num_cpus=cpus_per_trial, num_gpus=gpus_per_trial,
-                                                    max_retries=node_retries, retry_exceptions=False)
+        self.task = ray.remote(run_on_node).options(
+            num_cpus=cpus_per_trial, num_gpus=gpus_per_trial, max_retries=node_retries, retry_exceptions=False
+        )
         self.node_retries = node_retries
         self.active: dict[str, ray.ObjectRef] = {}
         self.lock = threading.Lock()
@@ -133,8 +158,10 @@ class RayLauncher:
             if isinstance(err, ray.exceptions.RayTaskError):  # the task itself raised on its node (a full disk...)
                 reason = f"the Ray task failed on its node: {str(err.cause).splitlines()[0][:200]}"
             else:  # a system failure Ray already retried --node_retries times
-                reason = (f"its Ray worker or node was lost {self.node_retries + 1} time(s) ({type(err).__name__}); "
-                          "see `ray status`")
+                reason = (
+                    f"its Ray worker or node was lost {self.node_retries + 1} time(s) ({type(err).__name__}); "
+                    "see `ray status`"
+                )
             result = exit_result(spec, None, False, self.stopping, started, "", reason)
             atomic_write_json(trial_dir / "result.json", result)
             return result
@@ -148,8 +175,14 @@ class RayLauncher:
         if "result.json" in files:
             result = json.loads(files["result.json"])
         else:
-            result = exit_result(spec, outcome["exit_code"], outcome["timed_out"], self.stopping, started,
-                                 log_tail(trial_dir / "log.txt"))
+            result = exit_result(
+                spec,
+                outcome["exit_code"],
+                outcome["timed_out"],
+                self.stopping,
+                started,
+                log_tail(trial_dir / "log.txt"),
+            )
         result["node"] = outcome["node"]
         atomic_write_json(trial_dir / "result.json", result)
         return result
