@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import math
+import multiprocessing.util
 import os
 import socket
 import sys
@@ -629,6 +630,15 @@ def die_with_parent() -> None:
         pass
 
 
+def release_compile_workers() -> None:
+    """torch.compile's worker pool holds semaphores that the os._exit below would leak (the resource tracker warns once
+    per compiled trial when the sweep ends): shut the pool down and run the finalizers a normal exit would run."""
+    async_compile = sys.modules.get("torch._inductor.async_compile")
+    if async_compile is not None:
+        async_compile.shutdown_compile_workers()
+    multiprocessing.util._run_finalizers()  # what a normal exit runs: semaphores unregister from the tracker
+
+
 def child_main(spec_path: str, log_path: str, env: dict[str, str]) -> None:
     """Entry point of a forkserver-launched trial: log to its own file, then run (exit code 0/1)."""
     die_with_parent()
@@ -638,14 +648,15 @@ def child_main(spec_path: str, log_path: str, env: dict[str, str]) -> None:
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     os.environ.update(env)
+    code = 0
     try:
         run_trial(spec_path)
     except BaseException:
         traceback.print_exc()
-        sys.stdout.flush()
-        os._exit(1)
+        code = 1
+    release_compile_workers()
     sys.stdout.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 if __name__ == "__main__":

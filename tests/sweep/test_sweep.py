@@ -436,3 +436,28 @@ def test_without_replicates_no_gain_is_resolved():
     rows, facts = _gain_case(with_replicates=False)
     assert facts["noise"]["sd"] is None
     assert not any(r["effective_gain"] or r["gain_resolved"] for r in rows)
+
+
+def test_a_sweep_of_compiled_trials_ends_quietly(tmp_path):
+    """Each compiled trial's torch.compile worker pool used to leak a semaphore through the fork-server child's
+    os._exit: the sweep then ended with "resource_tracker: There appear to be N leaked semaphore objects"."""
+    from tests.conftest import run_script
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("trials:\n  - {trial_id: a, lr: 0.001}\n  - {trial_id: b, lr: 0.002}\n")
+    args = [
+        "sweep.py",
+        "--grid",
+        str(grid),
+        "--budget",
+        "smoke",
+        "--compile",
+        "--workers",
+        "2",
+        "--output_dir",
+        str(tmp_path / "out"),
+    ]
+    proc = run_script(args, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "'ok': 2" in proc.stdout
+    assert "leaked" not in proc.stderr and "resource_tracker" not in proc.stderr, proc.stderr[-2000:]
