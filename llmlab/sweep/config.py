@@ -152,6 +152,12 @@ class SweepConfig:
     holdout_replicates: Optional[int] = opt(
         None, "multi-size scans: seeds per lr at the held-out size (default --replicates)"
     )
+    blind_to: list[str] = opt(
+        ["docs/findings"],
+        "multi-size scans: folders whose trials the held-out forecast must not have seen; the pre-registration is "
+        "refused if any trial of the held-out size (same model) exists under them or in the scan's own folder",
+        outcome=False,
+    )
     design_rationale: Optional[str] = opt(
         None,
         "multi-size scans: a JSON file (e.g. bench/forecast_design.py's "

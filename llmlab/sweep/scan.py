@@ -407,12 +407,33 @@ def read_preregistration(out_dir: Path) -> Optional[dict]:
     }
 
 
+def held_out_trials(size: str, model: str, folders: list[Path]) -> list[Path]:
+    """Every finished trial of this size and model under the folders (their */trials/*/result.json, at any depth)."""
+    found = []
+    for folder in folders:
+        for path in sorted(Path(folder).glob("**/trials/*/result.json")) if Path(folder).is_dir() else []:
+            try:
+                result = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if str((result.get("hparams") or {}).get("size")) == size and result.get("model", model) == model:
+                found.append(path)
+    return found
+
+
 def preregister(cfg, out_dir: Path, plan: dict, cell: dict, rows: list[dict]) -> None:
     """Before the held-out size's first trial: its forecast and prediction interval, the estimator, the verdict rule
     and the design, in one file whose sha256 the report prints. The verdict is judged against this forecast."""
     path = out_dir / PREREGISTRATION
     if path.exists():
         return
+    seen = held_out_trials(cell["size"], cfg.model, [out_dir, *map(Path, cfg.blind_to)])
+    if seen:
+        raise UserError(
+            f"cannot pre-register a forecast of {cell['size']}: {len(seen)} trial(s) of that size already "
+            f"exist ({seen[0]}), so it would not be blind; hold out a size no trial has run (or take those "
+            "folders out of --blind_to if they are another model)"
+        )
     rationale = None
     if cfg.design_rationale:
         try:

@@ -796,3 +796,30 @@ def test_a_bf16_trial_on_a_node_without_bf16_units_stops_in_one_line(tmp_path):
     )
     assert proc.returncode != 0 and "has no bf16 units" in proc.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "t" / "result.json").exists()
+
+
+def test_a_registration_is_refused_once_a_trial_of_the_held_out_size_exists(tmp_path):
+    from llmlab.core.config import parse_config
+    from llmlab.sweep.config import SweepConfig
+    from llmlab.sweep.scan import PREREGISTRATION, preregister
+
+    elsewhere = tmp_path / "findings" / "sigma-study" / "trials" / "96x1_lr1e-3_bs2"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "result.json").write_text(json.dumps({"model": "minimal", "hparams": {"size": "96x1"}}))
+    cell = {"size": "96x1", "batch_size": 2, "centre": 3e-3, "source": "law", "lrs": [3e-3], "seeds": 2}
+    plan = {"cells": [], "n_params": {"96x1": 74016}, "machines": []}
+    scan = tmp_path / "scan"
+    scan.mkdir()
+    blind = parse_config(SweepConfig, ["--blind_to", str(tmp_path / "findings")])
+    with pytest.raises(UserError, match="96x1: 1 trial.*not be blind"):
+        preregister(blind, scan, plan, cell, [])
+    assert not (scan / PREREGISTRATION).exists()
+    other_model = parse_config(SweepConfig, ["--blind_to", str(tmp_path / "findings"), "--model", "gpt2-tiny"])
+    preregister(other_model, scan, plan, cell, [])  # another model's 96x1 is not this forecast's held-out size
+    assert (scan / PREREGISTRATION).is_file()
+    (scan / PREREGISTRATION).unlink()
+    own = scan / "trials" / "96x1_lr3e-3_bs2"  # the scan's own folder counts too, whatever --blind_to says
+    own.mkdir(parents=True)
+    (own / "result.json").write_text(json.dumps({"model": "minimal", "hparams": {"size": "96x1"}}))
+    with pytest.raises(UserError, match="not be blind"):
+        preregister(SweepConfig(blind_to=[]), scan, plan, cell, [])
