@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from llmlab.core.errors import UserError
 
@@ -91,18 +92,104 @@ def publish_dir(tmp_dir: str | os.PathLike, final_dir: str | os.PathLike) -> Non
         os.replace(tmp_dir, final_dir)
 
 
-def utf8_lines(path: str | os.PathLike):
-    """(line number, text) for each line of a UTF-8 file, streamed; bytes that are not UTF-8 are a one-line error
-    naming the file, line and column, instead of a decoder traceback deep inside a loader."""
+# compressed files by suffix: the magic bytes the stream must start with, and the module that opens it
+COMPRESSION = {
+    ".gz": (b"\x1f\x8b", "gzip"),
+    ".bz2": (b"BZh", "bz2"),
+    ".xz": (b"\xfd7zXZ\x00", "lzma"),
+    ".zst": (b"\x28\xb5\x2f\xfd", "zstandard"),
+}
+
+
+def compression_of(path: str | os.PathLike) -> Optional[str]:
+    """The compression suffix of a path (".gz", ".bz2", ".xz", ".zst"), or None for a plain file."""
+    suffix = Path(path).suffix
+    return suffix if suffix in COMPRESSION else None
+
+
+def open_binary(path: str | os.PathLike):
+    """A binary stream of the file's content, decompressed when its suffix names a compression, after checking its
+    magic bytes (a .gz that is not gzip is one line naming the file, not a decoder error later)."""
+    suffix = compression_of(path)
+    if suffix is None:
+        return open(path, "rb")
+    magic, module = COMPRESSION[suffix]
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            try:
-                yield number, raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise UserError(
-                    f"{path}:{number} is not UTF-8 text (byte 0x{raw[err.start]:02x} at column "
-                    f"{err.start + 1}); save the file as UTF-8"
-                ) from None
+        head = f.read(len(magic))
+    if head != magic:
+        raise UserError(
+            f"{path} is not a {suffix} file (it does not start with {suffix}'s magic bytes); decompress or rename it"
+        )
+    if module == "zstandard":
+        return io.BufferedReader(_ZstdReader(path), 1 << 20)
+    return __import__(module).open(path, "rb")
+
+
+class _ZstdReader(io.RawIOBase):
+    """A .zst file's content across its frames, raising EOFError when the file ends inside a frame (zstandard's own
+    stream reader ends quietly there, which would pass a truncated download as a shorter corpus)."""
+
+    def __init__(self, path):
+        import zstandard
+
+        self._file, self._new = open(path, "rb"), zstandard.ZstdDecompressor().decompressobj
+        self._stream, self._pending, self._started = self._new(), b"", False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._pending:
+            chunk = self._file.read(1 << 20)
+            if not chunk:
+                if not self._stream.eof and self._started:
+                    raise EOFError("the file ends inside a zstd frame")
+                return 0
+            self._pending = self._decompress(chunk)
+        size = min(len(buffer), len(self._pending))
+        buffer[:size], self._pending = self._pending[:size], self._pending[size:]
+        return size
+
+    def _decompress(self, chunk: bytes) -> bytes:
+        out = []
+        while chunk:
+            if self._stream.eof:  # the next frame
+                self._stream = self._new()
+            out.append(self._stream.decompress(chunk))
+            self._started = True
+            chunk = self._stream.unused_data if self._stream.eof else b""
+        return b"".join(out)
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+def utf8_lines(path: str | os.PathLike):
+    """(line number, text) for each line of a UTF-8 file, plain or compressed (COMPRESSION), streamed; bytes that are
+    not UTF-8 are a one-line error naming the file, line and column, and a truncated or corrupt compressed stream one
+    naming the file, instead of a decoder traceback deep inside a loader."""
+    number = 0
+    try:
+        with open_binary(path) as f:
+            for number, raw in enumerate(f, 1):
+                try:
+                    yield number, raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise UserError(
+                        f"{path}:{number} is not UTF-8 text (byte 0x{raw[err.start]:02x} at column "
+                        f"{err.start + 1}); save the file as UTF-8"
+                    ) from None
+    except UserError:
+        raise
+    except Exception as err:  # each decompressor has its own error types (EOFError, OSError, LZMAError, ZstdError)
+        if compression_of(path) is None:
+            raise
+        detail = str(err).splitlines()[0][:100] if str(err) else "end of stream"
+        raise UserError(
+            f"{path} is truncated or corrupt ({type(err).__name__}: {detail}; {number} lines read before it); "
+            "download or compress it again"
+        ) from None
 
 
 def progress_bar(**kwargs):

@@ -1,4 +1,5 @@
-"""Corpus sources: the builtin Wikipedia sample, a hub dataset, or local .txt/.jsonl/.parquet files.
+"""Corpus sources: the builtin Wikipedia sample, a hub dataset, or local .txt/.jsonl/.json/.parquet files (the text
+formats also compressed: .gz, .bz2, .xz, .zst).
 
 Each source streams its documents one at a time (iter_documents), plus a fingerprint that changes whenever the
 source's content may have changed (it keys the prepared-data cache).
@@ -14,10 +15,12 @@ from pathlib import Path
 from typing import Optional
 
 from llmlab.core.errors import UserError
-from llmlab.core.io import utf8_lines
+from llmlab.core.io import COMPRESSION, compression_of, utf8_lines
 
 BUILTIN_WIKI = "builtin:wiki"
-LOCAL_SUFFIXES = (".txt", ".jsonl", ".parquet")
+TEXT_SUFFIXES = (".txt", ".jsonl", ".json")  # .json: JSON lines, as C4 and RedPajama ship them
+LOCAL_SUFFIXES = (*TEXT_SUFFIXES, ".parquet", *(t + c for t in TEXT_SUFFIXES for c in COMPRESSION))
+FORMATS = ".txt, .jsonl, .json (JSON lines) or .parquet, the text formats also as .gz, .bz2, .xz or .zst"
 _WIKI_DUMP = "test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 
 
@@ -48,18 +51,27 @@ def _looks_like_hub_repo(source: str) -> bool:
     return len(parts) == 2 and all(parts) and not source.endswith(LOCAL_SUFFIXES)
 
 
+def corpus_format(path: Path) -> Optional[str]:
+    """ ".txt", ".jsonl" (also for .json) or ".parquet", whatever the compression; None for any other file."""
+    name = path.name[: -len(compression_of(path))] if compression_of(path) else path.name
+    base = Path(name).suffix
+    if base == ".parquet" and not compression_of(path):
+        return ".parquet"
+    return {".txt": ".txt", ".jsonl": ".jsonl", ".json": ".jsonl"}.get(base)
+
+
 def local_files(source: str) -> list[Path]:
     """The corpus files a local source names: a file, or every supported file under a folder."""
     path = Path(source).expanduser()
     if not path.exists():
-        raise UserError(f"dataset path {source} does not exist; pass an existing .txt/.jsonl/.parquet file or folder")
+        raise UserError(f"dataset path {source} does not exist; pass an existing file or folder ({FORMATS})")
     if path.is_file():
-        if path.suffix not in LOCAL_SUFFIXES:
-            raise UserError(f"{source}: unsupported file type {path.suffix!r}; use .txt, .jsonl or .parquet")
+        if corpus_format(path) is None:
+            raise UserError(f"{source}: unsupported file type {''.join(path.suffixes[-2:])!r}; use {FORMATS}")
         return [path]
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in LOCAL_SUFFIXES)
+    files = sorted(p for p in path.rglob("*") if p.is_file() and corpus_format(p))
     if not files:
-        raise UserError(f"folder {source} holds no .txt, .jsonl or .parquet files; point --dataset at your corpus")
+        raise UserError(f"folder {source} holds no corpus files ({FORMATS}); point --dataset at your corpus")
     return files
 
 
@@ -90,10 +102,11 @@ def iter_documents(source: str, dataset_config: Optional[str], text_field: str):
         yield from _stream_hub_corpus(source, dataset_config, text_field)
         return
     for path in local_files(source):
-        if path.suffix == ".txt":
+        kind = corpus_format(path)
+        if kind == ".txt":
             text = "".join(line for _, line in utf8_lines(path))  # one document per file, strictly UTF-8
             yield from split_long_document(text)
-        elif path.suffix == ".jsonl":
+        elif kind == ".jsonl":
             yield from _jsonl_texts(path, text_field)
         else:
             yield from _parquet_texts(path, text_field)

@@ -508,3 +508,64 @@ def test_skipping_passes_the_text_does_not_need_changes_nothing():
     ]
     for text in wiki + [filter_wiki(t) for t in wiki] + tricky:
         assert cleaning.clean_text(text) == every_pass(text), text[:60]
+
+
+def _compress(path: Path, suffix: str) -> Path:
+    import bz2
+    import gzip
+    import lzma
+
+    import zstandard
+
+    data = path.read_bytes()
+    packed = {
+        ".gz": gzip.compress,
+        ".bz2": bz2.compress,
+        ".xz": lzma.compress,
+        ".zst": zstandard.ZstdCompressor().compress,
+    }[suffix](data)
+    target = path.with_name(path.name + suffix)
+    target.write_bytes(packed)
+    return target
+
+
+def test_each_compressed_format_prepares_the_same_tokens_as_the_plain_file(tmp_path, gpt2_tokenizer):
+    rng = random.Random(11)
+    (tmp_path / "plain").mkdir()
+    plain = write_jsonl(tmp_path / "plain" / "c.jsonl", [random_doc(rng) for _ in range(12)])
+    expected = np.asarray(prepare_dataset(cfg_for(tmp_path, plain), gpt2_tokenizer).train["input_ids"])
+    for suffix in (".gz", ".bz2", ".xz", ".zst"):
+        folder = tmp_path / suffix.strip(".")
+        folder.mkdir()
+        (folder / "c.json").write_bytes(plain.read_bytes())  # .json: JSON lines, as C4 ships them
+        packed = _compress(folder / "c.json", suffix)
+        (folder / "c.json").unlink()
+        tokens = np.asarray(prepare_dataset(cfg_for(tmp_path, packed), gpt2_tokenizer).train["input_ids"])
+        assert np.array_equal(tokens, expected), suffix
+    texts = tmp_path / "texts"  # a folder of compressed .txt files (OpenWebText ships .xz archives of them)
+    texts.mkdir()
+    for i, doc in enumerate([random_doc(rng) for _ in range(3)]):
+        (texts / f"{i}.txt").write_text(doc)
+        _compress(texts / f"{i}.txt", ".xz")
+        (texts / f"{i}.txt").unlink()
+    assert prepare_dataset(cfg_for(tmp_path, texts), gpt2_tokenizer).report["documents"] == 3
+
+
+def test_a_truncated_or_mislabelled_compressed_file_is_one_line_and_leaves_no_dataset(tmp_path, gpt2_tokenizer):
+    rng = random.Random(12)
+    plain = write_jsonl(tmp_path / "c.jsonl", [random_doc(rng, 2000) for _ in range(20)])
+    packed = _compress(plain, ".gz")
+    plain.unlink()
+    packed.write_bytes(packed.read_bytes()[: packed.stat().st_size // 2])
+    with pytest.raises(UserError, match=rf"{packed} is truncated or corrupt") as err:
+        prepare_dataset(cfg_for(tmp_path, packed), gpt2_tokenizer)
+    assert "\n" not in str(err.value) and not list((tmp_path / "cache").glob("*/manifest.json"))
+    fake = tmp_path / "fake.jsonl.zst"
+    fake.write_text(json.dumps({"text": "not compressed at all " * 5}) + "\n")
+    with pytest.raises(UserError, match=rf"{fake} is not a .zst file"):
+        prepare_dataset(cfg_for(tmp_path, fake), gpt2_tokenizer)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(json.dumps({"text": "fine text " * 10}).encode() + b"\n" + b'{"text": "caf\xe9 latin-1"}\n')
+    bad_xz = _compress(bad, ".xz")
+    with pytest.raises(UserError, match=rf"{bad_xz}:2 is not UTF-8"):
+        prepare_dataset(cfg_for(tmp_path, bad_xz), gpt2_tokenizer)
