@@ -30,8 +30,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llmlab.core.runinfo import machine_label  # noqa: E402
+from llmlab.scaling.law import predict  # noqa: E402
 from llmlab.scaling.simulate import Design, Truth, operating_characteristics  # noqa: E402
-from llmlab.scaling.transfer import seed_noise  # noqa: E402
+from llmlab.scaling.transfer import analyse_sizes, seed_noise  # noqa: E402
 from llmlab.sweep.report import flat_row  # noqa: E402
 from llmlab.sweep.scan import size_parameters  # noqa: E402
 
@@ -58,10 +59,30 @@ def loglinear(xs, ys):
     return lambda n: float(math.exp(intercept + slope * math.log(n)))
 
 
-def worlds(sigma_from: Path, head_dim: int, exclude: tuple[str, ...] = ()) -> tuple[dict, dict]:
+def scan_shape(folder: Path, exclude: tuple[str, ...]) -> dict:
+    """A scan's own bowls and law, from its fit sizes: curvature log-linear in N through its measured vertices, and
+    the law's alpha and the point it passes through."""
+    transfer = analyse_sizes([r for r in rows_of(folder) if r["size"] not in exclude], holdout="none")
+    measured = [p for p in transfer["points"] if p["status"] == "measured"]
+    law = transfer["law"]
+    n_mid = float(np.exp(np.mean([math.log(p["n_params"]) for p in measured])))
+    return {
+        "curvature": loglinear([p["n_params"] for p in measured], [p["curvature"] for p in measured]),
+        "alpha": law["alpha"],
+        "lr_at": (predict(law, n_mid, 4)["lr"], n_mid),
+        "sizes": law["sizes"],
+    }
+
+
+def worlds(
+    sigma_from: Path, head_dim: int, exclude: tuple[str, ...] = (), shape_from: Path | None = None
+) -> tuple[dict, dict]:
     shipped = json.loads((SHIPPED / "scaling_fits.json").read_text())["transfer"]
     measured = [p for p in shipped["points"] if p["status"] == "measured"]
     curvature = loglinear([p["n_params"] for p in measured], [p["curvature"] for p in measured])
+    shape = scan_shape(shape_from, exclude) if shape_from else None
+    if shape:
+        curvature = shape["curvature"]
     per_size = shipped["noise"]["per_size"]
     n_shipped = {p["size"]: p["n_params"] for p in shipped["points"]}
     sigma_shape = loglinear([n_shipped[s] for s in per_size], [per_size[s]["sigma"] for s in per_size])
@@ -72,6 +93,8 @@ def worlds(sigma_from: Path, head_dim: int, exclude: tuple[str, ...] = ()) -> tu
     shift = float(np.exp(np.mean([math.log(anchors[s] / sigma_shape(n_shipped.get(s) or n_of[s])) for s in anchors])))
     slope = pinned["lr_trend"].get("slope_ln_var", 0.0) if pinned["lr_trend"].get("used") else 0.0
     common = dict(n_params=n_of, curvature={s: curvature(n) for s, n in n_of.items()}, noise_lr_slope=slope)
+    if shape:
+        common.update(alpha=shape["alpha"], lr_at=shape["lr_at"])
     as_measured = Truth(**common, sigma={s: anchors.get(s) or shift * sigma_shape(n) for s, n in n_of.items()})
     pessimistic = Truth(**common, sigma={s: shipped["noise"]["sigma"] for s in n_of})
     facts = {
@@ -82,6 +105,8 @@ def worlds(sigma_from: Path, head_dim: int, exclude: tuple[str, ...] = ()) -> tu
         "shipped_pooled_sigma": shipped["noise"]["sigma"],
         "sigma_from": str(sigma_from),
         "excluded_sizes": list(exclude),
+        "shape_from": str(shape_from) if shape_from else "lr-sizes-std (curvature); alpha -0.47",
+        "shape": {k: v for k, v in (shape or {}).items() if k != "curvature"},
     }
     return {"as measured": as_measured, "sigma 0.071 everywhere": pessimistic}, facts
 
@@ -122,6 +147,13 @@ def main(argv=None) -> int:
         "from the fit cells alone); repeatable",
     )
     parser.add_argument(
+        "--shape_from",
+        type=Path,
+        default=None,
+        help="a scan folder whose own fit sizes give the world's bowl curvature and law (alpha); default: the "
+        "shipped standard scan's curvature and alpha -0.47",
+    )
+    parser.add_argument(
         "--design",
         action="append",
         default=[],
@@ -129,7 +161,7 @@ def main(argv=None) -> int:
     )
     args = parser.parse_args(argv)
     started = time.time()
-    truths, facts = worlds(args.sigma_from, args.head_dim, tuple(args.exclude_size))
+    truths, facts = worlds(args.sigma_from, args.head_dim, tuple(args.exclude_size), args.shape_from)
     designs = candidates()
     unknown = [name for name in args.design if name not in designs]
     if unknown:

@@ -76,3 +76,40 @@ def test_readme_data_scale_numbers_equal_a_recomputation_from_the_rows():
     assert f"({base:,.0f} MB + {slope * 1e8:.0f} MB per 100M tokens)" in readme
     assert f"at {ratio:.2f}× the tokens/s of nanoGPT's recipe ({largest} MB)" in readme
     assert slope * 1e8 <= 10  # issue 25's target: at most 10 MB more per 100M tokens
+
+
+def _forecast_trials() -> list[dict]:
+    import json
+
+    paths = sorted((REPO / "docs" / "findings" / "lr-forecast").glob("trials/*/result.json"))
+    return [r for r in (json.loads(p.read_text()) for p in paths) if r["status"] == "ok"]
+
+
+def test_the_regime_table_row_of_the_held_out_size_equals_a_recomputation():
+    """The held-out size's clipped share and embedding share, recomputed from its trials' result.json by hand."""
+    trials = [r for r in _forecast_trials() if r["hparams"]["size"] == "320x2"]
+    clipped = sum(r["clipped_steps"] / r["steps"] for r in trials) / len(trials)
+    embedding = 1 - trials[0]["n_params"] / trials[0]["n_params_total"]
+    row = next(
+        line
+        for line in (REPO / "docs" / "findings" / "README.md").read_text().splitlines()
+        if line.startswith("| 320x2 | 1,640,000 |")
+    )
+    assert f"| {embedding:.0%} |" in row and f"| {clipped:.0%} | 28% | {len(trials)} |" in row
+
+
+def test_the_forecast_machine_term_equals_an_independent_least_squares_fit():
+    """The held-out size's machine offset the findings state, refitted with statsmodels (lr as a factor + machine)."""
+    frame = pd.DataFrame(
+        [
+            {"loss": r["final_loss"], "lr": str(r["hparams"]["lr"]), "cpu": r["cpu"]}
+            for r in _forecast_trials()
+            if r["hparams"]["size"] == "320x2"
+        ]
+    )
+    reference = next(c for c in frame["cpu"].unique() if c.startswith("AMD"))
+    fit = smf.ols(f"loss ~ C(lr) + C(cpu, Treatment({reference!r}))", data=frame).fit()
+    name = next(n for n in fit.params.index if n.startswith("C(cpu"))
+    low, high = fit.conf_int().loc[name]
+    stated = f"= {fit.params[name]:+.4f} nats [{low:+.4f}, {high:+.4f}] ({int(fit.df_resid)} df"
+    assert stated in (REPO / "docs" / "findings" / "README.md").read_text(), stated
