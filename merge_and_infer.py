@@ -5,6 +5,7 @@ python merge_and_infer.py merge    --base_model BASE --adapter ADAPTER --out mer
 python merge_and_infer.py generate --model merged --prompt "Once upon a time" [--precision int8]
 python merge_and_infer.py generate --base_model BASE --adapter ADAPTER --prompts_file prompts.jsonl
 python merge_and_infer.py bench    --model merged [--base_model BASE --adapter ADAPTER]
+python merge_and_infer.py eval     --model merged --tasks builtin:pydoc-mc hellaswag [--limit 500]
 """
 
 from __future__ import annotations
@@ -15,25 +16,26 @@ import sys
 
 from llmlab.core.config import Parser, add_dataclass_args, config_from_namespace
 from llmlab.core.errors import cli_entry
-from llmlab.infer.config import BenchConfig, GenerateConfig, MergeConfig
+from llmlab.infer.config import BenchConfig, EvalConfig, GenerateConfig, MergeConfig
 
 HELP = {
     "merge": "merge a LoRA adapter into its base, verify the logits, save a standalone safetensors model + tokenizer",
-    "generate": "generate text from a merged model or base + adapter (streams one prompt; a JSONL of prompts -> "
-    "JSONL results)",
+    "generate": "generate from a merged model or base + adapter (one prompt streams; a JSONL of prompts -> JSONL)",
     "bench": "compare every precision this machine runs: size, load time, prefill/decode tokens/s, peak memory, "
     "held-out perplexity",
+    "eval": "score a model on lm-evaluation-harness tasks (acc, acc_norm): hellaswag, a task YAML, builtin:pydoc-mc",
 }
 COMMANDS = {  # name: (options, the function that runs them)
     "merge": (MergeConfig, "llmlab.infer.merge:merge_adapter"),
     "generate": (GenerateConfig, "llmlab.infer.generate:run_generate"),
     "bench": (BenchConfig, "llmlab.infer.bench:run_bench"),
+    "eval": (EvalConfig, "llmlab.infer.evaluate:run_eval"),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{merge,generate,bench}", parser_class=Parser)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(HELP) + "}", parser_class=Parser)
     for name, (cls, _) in COMMANDS.items():
         add_dataclass_args(sub.add_parser(name, help=HELP[name], description=HELP[name]), cls)
     return parser

@@ -21,6 +21,16 @@ KNOWN_HARMLESS = (
         "DeepSpeed's accelerator auto-detection reporting that there is no GPU, which the run already knows",
     ),
     (
+        "lm_eval.models.huggingface",
+        "`pretrained` model kwarg is not of type `str`",
+        "llmlab hands the harness its live model on purpose (llmlab.infer.downstream), scoring it on one process",
+    ),
+    (
+        "lm_eval.models.huggingface",
+        "Passed an already-initialized model through `pretrained`",
+        "the same choice, said a second time",
+    ),
+    (
         "accelerate.utils.other",
         "Removed shared tensor",
         "GPT-2 ties lm_head to the token embedding; safetensors stores the shared tensor once and loading re-ties it",

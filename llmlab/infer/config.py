@@ -227,6 +227,31 @@ class BenchConfig(ModelSourceConfig):
         self.validate_source(model_with_adapter=True)
 
 
+@dataclass
+class EvalConfig(ModelSourceConfig):
+    tasks: list[str] = opt(
+        ["builtin:pydoc-mc"],
+        "lm-evaluation-harness tasks: names such as hellaswag (data from the hub), task YAML files, or "
+        "builtin:pydoc-mc (offline multiple choice from the Python standard library)",
+    )
+    limit: Optional[int] = opt(None, "score only the first N items of each task (unset = all)")
+    batch_size: int = opt(8, "sequences scored together")
+    precision: Literal["auto", "fp32", "fp16", "bf16", "int8", "int4"] = opt(
+        "auto", "weights/compute precision, as for generate: auto = fp16 on CUDA, fp32 on CPU"
+    )
+    work_dir: str = opt("runs/downstream", "folder for built task files (builtin:pydoc-mc's items and YAML)")
+    output: Optional[str] = opt(None, "also write the scores as JSON here")
+
+    def validate(self) -> None:
+        if not self.tasks:
+            raise UserError("--tasks is empty; name at least one task (e.g. builtin:pydoc-mc)")
+        if (self.limit is not None and self.limit < 1) or self.batch_size < 1:
+            raise UserError("--limit and --batch_size must be >= 1")
+        if self.output is not None and Path(self.output).is_dir():
+            raise UserError(f"--output {self.output} is a folder; pass a file path for the JSON scores")
+        self.validate_source(model_with_adapter=False)
+
+
 # fp32 merged vs unmerged differ only by summation order: 1e-3 of the logit scale is ~100x that rounding noise on
 # the models we tested, yet far below what a wrong scale/transpose/missing layer produces (the adapter's own effect).
 FP32_REL_TOLERANCE = 1e-3

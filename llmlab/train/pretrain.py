@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from typing import Optional
 
 import torch
 from accelerate.utils import set_seed
@@ -19,6 +20,7 @@ from llmlab.core.errors import UserError
 from llmlab.core.io import append_jsonl
 from llmlab.data.prepare import prepare_dataset
 from llmlab.data.tokenizer import load_tokenizer
+from llmlab.infer.downstream import evaluate_tasks, score_lines
 from llmlab.models.flops import current_device_name, flops_per_token, peak_flops
 from llmlab.train import checkpointing as ckpt
 from llmlab.train import pretrain_setup as setup
@@ -70,6 +72,7 @@ class Pretraining:
         self.detector = SpikeDetector(cfg.spike_factor, cfg.spike_window, cfg.spike_patience, cfg.spike_arm_steps)
         self.rollbacks = RollbackState()
         self.drill = parse_inject_spike(cfg.inject_spike)
+        self.scored_at, self.last_scores = None, None  # the step --eval_tasks last scored, and its scores
         session.register(self.scheduler, self.clipper, self.detector, self.rollbacks)
         setup.check_data_size(self.train_dl, acc)
         layout = {
@@ -123,6 +126,9 @@ class Pretraining:
             if len(self.val_dl) and session.meter.due(cfg.eval_every):
                 with session.meter.paused():
                     last_val = self.evaluate()
+            if cfg.eval_tasks and cfg.eval_tasks_every and session.meter.due(cfg.eval_tasks_every):
+                with session.meter.paused():
+                    self.downstream()
             session.checkpointer.maybe_save(state.step, allowed=self.detector.streak == 0)  # never mid-spike
         if last_val is None and len(self.val_dl):  # e.g. resumed at the last step: measure before publishing
             with session.meter.paused():
@@ -135,6 +141,7 @@ class Pretraining:
             )
         with session.meter.paused():
             final_dir = setup.save_final(acc, self.model, self.tokenizer, session.out)
+            downstream = self.downstream() if cfg.eval_tasks and self.scored_at != state.step else self.last_scores
         samples = self.final_samples()
         return {
             "samples": samples,
@@ -142,6 +149,7 @@ class Pretraining:
             "val_loss": last_val,
             "rollbacks": self.rollbacks.rollbacks,
             "final_dir": str(final_dir),
+            "downstream": downstream,
             "output_dir": str(session.out),
         }
 
@@ -171,6 +179,34 @@ class Pretraining:
             return 1.0
         self.rollbacks.drill_done = step == self.drill[0] + self.cfg.spike_patience - 1
         return self.drill[1]
+
+    def downstream(self) -> Optional[dict]:
+        """--eval_tasks through lm-evaluation-harness on the live model (the main process scores, the others wait)."""
+        acc, cfg = self.session.accelerator, self.cfg
+        scores = None
+        if acc.is_main_process:
+            hf_model = acc.unwrap_model(self.model).model  # the transformers model inside the loss wrapper
+            scores = evaluate_tasks(
+                hf_model,
+                self.tokenizer,
+                cfg.eval_tasks,
+                self.session.out / "downstream",
+                limit=cfg.eval_tasks_limit,
+                device=str(acc.device),
+            )
+            self.session.log(
+                {
+                    f"downstream/{task}/{metric}": value
+                    for task, metrics in scores.items()
+                    for metric, value in metrics.items()
+                    if metric != "n" and value is not None
+                }
+            )
+            print("\n".join([f"downstream tasks at step {self.session.state.step}:", *score_lines(scores)]), flush=True)
+        acc.wait_for_everyone()
+        self.model.train()
+        self.scored_at, self.last_scores = self.session.state.step, scores
+        return scores
 
     def evaluate(self) -> float:
         loss = setup.pretrain_validation_loss(self.session.accelerator, self.model, self.val_dl, self.cfg.eval_batches)

@@ -29,6 +29,9 @@ RUN_FILES = ("checkpoints", "final", "metrics.jsonl", "events.jsonl", "tensorboa
 # Options a resume may change: the schedule's length and lr are recomputed from them at the resumed step, the
 # rest are cadences and safety nets. Anything else (model, data, batch, precision, seed, ...) is refused.
 RESUMABLE = (
+    "eval_tasks",
+    "eval_tasks_every",
+    "eval_tasks_limit",
     "max_steps",
     "learning_rate",
     "min_lr",
@@ -109,6 +112,13 @@ class PretrainConfig(DataConfig, RunGroup, OptimGroup, CheckpointGroup, EvalGrou
     )
     # evaluation (EvalGroup)
     eval_batches: int = opt(20, "validation micro-batches per evaluation (the same tokens at any world size)")
+    eval_tasks: list[str] = opt(
+        [],
+        "lm-evaluation-harness tasks the final model is scored on (acc, acc_norm to TensorBoard and metrics.jsonl): "
+        "task names such as hellaswag (data from the hub), task YAML files, or builtin:pydoc-mc (offline)",
+    )
+    eval_tasks_every: int = opt(0, "also score --eval_tasks every N optimizer steps (0 = the final model only)")
+    eval_tasks_limit: Optional[int] = opt(None, "score only the first N items of each task (unset = all)")
     # loss-spike rollback
     spike_factor: float = opt(2.0, "a step spikes when its loss exceeds this x the mean of the last window")
     spike_window: int = opt(100, "steps in the reference mean of the spike detector")
@@ -189,6 +199,10 @@ class PretrainConfig(DataConfig, RunGroup, OptimGroup, CheckpointGroup, EvalGrou
                 (self.warmup_steps >= 0, "--warmup_steps must be >= 0"),
                 (0 <= self.dropout < 1, f"--dropout must be in [0, 1), got {self.dropout}"),
                 (self.eval_every >= 0 and self.eval_batches >= 1, "--eval_every must be >= 0 and --eval_batches >= 1"),
+                (
+                    self.eval_tasks_every >= 0 and (self.eval_tasks_limit is None or self.eval_tasks_limit >= 1),
+                    "--eval_tasks_every must be >= 0 and --eval_tasks_limit >= 1",
+                ),
                 (self.spike_factor > 1, f"--spike_factor must be > 1, got {self.spike_factor}"),
                 (
                     self.spike_window >= 1 and self.spike_patience >= 1 and self.spike_arm_steps >= 1,

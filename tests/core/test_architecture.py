@@ -120,6 +120,7 @@ OPTIONAL = {
     "deepspeed": "ZeRO runs only; its import probes the accelerator and takes seconds",
     "bitsandbytes": "CUDA and 4-bit paths only; probed, never required",
     "matplotlib": "plots only, drawn once at the end of a report",
+    "lm_eval": "downstream tasks only (--eval_tasks, merge_and_infer.py eval): the harness imports its task registry",
     "transformers.optimization": "Adafactor only: importing it loads transformers' Trainer utilities and peft, 2.4 s "
     "of a 3.7 s sweep-trial start that every spawned or Ray trial pays",
 }

@@ -1,0 +1,146 @@
+"""Downstream scores through lm-evaluation-harness, the package the field reports GPT-2's HellaSwag with.
+
+The live model and tokenizer go to the harness in memory (`HFLM(pretrained=model)`, `lm_eval.simple_evaluate`):
+nothing is saved first. A task is an lm-eval task name (`hellaswag`, ...), a task YAML file of your own, or
+`builtin:pydoc-mc` (llmlab.data.choice_tasks, offline). A task whose data must come from the hub while this machine
+is offline is one line saying so.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+
+import datasets
+import yaml
+
+from llmlab.core.errors import UserError
+from llmlab.core.io import llmlab_cache
+from llmlab.data.choice_tasks import PYDOC_MC, write_pydoc_choice_task
+from llmlab.data.pydoc_qa import load_pydoc
+
+METRICS = ("acc", "acc_norm")
+OFFLINE_SIGNS = ("offline", "couldn't reach", "connection", "not find", "doesn't exist on the hub", "no such file")
+
+
+def resolve_tasks(tasks: list[str], work_dir: Path, pydoc_records=None) -> tuple[list[str], list[str]]:
+    """lm-eval task names and the include paths their YAML files live in."""
+    names, include = [], []
+    for task in tasks:
+        if task == PYDOC_MC:
+            if pydoc_records is None:
+                pydoc_records = load_pydoc(llmlab_cache("data"))  # where train_lora.py keeps builtin:pydoc
+            name, folder = write_pydoc_choice_task(work_dir / "pydoc-mc", pydoc_records)
+            names.append(name)
+            include.append(str(folder))
+        elif task.endswith((".yaml", ".yml")):
+            path = Path(task).expanduser()
+            if not path.is_file():
+                raise UserError(f"task file {task} does not exist; pass an lm-eval task name or a task YAML file")
+            spec = yaml.safe_load(path.read_text()) or {}
+            if not isinstance(spec, dict) or "task" not in spec:
+                raise UserError(f"{task} has no `task:` name; it is not an lm-eval task YAML")
+            names.append(str(spec["task"]))
+            include.append(str(path.parent.resolve()))
+        else:
+            names.append(task)
+    return names, include
+
+
+def evaluate_tasks(
+    model,
+    tokenizer,
+    tasks: list[str],
+    work_dir: Path,
+    limit: Optional[int] = None,
+    batch_size: int = 8,
+    device: str = "cpu",
+    pydoc_records=None,
+) -> dict[str, dict[str, float]]:
+    """{task: {acc, acc_stderr, acc_norm, acc_norm_stderr, n}} for each task (the metrics it reports)."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    names, include = resolve_tasks(tasks, work_dir, pydoc_records)
+    manager = TaskManager(include_path=include or None, verbosity="ERROR")
+    unknown = [n for n in names if n not in manager.all_tasks]
+    if unknown:
+        raise UserError(
+            f"lm-eval knows no task {unknown[0]!r}; pass one of its task names (e.g. hellaswag), a task "
+            f"YAML file, or {PYDOC_MC}"
+        )
+    was_training = model.training
+
+    class QuietHFLM(HFLM):  # the harness's per-request bars would flood a training log
+        def loglikelihood(self, requests, disable_tqdm=True):
+            return super().loglikelihood(requests, disable_tqdm=True)
+
+        def loglikelihood_rolling(self, requests, disable_tqdm=True):
+            return super().loglikelihood_rolling(requests, disable_tqdm=True)
+
+        def generate_until(self, requests, disable_tqdm=True):
+            return super().generate_until(requests, disable_tqdm=True)
+
+    lm = QuietHFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device)
+    try:
+        with _quiet_progress():
+            out = simple_evaluate(
+                model=lm,
+                tasks=names,
+                task_manager=manager,
+                limit=limit,
+                bootstrap_iters=1000,
+                log_samples=False,
+                verbosity="ERROR",
+            )
+    except Exception as err:  # the harness surfaces a missing hub dataset as several error types
+        text = str(err).lower()
+        if any(sign in text for sign in OFFLINE_SIGNS):
+            raise UserError(
+                f"task(s) {', '.join(tasks)} need data from the Hugging Face hub and it cannot be reached "
+                "(offline); run once online to cache it, or pass a local task YAML or "
+                f"{PYDOC_MC}"
+            ) from None
+        raise
+    finally:
+        model.train(was_training)
+    return {task: _scores(out["results"][name]) for task, name in zip(tasks, names)}
+
+
+def _scores(result: dict) -> dict[str, float]:
+    """The harness's "metric,filter" entries by metric name (N/A standard errors as None), and the item count."""
+    scores = {}
+    for key, value in result.items():
+        metric, comma, _ = key.partition(",")
+        if comma:
+            number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+            scores[metric] = float(number) if number is not None and math.isfinite(number) else None
+    scores["n"] = result.get("sample_len")
+    return scores
+
+
+@contextmanager
+def _quiet_progress():
+    """datasets' bars (its split generation) off while the harness loads a task."""
+    enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if enabled:
+            datasets.enable_progress_bars()
+
+
+def score_lines(scores: dict[str, dict[str, float]]) -> list[str]:
+    """A Markdown table of every task's acc and acc_norm with their standard errors."""
+    lines = ["| task | items | acc | acc_norm |", "|---|---|---|---|"]
+    for task, s in scores.items():
+        cells = []
+        for metric in METRICS:
+            value, se = s.get(metric), s.get(f"{metric}_stderr")
+            cells.append("-" if value is None else f"{value:.4f}" + (f" ± {se:.4f}" if se is not None else ""))
+        lines.append(f"| {task} | {s.get('n')} | {cells[0]} | {cells[1]} |")
+    return lines

@@ -1,0 +1,135 @@
+"""Downstream evaluation through lm-evaluation-harness, offline: the builtin multiple-choice task scored by the harness
+equals a by-hand computation on the same items, and the trainers and merge_and_infer.py report it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from llmlab.core.errors import UserError
+from llmlab.data.choice_tasks import PYDOC_MC, choice_items
+from llmlab.data.pydoc_qa import build_pydoc_records
+from llmlab.data.tokenizer import load_tokenizer
+from llmlab.infer.downstream import evaluate_tasks
+
+MODULES = ["json", "textwrap", "shutil", "string", "heapq", "bisect", "fnmatch", "base64"]
+
+
+@pytest.fixture(scope="module")
+def records():
+    return build_pydoc_records(MODULES)
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, n_positions=256)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def by_hand(model, tokenizer, items: list[dict]) -> tuple[float, float]:
+    """acc and acc_norm as lm-eval defines them: the sum of the log-probs of ' ' + choice after the question, its
+    argmax (acc) and its argmax per character of the choice (acc_norm)."""
+    acc = norm = 0
+    for item in items:
+        context = tokenizer(f"Question: {item['question']}\nAnswer:")["input_ids"]
+        scores = []
+        for choice in item["choices"]:
+            continuation = tokenizer(" " + choice)["input_ids"]
+            ids = torch.tensor([context + continuation])
+            with torch.no_grad():
+                logprobs = torch.log_softmax(model(ids).logits[0, :-1].double(), -1)
+            targets = ids[0, 1:]
+            scores.append(float(logprobs[len(context) - 1 :].gather(1, targets[len(context) - 1 :, None]).sum()))
+        lengths = np.array([len(c) for c in item["choices"]], dtype=float)
+        acc += int(np.argmax(scores) == item["label"])
+        norm += int(np.argmax(np.array(scores) / lengths) == item["label"])
+    return acc / len(items), norm / len(items)
+
+
+def test_the_harness_scores_the_offline_task_as_a_by_hand_computation(tmp_path, records, tiny_model):
+    tokenizer = load_tokenizer()
+    scores = evaluate_tasks(tiny_model, tokenizer, [PYDOC_MC], tmp_path, pydoc_records=records)[PYDOC_MC]
+    items = [json.loads(line) for line in (tmp_path / "pydoc-mc" / "items.jsonl").read_text().splitlines()]
+    assert items == choice_items(records, 200, 4, 0) and scores["n"] == len(items) == len(records)
+    acc, acc_norm = by_hand(tiny_model, tokenizer, items)
+    assert scores["acc"] == pytest.approx(acc, abs=1e-9) and scores["acc_norm"] == pytest.approx(acc_norm, abs=1e-9)
+    assert scores["acc_stderr"] == pytest.approx(np.sqrt(acc * (1 - acc) / (len(items) - 1)), rel=1e-6)
+    assert not tiny_model.training  # the harness leaves the model in the mode it found it
+
+
+def test_a_hub_task_while_offline_and_an_unknown_task_are_one_line(tmp_path, tiny_model, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tokenizer = load_tokenizer()
+    with pytest.raises(UserError, match="hellaswag need data from the Hugging Face hub") as err:
+        evaluate_tasks(tiny_model, tokenizer, ["hellaswag"], tmp_path, limit=2)
+    assert "\n" not in str(err.value)
+    with pytest.raises(UserError, match="no task 'no_such_task'"):
+        evaluate_tasks(tiny_model, tokenizer, ["no_such_task"], tmp_path)
+
+
+def test_pretraining_reports_the_tasks_and_merge_and_infer_eval_scores_its_final_model(tmp_path):
+    """--eval_tasks every 2 steps and at the end (once, not twice at the last step), into metrics.jsonl and
+    TensorBoard; `merge_and_infer.py eval` on the saved final model gives the trainer's final scores."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests.conftest import run_script
+    from tests.train.test_pretrain import SMALL
+
+    run = tmp_path / "run"
+    args = [
+        "train_pretrain.py",
+        *SMALL,
+        "--max_steps",
+        "4",
+        "--eval_every",
+        "4",
+        "--save_every",
+        "100",
+        "--cache_dir",
+        str(tmp_path / "cache"),
+        "--output_dir",
+        str(run),
+        "--eval_tasks",
+        PYDOC_MC,
+        "--eval_tasks_every",
+        "2",
+        "--eval_tasks_limit",
+        "8",
+        "--mixed_precision",
+        "no",
+    ]
+    proc = run_script(args, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Running loglikelihood" not in proc.stderr + proc.stdout  # no per-request bars in a training log
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    scored = [r for r in rows if f"downstream/{PYDOC_MC}/acc" in r]
+    assert [r["step"] for r in scored] == [2, 4]
+    events = EventAccumulator(str(next((run / "tensorboard").rglob("events.out.tfevents.*")).parent)).Reload()
+    assert [e.step for e in events.Scalars(f"downstream/{PYDOC_MC}/acc_norm")] == [2, 4]
+    out = tmp_path / "eval.json"
+    proc = run_script(
+        [
+            "merge_and_infer.py",
+            "eval",
+            "--model",
+            str(run / "final"),
+            "--limit",
+            "8",
+            "--output",
+            str(out),
+            "--work_dir",
+            str(tmp_path / "ds"),
+        ],
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    scores = json.loads(out.read_text())["tasks"][PYDOC_MC]
+    assert scores["n"] == 8 and f"| {PYDOC_MC} | 8 |" in proc.stdout
+    for metric in ("acc", "acc_norm"):
+        assert scores[metric] == pytest.approx(scored[-1][f"downstream/{PYDOC_MC}/{metric}"], abs=1e-9)
