@@ -1,6 +1,7 @@
 """The layout promised in ARCHITECTURE.md: packages by pipeline stage, no import cycles, thin scripts."""
 
 import ast
+import re
 from pathlib import Path
 
 from tests.conftest import REPO
@@ -182,3 +183,61 @@ def test_a_bad_flag_never_loads_the_training_stack():
             line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time")
         }
         assert not loaded & set(heavy), f"{command[0]} loads {sorted(loaded & set(heavy))} before parsing"
+
+
+# Names ARCHITECTURE.md takes from other packages, and plain values it quotes (not llmlab names).
+NOT_OURS = {
+    "GradScaler.step",
+    "LambdaLR",
+    "accelerate.tracking.register_tracker_class",
+    "accelerator.accumulate",
+    "save_state",
+    "optimizer.step",
+    "auto",
+}
+
+
+def _names_defined_in_llmlab() -> set[str]:
+    """Module, package, class, function, argument, variable and attribute names, and the identifier-like strings
+    the code reads (environment variables, option names)."""
+    names = set()
+    for path in (REPO / "llmlab").rglob("*.py"):
+        names.update({path.stem, path.parent.name})
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+                names.add(node.value)
+    return names
+
+
+def _path_exists(module: str) -> bool:
+    """A repo path, or one inside a package (`launchers/local` is llmlab/sweep/launchers/local.py)."""
+    roots = [REPO, REPO / "llmlab", *(d for d in (REPO / "llmlab").rglob("*") if d.is_dir())]
+    return any((root / candidate).exists() for root in roots for candidate in (module, module + ".py"))
+
+
+def test_architecture_names_only_what_exists():
+    """Every module, class, function and path ARCHITECTURE.md quotes exists (it once named `Pretrainer.run`)."""
+    names = _names_defined_in_llmlab()
+    missing = []
+    for token in sorted(set(re.findall(r"`([^`\n]+)`", (REPO / "ARCHITECTURE.md").read_text()))):
+        token = re.sub(r"\(.*\)$", "", token)  # a call's arguments
+        if not token or token in NOT_OURS or token.startswith(("-", "#")) or re.search(r"[ =<>*]", token):
+            continue
+        dotted = token
+        if "/" in token or token.endswith((".py", ".json")):
+            is_file = token.endswith((".py", ".json"))
+            module, _, dotted = (token, "", "") if is_file else token.partition(".")
+            if not _path_exists(module.rstrip("/")):
+                missing.append(token)
+        missing += [token for part in dotted.split(".") if part and part not in names]
+    assert missing == [], f"ARCHITECTURE.md names what does not exist: {sorted(set(missing))}"
