@@ -10,6 +10,7 @@ from llmlab.core.config import check_report_to, opt
 from llmlab.core.errors import UserError
 from llmlab.models.gpt2 import GPT2_PRESETS
 from llmlab.sweep.design import parse_size
+from llmlab.sweep.launchers import LAUNCHERS, LauncherChoices
 from llmlab.train.config import parse_clip
 
 
@@ -202,13 +203,11 @@ class SweepConfig:
         "each size it finds part-done, so its machine term is estimable",
         outcome=False,
     )
-    launcher: Literal["auto", "forkserver", "spawn", "ray"] = opt(
+    launcher: str = opt(
         "auto",
-        "forkserver: fork trials from a server "
-        "that imported torch once (fast; CPU default); "
-        "spawn: a fresh `python -m llmlab.sweep.trial` per "
-        "trial (CUDA default); ray: each trial a task on "
-        "a Ray cluster's nodes (--ray_address)",
+        "auto = spawn with CUDA, else forkserver; "
+        + "; ".join(f"{name}: {entry.help}" for name, entry in LAUNCHERS.items()),
+        choices=LauncherChoices(),
         outcome=False,
     )
     ray_address: str = opt(
@@ -284,7 +283,12 @@ class SweepConfig:
                 f"--cpus_per_trial must be > 0, --gpus_per_trial and --node_retries >= 0; got "
                 f"{self.cpus_per_trial}, {self.gpus_per_trial}, {self.node_retries}"
             )
-        if self.launcher == "ray" and self.gpus_per_trial > 0 and self.precision == "auto":
+        if (
+            self.launcher != "auto"
+            and LAUNCHERS[self.launcher].remote
+            and self.gpus_per_trial > 0
+            and (self.precision == "auto")
+        ):
             raise UserError(
                 "--launcher ray with --gpus_per_trial: pass --precision bf16, fp16 or fp32 (the driver "
                 "cannot see the nodes' GPUs to choose)"

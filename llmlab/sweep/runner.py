@@ -32,8 +32,7 @@ from llmlab.sweep import report
 from llmlab.sweep.config import FULL_NOMINAL_STEPS, SweepConfig
 from llmlab.sweep.design import base_design, build_design, design_table, parse_size
 from llmlab.sweep.factors import resolve
-from llmlab.sweep.launchers import SPLITS, save_token_arrays
-from llmlab.sweep.launchers.local import TrialLauncher, forkserver_context
+from llmlab.sweep.launchers import LAUNCHERS, SPLITS, load_target, save_token_arrays
 from llmlab.sweep.scan import (
     DEFAULT_SEEDS,
     design_for,
@@ -182,7 +181,7 @@ def trial_specs(
 def trial_device(cfg: SweepConfig) -> tuple[str, str]:
     """Device and precision of every trial. Ray trials run on other machines: GPUs are what --gpus_per_trial
     reserves, and the driver, which may have none, cannot pick their precision."""
-    if cfg.launcher != "ray":
+    if cfg.launcher == "auto" or not LAUNCHERS[cfg.launcher].remote:
         device = resolve_device(cfg.device)
         return device, resolve_precision(cfg.precision, device)
     if cfg.gpus_per_trial > 0:
@@ -294,10 +293,9 @@ def scan_design(cfg: SweepConfig, out_dir: Path) -> list[dict]:
 def run_sweep(cfg: SweepConfig) -> list[dict]:
     out_dir = check_output_dir(cfg.output_dir)
     design = [] if is_size_scan(cfg) else build_design(cfg)
-    if cfg.launcher == "ray" and not cfg.report_only:
-        from llmlab.sweep.launchers.ray import connect  # only when asked for: Ray's import takes seconds
-
-        connect(cfg.ray_address)  # no cluster: one line, before anything is written
+    check = None if cfg.launcher == "auto" else LAUNCHERS[cfg.launcher].check
+    if check and not cfg.report_only:
+        load_target(check)(cfg)  # e.g. no Ray cluster: one line, before anything is written
     precision = None
     if is_size_scan(cfg) and not cfg.report_only:  # a bf16 scan on emulated bf16: refused before anything is written
         device, resolved = trial_device(cfg)
@@ -337,20 +335,14 @@ def _run_trials(
     atomic_write_json(out_dir / "sweep.json", {"fingerprint": fingerprint, "grid": cfg.grid, "budget": cfg.budget})
     write_run_info(out_dir, cfg)
     _print_parameters(cfg)
-    launcher = cfg.launcher
-    if launcher == "auto":  # CUDA cannot be used in a child forked after CUDA init: spawn fresh processes there
-        launcher = "spawn" if resolve_device(cfg.device) == "cuda" else "forkserver"
-    if launcher == "forkserver":
-        forkserver_context()  # it imports torch while the data is prepared
+    name = cfg.launcher
+    if name == "auto":  # CUDA cannot be used in a child forked after CUDA init: spawn fresh processes there
+        name = "spawn" if resolve_device(cfg.device) == "cuda" else "forkserver"
+    entry = LAUNCHERS[name]
+    if entry.warm:
+        load_target(entry.warm)()  # e.g. the fork server imports torch while the data is prepared
     data_info = prepare_data(cfg, out_dir)
-    if launcher == "ray":
-        from llmlab.sweep.launchers.ray import RayLauncher  # only when asked for: Ray's import takes seconds
-
-        launch = RayLauncher(
-            cfg.ray_address, out_dir / "data", cfg.cpus_per_trial, cfg.gpus_per_trial, cfg.node_retries
-        )
-    else:
-        launch = TrialLauncher(launcher, cfg.workers, cfg.threads_per_worker)
+    launch = load_target(entry.factory)(cfg, out_dir, name)  # imported only when chosen (Ray's takes seconds)
 
     def run_design(design: list[dict], announce: bool = False) -> list[dict]:
         """Write the design, run its pending trials, return every finished result."""

@@ -1,16 +1,20 @@
 """How a trial reaches a process: `local` (this machine: a fork server or fresh interpreters) or `ray` (any node of
 a Ray cluster). Every launcher runs the same `llmlab.sweep.trial` on a TrialSpec and leaves the same trial folder
-(spec.json, log.txt, tensorboard/, result.json) in the sweep; what they share is here, light (no torch, no ray)."""
+(spec.json, log.txt, tensorboard/, result.json) in the sweep; what they share is here, light (no torch, no ray).
+
+Launchers are a registry, as optimizers are: a new one is a class (`workers`, `run(spec, slot) -> result`,
+`kill_all()`) and one `register_launcher` call naming its factory; `--launcher NAME` then selects it."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -21,6 +25,62 @@ from llmlab.core.io import atomic_write_json
 from llmlab.sweep.spec import SPLITS, TrialSpec  # noqa: F401 (SPLITS: part of this module's API)
 
 LOG_TAIL_LINES = 30
+
+
+@dataclass(frozen=True)
+class LauncherEntry:
+    """A registered way to give each trial its process. Targets are "module:function", imported only when used."""
+
+    factory: str  # factory(cfg, out_dir, name) -> the launcher, built once the sweep's data is prepared
+    remote: bool = False  # trials run on other machines: their device and precision are not the driver's to pick
+    check: Optional[str] = None  # check(cfg): before anything is written (e.g. that the cluster answers)
+    warm: Optional[str] = None  # warm(): before the data is prepared, to overlap a slow start with it
+    help: str = ""
+
+
+LAUNCHERS: dict[str, LauncherEntry] = {}
+
+
+class LauncherChoices:
+    """--launcher's choices, read when a config is parsed: auto and every registered launcher (plugins' too)."""
+
+    def __iter__(self):
+        return iter(("auto", *LAUNCHERS))
+
+
+def register_launcher(name: str, entry: LauncherEntry) -> None:
+    LAUNCHERS[name] = entry
+
+
+def load_target(target: str):
+    module, function = target.split(":")
+    return getattr(importlib.import_module(module), function)
+
+
+register_launcher(
+    "forkserver",
+    LauncherEntry(
+        "llmlab.sweep.launchers.local:local_launcher",
+        warm="llmlab.sweep.launchers.local:forkserver_context",
+        help="fork trials from a server that imported torch once (fast; the CPU default)",
+    ),
+)
+register_launcher(
+    "spawn",
+    LauncherEntry(
+        "llmlab.sweep.launchers.local:local_launcher",
+        help="a fresh `python -m llmlab.sweep.trial` per trial (the CUDA default)",
+    ),
+)
+register_launcher(
+    "ray",
+    LauncherEntry(
+        "llmlab.sweep.launchers.ray:ray_launcher",
+        remote=True,
+        check="llmlab.sweep.launchers.ray:check_cluster",
+        help="each trial a task on a Ray cluster's nodes (--ray_address)",
+    ),
+)
 
 
 def save_token_arrays(folder: Path, arrays: dict, fix: str) -> None:

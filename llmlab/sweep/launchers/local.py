@@ -110,3 +110,8 @@ class TrialLauncher:
 
 def _child(spec_path: str, log_path: str, env: dict) -> None:
     child_main(spec_path, log_path, env)
+
+
+def local_launcher(cfg, out_dir, name: str) -> TrialLauncher:
+    """--launcher forkserver / spawn: trials in processes on this machine."""
+    return TrialLauncher(name, cfg.workers, cfg.threads_per_worker)

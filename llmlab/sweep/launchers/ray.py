@@ -192,3 +192,12 @@ class RayLauncher:
             self.stopping = True
             for ref in self.active.values():
                 ray.cancel(ref, force=True)
+
+
+def check_cluster(cfg) -> None:
+    """No cluster at --ray_address: one line, before the sweep writes anything."""
+    connect(cfg.ray_address)
+
+
+def ray_launcher(cfg, out_dir, name: str) -> RayLauncher:
+    return RayLauncher(cfg.ray_address, out_dir / "data", cfg.cpus_per_trial, cfg.gpus_per_trial, cfg.node_retries)
