@@ -302,7 +302,19 @@ def build_design(cfg) -> list[dict[str, Any]]:
             f"trial_id {clash!r} names two runs once replicates are added (replicates are named "
             "<trial_id>-r<k>); rename that grid trial"
         )
-    return replicated
+    return in_blocks(replicated, cfg.seed)
+
+
+def in_blocks(trials: list[dict[str, Any]], seed: int, group: int = 0, label: str = "") -> list[dict[str, Any]]:
+    """Name each trial's block (one seed replicate of the whole grid) and its place in the run order: blocks one after
+    another, shuffled within from `seed`, so a stop or a change of machine falls between blocks and never leaves one
+    part of the grid (the high lrs, say) to a later machine. The list itself keeps its order."""
+    replicates = sorted({t.get("replicate", 0) for t in trials})
+    for r in replicates:
+        block = [t for t in trials if t.get("replicate", 0) == r]
+        for place, k in enumerate(np.random.default_rng([seed, group, r]).permutation(len(block))):
+            block[k].update(block=f"{label}r{r}", order=(group, r, place))
+    return trials
 
 
 def _lr_bs(lrs=None, batch_sizes=None, model="minimal", sizes=None, head_dim=32, **_) -> list[dict[str, Any]]:
@@ -329,3 +341,8 @@ def design_table(trials: list[dict[str, Any]], columns: list[str] | None = None)
     for trial in trials:
         lines.append("| " + " | ".join(str(trial.get(c, "")) for c in columns) + " |")
     return "\n".join(lines)
+
+
+def run_order(design: list[dict]) -> list[dict]:
+    """The design in the order its trials run (design_for's blocks; a design without blocks keeps its order)."""
+    return sorted(design, key=lambda t: tuple(t.get("order", ())))

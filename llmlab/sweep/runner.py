@@ -30,7 +30,7 @@ from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig, 
 from llmlab.scaling import ScalingOptions, write_lr_bs_report
 from llmlab.sweep import report
 from llmlab.sweep.config import FULL_NOMINAL_STEPS, SweepConfig
-from llmlab.sweep.design import base_design, build_design, design_table, parse_size
+from llmlab.sweep.design import base_design, build_design, design_table, parse_size, run_order
 from llmlab.sweep.factors import resolve
 from llmlab.sweep.launchers import LAUNCHERS, SPLITS, load_target, save_token_arrays
 from llmlab.sweep.scan import (
@@ -39,7 +39,6 @@ from llmlab.sweep.scan import (
     load_plan,
     machine_order,
     read_preregistration,
-    run_order,
     run_scan,
     scan_precision,
     with_machines,

@@ -29,7 +29,7 @@ from llmlab.scaling.law import fit_law, predict
 from llmlab.scaling.machines import machine_adjust
 from llmlab.scaling.optimum import ESTIMATOR, cell_optimum, finite, grid_extension
 from llmlab.scaling.transfer import BAND, VERDICT_RULE, seed_noise, sigma_model, size_points
-from llmlab.sweep.design import CONTROL, parse_size, replicate
+from llmlab.sweep.design import CONTROL, in_blocks, parse_size, replicate
 from llmlab.sweep.factors import REGISTRY
 from llmlab.sweep.report import flat_row
 from llmlab.sweep.spec import Hparams, TrialSpec
@@ -161,10 +161,8 @@ def extension(trials: list[dict], feasible_ids: set, step: float, status: str = 
 
 
 def design_for(plan: dict, seeds: int, seed: int) -> list[dict]:
-    """Every planned trial: each (size, batch)'s lrs x its seeds (the cell's own count, else `seeds`), sorted by lr.
-    Each trial also names its block (one seed of its cell's whole lr grid) and its place in the run order: blocks
-    one after another, the lrs of a block shuffled from the plan's recorded order seed, so a stop or a change of
-    machine falls between blocks and never leaves high lrs to a later machine."""
+    """Every planned trial: each (size, batch)'s lrs x its seeds (the cell's own count, else `seeds`), sorted by lr,
+    each cell's seeds in blocks (design.in_blocks) shuffled from the plan's recorded order seed."""
     design, order_seed = [], int(plan.get("order_seed", seed))
     for index, cell in enumerate(plan["cells"]):
         base = [
@@ -178,20 +176,8 @@ def design_for(plan: dict, seeds: int, seed: int) -> list[dict]:
             for lr in sorted(cell["lrs"])
         ]
         trials = replicate(base, cell.get("seeds", seeds), True, seed)
-        for trial in trials:
-            trial["block"] = f"{cell['size']}/bs{cell['batch_size']}/r{trial['replicate']}"
-        for r in range(cell.get("seeds", seeds)):
-            block = [t for t in trials if t["replicate"] == r]
-            shuffled = np.random.default_rng([order_seed, index, r]).permutation(len(block))
-            for place, k in enumerate(shuffled):
-                block[k]["order"] = (index, r, place)
-        design += trials
+        design += in_blocks(trials, order_seed, index, f"{cell['size']}/bs{cell['batch_size']}/")
     return design
-
-
-def run_order(design: list[dict]) -> list[dict]:
-    """The design in the order its trials run (design_for's blocks; a design without blocks keeps its order)."""
-    return sorted(design, key=lambda t: tuple(t.get("order", ())))
 
 
 def load_plan(out_dir: Path) -> dict:

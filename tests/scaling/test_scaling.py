@@ -738,7 +738,8 @@ def test_a_bf16_scan_on_a_cpu_without_bf16_units_is_refused_in_one_line(tmp_path
 
 
 def test_the_run_order_is_balanced_blocks_reproducible_from_the_order_seed():
-    from llmlab.sweep.scan import design_for, run_order
+    from llmlab.sweep.design import run_order
+    from llmlab.sweep.scan import design_for
 
     plan = {
         "order_seed": 7,
@@ -823,3 +824,18 @@ def test_a_registration_is_refused_once_a_trial_of_the_held_out_size_exists(tmp_
     (own / "result.json").write_text(json.dumps({"model": "minimal", "hparams": {"size": "96x1"}}))
     with pytest.raises(UserError, match="not be blind"):
         preregister(SweepConfig(blind_to=[]), scan, plan, cell, [])
+
+
+def test_doe20_runs_in_shuffled_blocks_too():
+    from llmlab.core.config import parse_config
+    from llmlab.sweep.config import SweepConfig
+    from llmlab.sweep.design import build_design, run_order
+
+    design = build_design(parse_config(SweepConfig, ["--grid", "doe20"]))
+    order = run_order(design)
+    first = [t for t in order if t["block"] == "r0"]
+    assert order[: len(first)] == first and len(first) == 20  # the whole grid's first replicate, then the next
+    assert [t["trial_id"] for t in first] != [t["trial_id"] for t in design if t["block"] == "r0"]  # shuffled
+    assert [t["trial_id"] for t in run_order(build_design(parse_config(SweepConfig, ["--grid", "doe20"])))] == [
+        t["trial_id"] for t in order
+    ]
