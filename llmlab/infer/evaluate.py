@@ -10,19 +10,12 @@ from pathlib import Path
 
 from llmlab.core.io import atomic_write_json
 from llmlab.infer.downstream import evaluate_tasks, score_lines
-from llmlab.infer.loading import load_for_inference
+from llmlab.infer.loading import load_from_config
 
 
 def run_eval(cfg, log=print) -> dict:
     """merge_and_infer.py eval: any model folder (merged or base + adapter) scored on --tasks."""
-    loaded = load_for_inference(
-        model=cfg.model,
-        base_model=cfg.base_model,
-        adapter=cfg.adapter,
-        precision=cfg.precision,
-        device=cfg.device,
-        tokenizer=cfg.tokenizer,
-    )
+    loaded = load_from_config(cfg, log)
     scores = evaluate_tasks(
         loaded.model,
         loaded.tokenizer,

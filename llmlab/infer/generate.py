@@ -15,7 +15,7 @@ from llmlab.core.io import atomic_write_text, utf8_lines
 from llmlab.data.instruct import format_prompt
 from llmlab.data.prepare import DataConfig, prepare_dataset
 from llmlab.infer.config import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, GenerateConfig, prompt_template
-from llmlab.infer.loading import load_for_inference
+from llmlab.infer.loading import load_from_config
 
 
 def apply_threads(threads: int) -> None:
@@ -140,17 +140,7 @@ def _until_eos(ids: list[int], eos: int) -> list[int]:
 
 
 def run_generate(cfg: GenerateConfig, log=print) -> list[dict]:
-    apply_threads(cfg.threads)
-    loaded = load_for_inference(
-        model=cfg.model,
-        base_model=cfg.base_model,
-        adapter=cfg.adapter,
-        precision=cfg.precision,
-        device=cfg.device,
-        tokenizer=cfg.tokenizer,
-    )
-    for note in loaded.notes:
-        log(f"note: {note}")
+    loaded = load_from_config(cfg, log)
     gen_config = generation_config(cfg, loaded.tokenizer)
     settings = {
         "precision": loaded.precision,

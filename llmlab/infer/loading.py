@@ -160,3 +160,21 @@ def load_for_inference(
                 raise UserError("cannot merge an adapter into a quantized base; merge in full precision first")
             net = net.merge_and_unload()
     return LoadedModel(net, load_tokenizer_for(adapter, source, name=tokenizer), precision, device, notes, n_quant)
+
+
+def load_from_config(cfg, log=print) -> LoadedModel:
+    """What --model / --base_model + --adapter, --precision, --device, --tokenizer and --threads of a command ask
+    for (generate, eval), its notes said once."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    loaded = load_for_inference(
+        model=cfg.model,
+        base_model=cfg.base_model,
+        adapter=cfg.adapter,
+        precision=cfg.precision,
+        device=cfg.device,
+        tokenizer=cfg.tokenizer,
+    )
+    for note in loaded.notes:
+        log(f"note: {note}")
+    return loaded
