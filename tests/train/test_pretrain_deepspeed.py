@@ -138,21 +138,27 @@ def train_losses(run: Path) -> dict[int, float]:
 
 
 # DeepSpeed's bf16 restore is close, not bit-exact: measured on an AMD EPYC without bf16 units, the two steps after a
-# resume are identical and the next four drift to 1.4e-4 (1.9e-6 on one with bf16 units); in fp32 it is exact.
+# resume are identical and the next four drift to 1.4e-4 (1.9e-6 on one with bf16 units).
 DEEPSPEED_BF16_RESUME_TOLERANCE = 1e-3
+# In fp32 it is bit-exact on the AMD EPYCs measured (families 23 and 26). On an Intel Xeon (family 6 model 207, AMX)
+# one logged loss after the resume came out one float32 ulp away (9.5e-7 at a loss of 10), while two uninterrupted
+# runs there were identical: the steps before the kill must be equal, the rest within a few ulps.
+DEEPSPEED_FP32_RESUME_TOLERANCE = 1e-5
 
 
 @pytest.mark.slow
-def test_zero2_cpu_offload_resumes_after_sigkill_exactly_in_fp32(tmp_path):
+def test_zero2_cpu_offload_resumes_after_sigkill_in_fp32(tmp_path):
     """Real DeepSpeed ZeRO-2 with the optimizer on CPU (DeepSpeedCPUAdam; first use JIT-compiles it): an
-    uninterrupted run against one SIGKILLed after its step-6 checkpoint and resumed, step by step, bit for bit."""
+    uninterrupted run against one SIGKILLed after its step-6 checkpoint and resumed, step by step: bit for bit up to
+    the kill, within DEEPSPEED_FP32_RESUME_TOLERANCE after it."""
     whole = tmp_path / "whole"
     first = launch(whole, tmp_path / "cache", "--max_steps", "12", precision="no")
     assert first.returncode == 0, first.stderr[-3000:]
     assert "optimizer DeepSpeedCPUAdam" in first.stdout and "DEEPSPEED" in first.stdout
     assert (whole / "checkpoints" / "step_12" / "pytorch_model").is_dir()  # ZeRO's own checkpoint layout
-    got = killed_and_resumed(tmp_path / "killed", tmp_path / "cache", "no")
-    assert got == train_losses(whole)
+    got, expected = killed_and_resumed(tmp_path / "killed", tmp_path / "cache", "no"), train_losses(whole)
+    assert got.keys() == expected.keys() and all(got[step] == expected[step] for step in range(1, 7))
+    assert all(abs(got[step] - expected[step]) <= DEEPSPEED_FP32_RESUME_TOLERANCE for step in got), (got, expected)
 
 
 @pytest.mark.slow
