@@ -22,7 +22,6 @@ from llmlab.data.choice_tasks import PYDOC_MC, write_pydoc_choice_task
 from llmlab.data.pydoc_qa import load_pydoc
 
 METRICS = ("acc", "acc_norm")
-OFFLINE_SIGNS = ("offline", "couldn't reach", "connection", "not find", "doesn't exist on the hub", "no such file")
 
 
 def resolve_tasks(tasks: list[str], work_dir: Path, pydoc_records=None) -> tuple[list[str], list[str]]:
@@ -96,9 +95,10 @@ def evaluate_tasks(
                 log_samples=False,
                 verbosity="ERROR",
             )
-    except Exception as err:  # the harness surfaces a missing hub dataset as several error types
-        text = str(err).lower()
-        if any(sign in text for sign in OFFLINE_SIGNS):
+    except Exception as err:
+        # datasets raises ConnectionError ("Couldn't reach ... (OfflineModeIsEnabled)"); a missing local file or an
+        # unknown hub dataset is another error and keeps its own message
+        if isinstance(err, ConnectionError) or "offlinemodeisenabled" in str(err).lower():
             raise UserError(
                 f"task(s) {', '.join(tasks)} need data from the Hugging Face hub and it cannot be reached "
                 "(offline); run once online to cache it, or pass a local task YAML or "
