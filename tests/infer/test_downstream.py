@@ -133,3 +133,22 @@ def test_pretraining_reports_the_tasks_and_merge_and_infer_eval_scores_its_final
     assert scores["n"] == 8 and f"| {PYDOC_MC} | 8 |" in proc.stdout
     for metric in ("acc", "acc_norm"):
         assert scores[metric] == pytest.approx(scored[-1][f"downstream/{PYDOC_MC}/{metric}"], abs=1e-9)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train_pretrain.py", "--eval_tasks_every", "-1"], "--eval_tasks_every must be >= 0"),
+        (["train_pretrain.py", "--eval_tasks_limit", "0"], "--eval_tasks_limit >= 1"),
+        (["merge_and_infer.py", "eval", "--model", "gpt2", "--limit", "0"], "--limit and --batch_size must be >= 1"),
+        (
+            ["sweep.py", "--grid", "lr_bs", "--sizes", "32x2", "64x2", "--new_machine_blocks", "0"],
+            "--new_machine_blocks must be >= 1",
+        ),
+    ],
+)
+def test_this_sessions_new_options_refuse_bad_values_in_one_line(args, message):
+    from tests.conftest import run_script
+
+    proc = run_script(args, timeout=120)
+    assert proc.returncode != 0 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
