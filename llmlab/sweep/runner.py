@@ -223,11 +223,20 @@ def trial_hparams(cfg: SweepConfig, trial: dict) -> Hparams:
     return Hparams(**levels)
 
 
-def settings_fingerprint(cfg: SweepConfig) -> str:
+# A multi-size scan may grow: sizes after the ones it ran, and the held-out check of the last one with its design,
+# may be added once the fit sizes have run (so the check's power can be simulated from their noise). What ran is
+# kept in scan_plan.json, and scan.check_growth refuses a change to it.
+SCAN_GROWTH_OPTIONS = frozenset({"sizes", "holdout", "holdout_lr_points", "holdout_replicates", "design_rationale"})
+
+
+def settings_fingerprint(cfg: SweepConfig, before_growth: bool = False) -> str:
     """What must match for a rerun to resume rather than mix two different sweeps in one folder. Replication is
-    left out: adding replicates to a finished sweep runs only the new ones."""
+    left out: adding replicates to a finished sweep runs only the new ones. `before_growth`: the fingerprint scans
+    wrote before they could grow (it held the growth options too), which such a folder still resumes with."""
     # options declared with outcome=False (where and how trials run, what is reported) change no trial's numbers
     ignore = {f.name for f in fields(SweepConfig) if f.metadata.get("outcome") is False}
+    if is_size_scan(cfg) and not before_growth:
+        ignore |= SCAN_GROWTH_OPTIONS
     defaults = asdict(SweepConfig())
     # Options at their default are left out, so a new option added to llmlab never orphans an existing sweep.
     settings = {k: v for k, v in asdict(cfg).items() if k not in ignore and v != defaults.get(k)}
@@ -307,7 +316,8 @@ def run_sweep(cfg: SweepConfig) -> list[dict]:
         reap_stale_trials(out_dir)
         fingerprint = settings_fingerprint(cfg)
         state = read_sweep_state(out_dir / "sweep.json")
-        if state is not None and state.get("fingerprint") != fingerprint:
+        known = {fingerprint, settings_fingerprint(cfg, before_growth=True)}
+        if state is not None and state.get("fingerprint") not in known:
             raise UserError(
                 f"{out_dir} holds a sweep with different settings; rerun with its original options to "
                 "resume, or pick a new --output_dir"

@@ -330,6 +330,7 @@ def run_scan(
     batches = [int(b) for b in (cfg.batch_sizes or [4])]
     plan = load_plan(out_dir)
     held_out = sizes[-1] if cfg.holdout != "none" and (cfg.holdout == "largest" or len(sizes) >= 3) else None
+    check_growth(plan, sizes, held_out, out_dir)
     plan.update(sizes=sizes, n_params=n_of, step=cfg.lr_step, points=cfg.lr_points, held_out=held_out)
     plan.setdefault("order_seed", cfg.seed)
     plan.setdefault("precision", precision)
@@ -367,6 +368,28 @@ def run_scan(
                 )
         rows = _run_size(cfg, out_dir, plan, size, seeds, run_design)
     return run_design(design_for(plan, seeds, cfg.seed))
+
+
+def check_growth(plan: dict, sizes: list[str], held_out: Optional[str], out_dir: Path) -> None:
+    """A rerun may add sizes after those the scan planned, and hold the last one out; it may not reorder or drop
+    planned sizes, hold out a size that ran as a fit size, or move a registered check."""
+    planned = plan.get("sizes") or []
+    if sizes[: len(planned)] != planned:
+        raise UserError(
+            f"{out_dir} scans the sizes {' '.join(planned)}; a rerun may add sizes after them, not change them "
+            f"(got {' '.join(sizes)})"
+        )
+    registered = (out_dir / PREREGISTRATION).is_file()
+    if registered and held_out != plan.get("held_out"):
+        raise UserError(
+            f"{out_dir} registered its check on {plan.get('held_out')}; rerun with that size last and "
+            "--holdout auto or largest"
+        )
+    if held_out and not registered and any(c["size"] == held_out for c in plan["cells"]):
+        raise UserError(
+            f"{held_out} already ran as a fit size of {out_dir}, so a forecast for it cannot be blind; "
+            "add a new, larger size to hold out"
+        )
 
 
 def read_preregistration(out_dir: Path) -> Optional[dict]:

@@ -250,3 +250,33 @@ def test_the_resume_fingerprint_ignores_exactly_the_options_declared_outcome_fal
     assert settings_fingerprint(replace(base, **neutral)) == settings_fingerprint(base)
     for changed in ({"seed": 7}, {"label_smoothing": 0.1}, {"budget": "smoke"}):
         assert settings_fingerprint(replace(base, **changed)) != settings_fingerprint(base), changed
+
+
+def test_a_size_scan_may_grow_by_later_sizes_and_a_held_out_check_but_not_change_what_ran(tmp_path):
+    """Fit sizes first, then the held-out size with its registered design: the resume fingerprint leaves the
+    growth options out (for size scans only), and check_growth refuses every change to what already ran."""
+    from dataclasses import replace
+
+    from llmlab.core.errors import UserError
+    from llmlab.sweep.config import SweepConfig
+    from llmlab.sweep.runner import settings_fingerprint
+    from llmlab.sweep.scan import PREREGISTRATION, check_growth
+
+    fit = SweepConfig(grid="lr_bs", sizes=["64x2", "96x3", "128x4"], holdout="none")
+    grown = replace(fit, sizes=fit.sizes + ["192x6"], holdout="largest", holdout_replicates=6)
+    assert settings_fingerprint(grown) == settings_fingerprint(fit)
+    assert settings_fingerprint(grown, before_growth=True) != settings_fingerprint(fit, before_growth=True)
+    assert settings_fingerprint(replace(fit, lr_points=5)) != settings_fingerprint(fit)  # grids stay fixed
+    doe = SweepConfig(grid="doe20")
+    assert settings_fingerprint(replace(doe, sizes=["64x2"])) != settings_fingerprint(doe)
+
+    plan = {"sizes": ["64x2", "96x3", "128x4"], "held_out": None, "cells": [{"size": s} for s in fit.sizes]}
+    check_growth(plan, fit.sizes + ["192x6"], "192x6", tmp_path)  # adds a size and holds it out: fine
+    with pytest.raises(UserError, match="add sizes after them, not change them"):
+        check_growth(plan, ["64x2", "128x4", "192x6"], "192x6", tmp_path)
+    with pytest.raises(UserError, match="already ran as a fit size"):
+        check_growth(plan, fit.sizes, "128x4", tmp_path)
+    (tmp_path / PREREGISTRATION).write_text("{}")
+    plan.update(sizes=fit.sizes + ["192x6"], held_out="192x6")
+    with pytest.raises(UserError, match="registered its check on 192x6"):
+        check_growth(plan, fit.sizes + ["192x6", "256x8"], "256x8", tmp_path)
