@@ -12,13 +12,13 @@ adapter-only), config.yaml, run_info.json, tensorboard/.
 
 from llmlab.core.config import parse_config
 from llmlab.core.errors import cli_entry
-from llmlab.train.lora_config import LoraTrainConfig
+from llmlab.train.lora.config import LoraTrainConfig
 
 
 @cli_entry
 def main(argv=None):
     cfg = parse_config(LoraTrainConfig, argv, description=__doc__.splitlines()[0])
-    from llmlab.train.lora import train  # after the options are checked: the training stack takes ~2 s to load
+    from llmlab.train.lora.loop import train  # after the options are checked: the training stack takes ~2 s to load
 
     train(cfg)
 

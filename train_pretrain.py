@@ -12,7 +12,7 @@ from llmlab.core.config import parse_config
 from llmlab.core.errors import cli_entry
 from llmlab.core.io import atomic_write_json
 from llmlab.data.prepare import format_prepare_summary, prepare_dataset
-from llmlab.train.pretrain_config import PretrainConfig
+from llmlab.train.pretrain.config import PretrainConfig
 
 
 @cli_entry
@@ -23,7 +23,7 @@ def main(argv=None):
         atomic_write_json(Path(cfg.output_dir) / "prepare_report.json", data.report)
         print(format_prepare_summary(data.report))
         return
-    from llmlab.train.pretrain import train  # after the options are checked: the training stack takes ~2 s to load
+    from llmlab.train.pretrain.loop import train  # after the options are checked: the training stack takes ~2 s to load
 
     summary = train(cfg)
     print(f"done: {summary['step']} steps, validation loss {summary['val_loss']}, model in {summary['final_dir']}")

@@ -69,6 +69,7 @@ def scan_shape(folder: Path, exclude: tuple[str, ...]) -> dict:
     return {
         "curvature": loglinear([p["n_params"] for p in measured], [p["curvature"] for p in measured]),
         "alpha": law["alpha"],
+        "alpha_ci": law.get("alpha_ci"),
         "lr_at": (predict(law, n_mid, 4)["lr"], n_mid),
         "sizes": law["sizes"],
     }
@@ -109,6 +110,50 @@ def worlds(
         "shape": {k: v for k, v in (shape or {}).items() if k != "curvature"},
     }
     return {"as measured": as_measured, "sigma 0.071 everywhere": pessimistic}, facts
+
+
+def scan_worlds(folder: Path, fit_sizes: tuple[str, ...], held_out: str, head_dim: int) -> tuple[dict, dict]:
+    """The world of a scan whose fit sizes have run and whose held-out size has not: every number from its own fit
+    cells. sigma per fit size is their pure error (seeds at the same lr), extrapolated log-linearly in N to the
+    held-out size; its growth with lr is their pooled slope; the bowls' curvature and the law (alpha and the point
+    it passes through) are the fit's own. A pessimistic world puts the largest fit size's sigma everywhere."""
+    rows = [r for r in rows_of(folder) if r["size"] in fit_sizes]
+    noise, shape = seed_noise(rows), scan_shape(folder, exclude=(held_out,))
+    n_of = {s: float(size_parameters(s, "minimal", head_dim)) for s in (*fit_sizes, held_out)}
+    anchors = {s: v["sigma"] for s, v in noise["per_size"].items() if v["sigma"]}
+    sigma = loglinear([n_of[s] for s in anchors], list(anchors.values()))
+    slope = noise["lr_trend"].get("slope_ln_var", 0.0) if noise["lr_trend"].get("used") else 0.0
+    common = dict(
+        n_params=n_of,
+        curvature={s: shape["curvature"](n) for s, n in n_of.items()},
+        noise_lr_slope=slope,
+        alpha=shape["alpha"],
+        lr_at=shape["lr_at"],
+    )
+    as_measured = Truth(**common, sigma={s: anchors.get(s) or sigma(n) for s, n in n_of.items()})
+    worst = max(anchors.values())
+    pessimistic = Truth(**common, sigma={s: max(worst, anchors.get(s, 0.0), sigma(n)) for s, n in n_of.items()})
+    facts = {
+        "pinned": {s: {"sigma": v["sigma"], "df": v["df"]} for s, v in noise["per_size"].items()},
+        "lr_trend": noise["lr_trend"],
+        "held_out_sigma_extrapolated": sigma(n_of[held_out]),
+        "machine": machine_label(),
+        "scan": str(folder),
+        "shape": {k: v for k, v in shape.items() if k != "curvature"},
+    }
+    return {"as measured": as_measured, "largest fit sigma everywhere": pessimistic}, facts
+
+
+def scan_candidates(fit_sizes: tuple[str, ...], held_out: str, fit_lrs: int) -> dict[str, Design]:
+    """Designs for a scan whose fit sizes ran with `fit_lrs` lrs: more fit seeds (added as whole blocks) and the
+    held-out size's lrs x seeds."""
+    return {
+        f"{len(fit_sizes)} sizes x {fit_lrs} lrs x {fit} seeds, held {lrs} x {held}": Design(
+            fit_sizes, held_out, fit_lrs, fit, lrs, held
+        )
+        for fit in (3, 4, 6)
+        for lrs, held in ((7, 4), (7, 6), (7, 8), (7, 12))
+    }
 
 
 def candidates() -> dict[str, Design]:
@@ -159,10 +204,26 @@ def main(argv=None) -> int:
         default=[],
         help="simulate only this candidate (its name as the table prints it); repeatable",
     )
+    parser.add_argument(
+        "--fit_sizes",
+        nargs="+",
+        default=None,
+        help="a scan whose fit sizes ran (--sigma_from) and whose held-out size has not: its world comes from its own "
+        "fit cells alone, and the candidates are its designs (with --held_out)",
+    )
+    parser.add_argument("--held_out", default=None, help="with --fit_sizes: the size the forecast is checked on")
+    parser.add_argument("--fit_lrs", type=int, default=5, help="with --fit_sizes: lrs per fit size (the scan's)")
     args = parser.parse_args(argv)
     started = time.time()
-    truths, facts = worlds(args.sigma_from, args.head_dim, tuple(args.exclude_size), args.shape_from)
-    designs = candidates()
+    if bool(args.fit_sizes) != bool(args.held_out):
+        parser.error("--fit_sizes and --held_out go together")
+    if args.fit_sizes:
+        fit = tuple(args.fit_sizes)
+        truths, facts = scan_worlds(args.sigma_from, fit, args.held_out, args.head_dim)
+        designs = scan_candidates(fit, args.held_out, args.fit_lrs)
+    else:
+        truths, facts = worlds(args.sigma_from, args.head_dim, tuple(args.exclude_size), args.shape_from)
+        designs = candidates()
     unknown = [name for name in args.design if name not in designs]
     if unknown:
         parser.error(f"--design {unknown[0]!r} is not a candidate; choose from: {'; '.join(designs)}")

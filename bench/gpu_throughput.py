@@ -93,7 +93,7 @@ def run_nanogpt(args, bench) -> dict:
     from llmlab.data.prepare import prepare_dataset
     from llmlab.data.tokenizer import load_tokenizer
     from llmlab.models.gpt2 import GPT2_PRESETS
-    from llmlab.train.pretrain_config import PretrainConfig
+    from llmlab.train.pretrain.config import PretrainConfig
 
     cfg = parse_config(PretrainConfig, [*bench.common_options(args, 0), "--output_dir", "/tmp/unused"])
     data = prepare_dataset(cfg.data_config(), load_tokenizer())

@@ -3,7 +3,7 @@
 
 - `full logits`: what transformers' Trainer runs (GPT2LMHeadModel's logits, then F.cross_entropy, autograd);
 - `chunked, before`: llmlab's chunked head as it was (two exps per logit, a softmax allocated per chunk);
-- `chunked, now`: llmlab.train.fused_loss (one exp per logit, the softmax written over a reused logits buffer).
+- `chunked, now`: llmlab.train.loss (one exp per logit, the softmax written over a reused logits buffer).
 
 Same inputs, alternating per repeat; the table gives median milliseconds, the ratio to the full-logits path, and
 the largest difference of the loss and gradients from it. The gpt2-tiny shape by default (8 x 256 tokens, width
@@ -53,7 +53,7 @@ def chunked_before(hidden, weight, labels, chunk=1024):
 
 
 def chunked_now(hidden, weight, labels):
-    from llmlab.train.fused_loss import chunked_lm_loss
+    from llmlab.train.loss import chunked_lm_loss
 
     ids = torch.cat([labels[:1], labels])[None]  # chunked_lm_loss shifts its inputs into labels itself
     loss = chunked_lm_loss(hidden[None], weight, ids)

@@ -94,8 +94,8 @@ class Cfg:
 
 
 def trainer_step(tmp: Path):
-    from llmlab.train.common import GradClipper
-    from llmlab.train.loop import TrainingSession, scaled_schedule
+    from llmlab.train.engine import GradClipper
+    from llmlab.train.session import TrainingSession, scaled_schedule
 
     session = TrainingSession(
         Cfg(output_dir=str(tmp / "run")),
@@ -118,7 +118,8 @@ def trainer_step(tmp: Path):
             with session.accelerator.accumulate(model):
                 session.backward(model(x).pow(2).mean(), tokens=4)
                 if index == 1:
-                    session.optimizer_step(model.parameters(), optimizer, scheduler, clipper)
+                    out = session.engine.step(model.parameters(), optimizer, scheduler, clipper, session.state.step)
+                    session.record(out)
 
     return step
 

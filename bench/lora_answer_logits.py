@@ -41,9 +41,9 @@ def main() -> None:
     from llmlab.data.instruct import collate, load_records, split_records, tokenize_records
     from llmlab.data.tokenizer import load_tokenizer
     from llmlab.models.gpt2 import GPT2_PRESETS, build_gpt2_model
-    from llmlab.train.lora_config import LoraTrainConfig, default_instruct_cache
-    from llmlab.train.lora_eval import answer_logits, answer_loss
-    from llmlab.train.lora_model import add_lora
+    from llmlab.train.lora.config import LoraTrainConfig, default_instruct_cache
+    from llmlab.train.lora.evaluation import answer_logits, answer_loss
+    from llmlab.train.lora.model import add_lora
 
     quiet_known_notices()
     torch.set_num_threads(args.threads)

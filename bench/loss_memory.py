@@ -4,7 +4,7 @@
 Three sides, each in its own fresh process (peak RSS is per process): (1) the trainer as it was, GPT-2's
 `gelu_new` (six elementwise ops, each keeping a [tokens x 4 width] tensor) and the model's full logits + cross-
 entropy; (2) the same with the one-op `gelu_pytorch_tanh` (the same function); (3) that plus the chunked head +
-cross-entropy (llmlab.train.fused_loss). Each builds the model (seeded), runs one forward + backward + AdamW step
+cross-entropy (llmlab.train.loss). Each builds the model (seeded), runs one forward + backward + AdamW step
 on the same batch and reports the process's peak RSS, the loss and a checksum of the gradients. Default: gpt2
 (124M, no dropout as train_pretrain.py trains it) at batch 8 x 1024 tokens on CPU, fp32. Prints a table with the ratio.
 
@@ -37,7 +37,7 @@ def worker(model_name: str, batch: int, seq: int, chunk: int, activation: str) -
     import torch
 
     from llmlab.models.gpt2 import build_gpt2_model
-    from llmlab.train.fused_loss import CausalLMWithLoss
+    from llmlab.train.loss import CausalLMWithLoss
 
     torch.manual_seed(0)
     no_dropout = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}  # train_pretrain.py's default

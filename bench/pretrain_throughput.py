@@ -97,7 +97,7 @@ def run_hf_trainer(args, seed: int, bf16: bool) -> dict:
     from llmlab.data.prepare import prepare_dataset
     from llmlab.data.tokenizer import load_tokenizer
     from llmlab.models.gpt2 import build_gpt2_model
-    from llmlab.train.pretrain_config import PretrainConfig
+    from llmlab.train.pretrain.config import PretrainConfig
 
     with tempfile.TemporaryDirectory() as out:
         cfg = parse_config(PretrainConfig, [*common_options(args, seed), "--output_dir", out])

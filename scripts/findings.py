@@ -29,7 +29,7 @@ from llmlab.sweep.design import CONTROL, FACTORS  # noqa: E402
 from llmlab.train.components import OPTIMIZERS  # noqa: E402
 
 LION_LR_DIVISOR = OPTIMIZERS["lion"].lr_divisor
-from llmlab.train.schedules import mean_lr_share  # noqa: E402
+from llmlab.train.components import mean_lr_share  # noqa: E402
 
 FINDINGS = REPO / "docs" / "findings"
 DOCUMENTS = (

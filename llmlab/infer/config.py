@@ -1,7 +1,7 @@
 """The inference commands' options and their input checks (merge, generate, bench).
 
 They live apart from the code that runs them so that `merge_and_infer.py --help` and a bad flag answer before torch,
-transformers and peft load (the same split as train/pretrain_config.py)."""
+transformers and peft load (the same split as train/pretrain/config.py)."""
 
 from __future__ import annotations
 

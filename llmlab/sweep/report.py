@@ -18,8 +18,7 @@ from llmlab.sweep import stats
 from llmlab.sweep.design import FACTORS, design_table, reference_id
 from llmlab.sweep.factors import EXTRA_FACTORS
 from llmlab.sweep.metrics import reference_lines
-from llmlab.train.components import OPTIMIZERS
-from llmlab.train.schedules import mean_lr_share
+from llmlab.train.components import OPTIMIZERS, mean_lr_share
 
 GAIN_DELTA, GAIN_STABILITY, GAIN_SPEEDUP = -0.05, 0.8, 0.9
 SCALAR_KEYS = (

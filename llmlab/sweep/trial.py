@@ -9,16 +9,13 @@ Heavy imports sit at module level so a forkserver can preload them once for ever
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import math
-import multiprocessing.util
 import os
 import socket
 import sys
 import time
 import traceback
-from collections import deque
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -26,38 +23,36 @@ from llmlab.core.notices import quiet_known_notices
 
 quiet_known_notices()  # before transformers.optimization imports peft -> bitsandbytes (the forkserver preloads us)
 
-import threading  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from accelerate.utils import set_seed  # noqa: E402
 
 from llmlab.core.device import cpu_has_fast_bf16, peak_rss_mb  # noqa: E402
 from llmlab.core.errors import UserError  # noqa: E402
 from llmlab.core.io import atomic_write_json  # noqa: E402
-from llmlab.core.runfolder import process_start_time  # noqa: E402
 from llmlab.core.runinfo import machine_label  # noqa: E402
 from llmlab.core.tracking import MetricsLogger  # noqa: E402
 from llmlab.models.gpt2 import build_gpt2_model  # noqa: E402
 from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig  # noqa: E402
 from llmlab.sweep import metrics as M  # noqa: E402
-from llmlab.sweep.spec import SPLITS, Hparams, TrialSpec  # noqa: E402
-from llmlab.train.common import GradClipper, causal_lm_loss, perplexity  # noqa: E402
-from llmlab.train.engine import Engine, TorchBackend  # noqa: E402
+from llmlab.sweep.failsafes import FailSafes, TrialStop, fallback, precheck  # noqa: E402
+from llmlab.sweep.isolation import die_with_parent, release_compile_workers, watch_driver  # noqa: E402
+from llmlab.sweep.probes import forward_logits, grad_param_ratios, probe_entropy, probe_loss, update_ratios  # noqa: E402
+from llmlab.sweep.spec import Hparams, TrialSpec  # noqa: E402
+from llmlab.train.batches import Batches, load_token_splits  # noqa: E402
+from llmlab.train.engine import (  # noqa: E402
+    Engine,
+    GradClipper,  # noqa: E402
+    TorchBackend,
+)
+from llmlab.train.evaluation import evaluate_rows  # noqa: E402
+from llmlab.train.loss import causal_lm_loss  # noqa: E402
 from llmlab.train.optim import build_optimizer, build_schedule  # noqa: E402
 
 RESULT_NAME = "result.json"
 FAIL_SMOOTH = 10  # losses in the fail-safes' moving average: one noisy batch moves it by a tenth
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class TrialStop(Exception):
-    """A fail-safe tripped; `reason` names which one and `kind` picks the fallback."""
-
-    def __init__(self, kind: str, reason: str):
-        super().__init__(reason)
-        self.kind, self.reason = kind, reason
 
 
 def build_trial_model(spec: TrialSpec, hp: Hparams) -> torch.nn.Module:
@@ -91,88 +86,8 @@ def non_embedding_parameters(model) -> int:
     return model.num_parameters(exclude_embeddings=True)  # drops every nn.Embedding: GPT-2's wte and wpe
 
 
-def forward_logits(model, input_ids):
-    out = model(input_ids)
-    return out.logits if hasattr(out, "logits") else out
-
-
 def warmup_steps(spec: TrialSpec, hp: Hparams) -> int:
     return max(0, round(hp.warmup * spec.warmup_scale))
-
-
-EOS = 50256  # GPT-2's <|endoftext|>: every document of the lab's data ends with it
-
-
-def document_rows(tokens: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """loss_mask padding: one document per row (long ones over several rows), right-padded with eos; returns the
-    rows and which positions are real tokens (padding is never a target)."""
-    stream = np.asarray(tokens).reshape(-1)
-    ends = np.flatnonzero(stream == EOS) + 1
-    rows, real = [], []
-    for start, stop in zip(np.concatenate([[0], ends[:-1]]), ends):
-        for piece in range(start, stop, block):
-            chunk = stream[piece : min(piece + block, stop)]
-            rows.append(np.pad(chunk, (0, block - len(chunk)), constant_values=EOS))
-            real.append(np.arange(block) < len(chunk))
-    return np.stack(rows), np.stack(real)
-
-
-def target_mask(rows: int, block: int, ratio: float) -> np.ndarray:
-    """token_mask_ratio: which label positions stay in the training loss. A fraction `ratio` of the targets is left
-    out in a fixed interleaved pattern shifted by one position per row (0.5: odd positions in one row, even in the
-    next). Label position 0 is never a target (the shift drops it)."""
-    if ratio <= 0:
-        return np.ones((rows, block), dtype=bool)
-    index = np.arange(block)[None, :] + np.arange(rows)[:, None]
-    return (index * ratio) % 1.0 >= ratio
-
-
-class Batches:
-    """Seeded, epoch-wise shuffled training rows, with each row's labels (-100 where a position is no target)."""
-
-    def __init__(self, tokens: np.ndarray, seed: int, hp: Hparams, block: int):
-        real = None
-        if hp.loss_mask == "padding":
-            tokens, real = document_rows(tokens, block)
-        self.tokens, self.real, self.ratio = tokens, real, hp.token_mask_ratio
-        self.rng, self.order, self.cursor = np.random.default_rng(seed), np.array([], int), 0
-
-    def take(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = []
-        while len(rows) < count:
-            if self.cursor >= len(self.order):
-                self.order, self.cursor = self.rng.permutation(len(self.tokens)), 0
-            take = min(count - len(rows), len(self.order) - self.cursor)
-            rows.extend(self.order[self.cursor : self.cursor + take])
-            self.cursor += take
-        picked = np.sort(rows)
-        ids = np.asarray(self.tokens[picked], dtype=np.int64)
-        keep = target_mask(len(ids), ids.shape[1], self.ratio)
-        if self.real is not None:
-            keep &= self.real[picked]
-        return torch.from_numpy(ids), torch.from_numpy(np.where(keep, ids, -100))
-
-
-def grad_param_ratios(model) -> dict[str, float]:
-    """|grad| / |param| per layer group (the original lab's update ratio), from the gradients the step applies."""
-    sums: dict[str, list[float]] = {}
-    for name, param in model.named_parameters():
-        if param.grad is not None:
-            group = sums.setdefault(M.layer_group(name), [0.0, 0.0])
-            group[0] += float(param.grad.detach().float().pow(2).sum())
-            group[1] += float(param.detach().float().pow(2).sum())
-    return {g: math.sqrt(u) / math.sqrt(p) for g, (u, p) in sums.items() if p > 0}
-
-
-def update_ratios(model, before: dict[str, torch.Tensor]) -> dict[str, float]:
-    """|update| / |param| per layer group, from a snapshot taken just before optimizer.step()."""
-    sums: dict[str, list[float]] = {}
-    for name, param in model.named_parameters():
-        if name in before:
-            group = sums.setdefault(M.layer_group(name), [0.0, 0.0])
-            group[0] += float((param.detach() - before[name]).float().pow(2).sum())
-            group[1] += float(before[name].float().pow(2).sum())
-    return {g: math.sqrt(u) / math.sqrt(p) for g, (u, p) in sums.items() if p > 0}
 
 
 @dataclass
@@ -269,74 +184,17 @@ def train_step(s: TrialSetup, ids: torch.Tensor, labels: torch.Tensor, step: int
     return StepOutcome(loss_sum, out.grad_norm, out.clipped, out.lr, out.overflow, seconds, update, grad_ratio)
 
 
-class FailSafes:
-    """Stops a trial that cannot give a useful answer, without firing on the noise of a healthy one.
-
-    Divergence is judged on the moving average of the last `smooth` losses: it must rise more than
-    `margin` above its best value so far, or above `ceiling` (default: the untrained loss + 1, i.e. worse
-    than a model that never trained). One noisy batch moves that average by ~1/smooth of its excursion."""
-
-    def __init__(self, spec: TrialSpec, probe_loss: Callable[[], float]):
-        self.spec, self.probe_loss = spec, probe_loss
-        self.recent: deque[float] = deque(maxlen=FAIL_SMOOTH)
-        self.best, self.ceiling, self.probes = math.inf, spec.fail_loss, []
-
-    def check(self, step: int, loss: float, norm: float, overflow: bool) -> None:
-        if not math.isfinite(loss):
-            raise TrialStop("diverged", f"loss is {loss} at step {step}")
-        self.recent.append(loss)
-        smoothed = sum(self.recent) / len(self.recent)
-        if self.ceiling is None:
-            self.ceiling = loss + 1.0
-        margin = self.spec.fail_margin
-        if smoothed > self.ceiling:
-            raise TrialStop("diverged", f"smoothed loss {smoothed:.3f} > {self.ceiling:.3f} at step {step}")
-        if smoothed > self.best + margin:
-            raise TrialStop(
-                "diverged",
-                f"smoothed loss {smoothed:.3f} rose more than {margin:g} above its best {self.best:.3f} (step {step})",
-            )
-        if len(self.recent) == self.recent.maxlen:  # the best of full windows only: the start is noisy
-            self.best = min(self.best, smoothed)
-        if not overflow and not math.isfinite(norm):
-            raise TrialStop("diverged", f"gradient norm is {norm} at step {step}")
-        if math.isfinite(norm) and norm > self.spec.fail_grad_norm:
-            raise TrialStop("diverged", f"gradient norm {norm:.1f} > {self.spec.fail_grad_norm:g} at step {step}")
-        if step % self.spec.flat_window == 0:
-            self.probes.append(self.probe_loss())
-            moved = abs(self.probes[-1] - self.probes[-2]) if len(self.probes) >= 2 else math.inf
-            if moved < self.spec.flat_tolerance:
-                raise TrialStop(
-                    "flat",
-                    f"probe loss moved {moved:.2e} < {self.spec.flat_tolerance:g} over "
-                    f"{self.spec.flat_window} steps (step {step})",
-                )
-
-
-def _precheck(spec: TrialSpec, step: int, step_times: list[float], started: float) -> None:
-    if step + 1 != spec.precheck_steps:
-        return
-    # the median ignores the first step's one-off costs (torch.compile, allocator warm-up)
-    projected = (time.time() - started) + (spec.steps - step - 1) * float(np.median(step_times))
-    if projected > spec.timeout_s:
-        raise TrialStop(
-            "slow",
-            f"pre-check: projected {projected:.0f} s exceeds the trial timeout "
-            f"{spec.timeout_s} s; lower --steps or raise --trial_timeout",
-        )
-
-
 def train_attempt(
     spec: TrialSpec, hp: Hparams, data: dict, device: torch.device, log_dir: Path, started: float
 ) -> dict:
     """Train once with hyperparameters `hp`; returns the curves and metrics, or raises TrialStop."""
     s = build_setup(spec, hp, device)
-    batches = Batches(data["train"], spec.seed, hp, spec.block_size)
+    batches = Batches(data["train"], spec.seed, spec.block_size, hp.loss_mask, hp.token_mask_ratio)
     probe = torch.from_numpy(np.asarray(data["validation"][: min(4, len(data["validation"]))], dtype=np.int64)).to(
         device
     )
     logger = MetricsLogger(log_dir, spec.report_to, {k: v for k, v in asdict(hp).items() if v is not None})
-    safes = FailSafes(spec, lambda: probe_loss(s, probe))
+    safes = FailSafes(spec, lambda: probe_loss(s.model, s.autocast, probe))
     curves: dict[str, list] = {"loss": [], "grad_norm": [], "lr": [], "attention_entropy": []}
     ratios: dict[str, dict[str, list[float]]] = {"update": {}, "grad": {}}
     step_times, counts = [], {"clipped": 0, "skipped": 0}
@@ -360,11 +218,12 @@ def train_attempt(
                 for group, value in (measured or {}).items():
                     ratios[kind].setdefault(group, []).append(value)
             if measure:
-                curves["attention_entropy"].append([step, probe_entropy(s, probe)])
+                curves["attention_entropy"].append([step, probe_entropy(s.model, s.autocast, probe)])
             _log_step(spec, logger, step, curves, step_times[-1], measure)
             safes.check(step, out.loss, out.grad_norm, out.skipped)
-            _precheck(spec, step, step_times, started)
-        evaluation = evaluate_trial(s.model, data["validation"], spec, device, s.autocast)
+            precheck(spec, step, step_times, started)
+        rows = data["validation"][: spec.eval_batches * spec.eval_batch_size]
+        evaluation = evaluate_rows(s.model, rows, spec.micro_batch_size or spec.eval_batch_size, device, s.autocast)
         logger.log({"eval/loss": evaluation["val_loss"], "eval/perplexity": evaluation["val_perplexity"]}, spec.steps)
     except TrialStop as stop:
         stop.curves = curves  # kept in result.json so a failed run's curve can still be inspected
@@ -377,30 +236,6 @@ def train_attempt(
     write_hparams(logger, summary)
     logger.close()
     return {"summary": summary, "curves": curves}
-
-
-def probe_loss(s: TrialSetup, probe: torch.Tensor) -> float:
-    """Loss on a fixed validation batch (not through the compiled loss: eval mode and this shape would recompile)."""
-    s.model.eval()
-    with torch.no_grad(), s.autocast():
-        value = float(causal_lm_loss(forward_logits(s.model, probe), probe))
-    s.model.train()
-    return value
-
-
-def probe_entropy(s: TrialSetup, probe: torch.Tensor) -> Optional[float]:
-    """The last attention layer's mean entropy on the probe batch, during training (the original lab's curve)."""
-    s.model.eval()
-    try:
-        with torch.no_grad(), s.autocast():
-            if isinstance(s.model, MinimalTransformer):
-                return float(s.model(probe, return_attention_entropy=True)[1])
-            s.model.set_attn_implementation("eager")  # HF models expose attention probabilities only there
-            probs = s.model(probe, output_attentions=True).attentions[-1].float()
-            s.model.set_attn_implementation("sdpa")
-            return float(-(probs * probs.clamp_min(1e-12).log()).sum(-1).mean())
-    finally:
-        s.model.train()
 
 
 def _log_step(spec: TrialSpec, logger: MetricsLogger, step: int, curves: dict, seconds: float, measured: bool) -> None:
@@ -477,47 +312,6 @@ def summarise(
     }
 
 
-def evaluate_trial(
-    model, validation: np.ndarray, spec: TrialSpec, device, autocast: Optional[Callable] = None, segments: int = 4
-) -> dict:
-    """Validation loss / perplexity overall and per position segment, and the last layer's attention entropy."""
-    model.eval()
-    if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation("eager")
-    micro = spec.micro_batch_size or spec.eval_batch_size
-    rows = validation[: spec.eval_batches * spec.eval_batch_size]
-    token_losses, entropies = [], []
-    with torch.no_grad(), (autocast or contextlib.nullcontext)():
-        for start in range(0, len(rows), micro):
-            ids = torch.from_numpy(np.asarray(rows[start : start + micro], dtype=np.int64)).to(device)
-            if spec.model == "minimal":
-                logits, entropy = model(ids, return_attention_entropy=True)
-                entropies.append(float(entropy))
-            else:  # HF models: the last layer's attention probabilities need the eager attention path
-                out = model(ids, output_attentions=True)
-                logits = out.logits
-                if out.attentions:
-                    probs = out.attentions[-1].float()
-                    entropies.append(float(-(probs * probs.clamp_min(1e-12).log()).sum(-1).mean()))
-            losses = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")
-            token_losses.append(losses.cpu())
-    model.train()
-    per_token = torch.cat(token_losses)  # [rows, predicted positions 2..block_size]
-    bounds = np.linspace(0, per_token.size(1), segments + 1).astype(int)
-    by_segment = {
-        f"{bounds[i] + 2}-{bounds[i + 1] + 1}": float(per_token[:, bounds[i] : bounds[i + 1]].mean())
-        for i in range(segments)
-    }
-    val_loss = float(per_token.mean())
-    return {
-        "val_loss": val_loss,
-        "val_perplexity": perplexity(val_loss),
-        "val_loss_by_position": by_segment,
-        "val_perplexity_by_position": {k: perplexity(v) for k, v in by_segment.items()},
-        "attention_entropy_last_layer": float(np.mean(entropies)) if entropies else None,
-    }
-
-
 def write_hparams(logger: MetricsLogger, summary: dict) -> None:
     """The run's entry in TensorBoard's HParams tab (its levels were recorded when the logger started, in the same
     run folder as its curves): these scalars, hparam/final_loss included, are the metrics TensorBoard shows."""
@@ -528,39 +322,6 @@ def write_hparams(logger: MetricsLogger, summary: dict) -> None:
             if summary.get(k) is not None
         }
     )
-
-
-def fallback(hp: Hparams, stop: TrialStop) -> tuple[Hparams, str] | None:
-    """The one retry: a flat loss first tries warmup 100 (the lr rises sooner), a divergence clip - 0.1."""
-    if stop.kind == "slow":
-        return None
-    options = []
-    if isinstance(hp.clip, (int, float)) and hp.clip > 0.1:
-        tighter = round(hp.clip - 0.1, 6)
-        options.append((replace(hp, clip=tighter), f"clip {hp.clip} -> {tighter}"))
-    if hp.warmup > 100:
-        options.append((replace(hp, warmup=100), f"warmup {hp.warmup} -> 100"))
-    if stop.kind == "flat":
-        options.reverse()
-    return options[0] if options else None
-
-
-def load_data(data_dir: Path) -> dict:
-    return {split: np.load(data_dir / f"{split}.npy", mmap_mode="r") for split in SPLITS}
-
-
-def watch_driver(driver) -> None:
-    """Die with the sweep driver. PR_SET_PDEATHSIG only watches the direct parent, and a fork-server child's parent
-    is the fork server, which the children themselves keep alive; so poll the driver's identity once a second."""
-    if not driver or driver[1] is None:
-        return
-
-    def watch() -> None:
-        while process_start_time(driver[0]) == driver[1]:
-            time.sleep(1.0)
-        os.kill(os.getpid(), 9)
-
-    threading.Thread(target=watch, name="driver-watch", daemon=True).start()
 
 
 def run_trial(spec_path: str | Path) -> dict:
@@ -577,7 +338,7 @@ def run_trial(spec_path: str | Path) -> dict:
     if threads:
         torch.set_num_threads(threads)
     device = torch.device("cuda" if spec.device == "cuda" else "cpu")
-    data = load_data(Path(spec.data_dir))
+    data = load_token_splits(Path(spec.data_dir))
     data_loaded = time.time() - started
     hp = spec.hparams
     result: dict[str, Any] = {
@@ -620,23 +381,6 @@ def run_trial(spec_path: str | Path) -> dict:
     atomic_write_json(trial_dir / RESULT_NAME, result)
     print(f"[{spec.trial_id}] {result['status']} in {result['wall_time_s']:.1f} s", flush=True)
     return result
-
-
-def die_with_parent() -> None:
-    """Linux: SIGKILL this trial when its launcher dies, so a killed sweep leaves no orphan writing results."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
-    except (OSError, AttributeError):
-        pass
-
-
-def release_compile_workers() -> None:
-    """torch.compile's worker pool holds semaphores that the os._exit below would leak (the resource tracker warns once
-    per compiled trial when the sweep ends): shut the pool down and run the finalizers a normal exit would run."""
-    async_compile = sys.modules.get("torch._inductor.async_compile")
-    if async_compile is not None:
-        async_compile.shutdown_compile_workers()
-    multiprocessing.util._run_finalizers()  # what a normal exit runs: semaphores unregister from the tracker
 
 
 def child_main(spec_path: str, log_path: str, env: dict[str, str]) -> None:

@@ -1,4 +1,5 @@
-"""Training: one loop skeleton (llmlab.train.loop) that pretraining and LoRA build on, plus checkpoints and spikes."""
+"""Training: the parts a trainer is made of (session, engine, loss, checkpoints, meter) and the two trainers built
+from them (pretrain/, lora/)."""
 
 from llmlab.core.notices import drop_known_notices
 

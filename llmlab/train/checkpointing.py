@@ -18,10 +18,11 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 import torch
 
+from llmlab.core.config import to_dict
 from llmlab.core.errors import UserError, write_failure
 from llmlab.core.identity import file_sha256
 from llmlab.core.io import atomic_write_json, publish_dir
@@ -264,3 +265,38 @@ def set_aside_newer_checkpoints(output_dir: str | os.PathLike, resume_path: Path
             os.replace(path, target)
             moved.append(target)
     return moved
+
+
+class Checkpointer:
+    """Owns the checkpoint cadence: `maybe_save(step)` saves every `save_every` steps, and a save that falls
+    where the trainer cannot save yet (e.g. in the middle of a loss spike) waits until it can."""
+
+    def __init__(self, session, save_every: int, keep_last: int, model, extra_manifest, write_extra):
+        self.session, self.save_every, self.keep_last, self.model = session, save_every, keep_last, model
+        self.extra_manifest, self.write_extra, self.pending = extra_manifest, write_extra, False
+
+    def maybe_save(self, step: int, allowed: bool = True) -> Optional[Path]:
+        self.pending = self.pending or (self.save_every > 0 and step % self.save_every == 0)
+        if not (self.pending and allowed):
+            return None
+        self.pending = False
+        return self.save(step)
+
+    def save(self, step: int) -> Path:
+        session = self.session
+        manifest = {
+            "step": step,
+            "config": to_dict(session.cfg),
+            "layout": session.layout,
+            "trainer": {**session.state.state_dict(), **(self.extra_manifest() if self.extra_manifest else {})},
+        }
+        with session.meter.paused():
+            return save_checkpoint(
+                session.accelerator,
+                session.out,
+                step,
+                manifest,
+                self.keep_last,
+                model=self.model,
+                write_extra=self.write_extra,
+            )

@@ -118,3 +118,16 @@ def load_plugins() -> None:
 
 
 load_plugins()
+
+
+def lr_multiplier(step: int, name: str, warmup: int, total: int, min_lr_ratio: float = 0.0) -> float:
+    """The schedule's factor on the peak lr at `step` (0-based, as LambdaLR counts)."""
+    if step < warmup:
+        return step / max(1, warmup)
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * SCHEDULES[name].shape(progress)
+
+
+def mean_lr_share(name: str, steps: int = 1000) -> float:
+    """Mean multiplier of a schedule over a run without warmup and floor: how much of the peak lr it spends."""
+    return SCHEDULES[name].mean_lr_share(steps)

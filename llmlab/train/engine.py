@@ -16,10 +16,57 @@ norm, and one for whether any element was clipped under value clipping; a trial'
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
+
+from llmlab.train.config import parse_clip
+
+
+class GradClipper:
+    """Clip bound for this step: fixed, or adaptive = factor × mean of the last `window` norms; applied to the
+    global norm (`clip_mode` norm) or to every element (value).
+
+    Adaptive clipping only starts after `warmup_steps` (early norms are large and unrepresentative);
+    before that it clips at `fallback`. Feed each step's pre-clip norm back with `observe()`.
+    """
+
+    def __init__(
+        self,
+        clip: str | float,
+        warmup_steps: int = 0,
+        window: int = 50,
+        factor: float = 1.5,
+        fallback: float = 1.0,
+        clip_mode: str = "norm",
+    ):
+        self.mode = parse_clip(clip)
+        self.clip_mode = clip_mode
+        self.warmup_steps = warmup_steps
+        self.factor = factor
+        self.fallback = fallback
+        self.history: deque[float] = deque(maxlen=window)
+
+    def max_norm(self, step: int) -> float | None:
+        """The threshold to pass to clip_grad_norm_, or None to only measure the norm."""
+        if self.mode == "adaptive":
+            if step < self.warmup_steps or not self.history:
+                return self.fallback
+            return self.factor * sum(self.history) / len(self.history)
+        return self.mode if self.mode > 0 else None
+
+    def observe(self, grad_norm: float) -> None:
+        if grad_norm == grad_norm and grad_norm != float("inf"):  # skip NaN/inf
+            self.history.append(float(grad_norm))
+
+    def state_dict(self) -> dict:
+        return {"history": list(self.history)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history.clear()
+        self.history.extend(state.get("history", []))
 
 
 @dataclass
@@ -46,16 +93,13 @@ class AccelerateBackend:
     def clip_grad_value_(self, params, bound: float) -> None:
         self.accelerator.clip_grad_value_(params, bound)
 
-    def update(self, optimizer, finite: bool) -> tuple[bool, bool]:
-        """(stepped, overflow). With a loss scaler (fp16) every step goes to it: it skips a non-finite gradient and
-        lowers the scale (the first steps overflow by design), and skipping its step here would leave it unscaled
-        but not updated, so the next unscale_ would fail."""
-        if self.accelerator.scaler is not None:
-            optimizer.step()
-            return finite and not optimizer.step_was_skipped, optimizer.step_was_skipped
-        if finite:
-            optimizer.step()
-        return finite, False
+    @property
+    def scales_loss(self) -> bool:
+        return self.accelerator.scaler is not None
+
+    def scaled_update(self, optimizer, finite: bool) -> tuple[bool, bool]:
+        optimizer.step()  # accelerate's optimizer steps through its scaler
+        return finite and not optimizer.step_was_skipped, optimizer.step_was_skipped
 
 
 class TorchBackend:
@@ -72,16 +116,16 @@ class TorchBackend:
     def clip_grad_value_(self, params, bound: float) -> None:
         torch.nn.utils.clip_grad_value_(params, bound)
 
-    def update(self, optimizer, finite: bool) -> tuple[bool, bool]:
-        if self.scaler.is_enabled():  # as above: the scaler owns fp16 overflow
-            before = self.scaler.get_scale()
-            self.scaler.step(optimizer)
-            self.scaler.update()
-            overflow = self.scaler.get_scale() < before
-            return finite and not overflow, overflow
-        if finite:
-            optimizer.step()
-        return finite, False
+    @property
+    def scales_loss(self) -> bool:
+        return self.scaler.is_enabled()
+
+    def scaled_update(self, optimizer, finite: bool) -> tuple[bool, bool]:
+        before = self.scaler.get_scale()
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        overflow = self.scaler.get_scale() < before
+        return finite and not overflow, overflow
 
 
 class Engine:
@@ -108,7 +152,15 @@ class Engine:
         if inspect is not None:
             inspect()
         lr = optimizer.param_groups[0]["lr"]
-        stepped, overflow = self.backend.update(optimizer, finite)
+        if self.backend.scales_loss:
+            # fp16: every step goes to the loss scaler. It skips a non-finite gradient and lowers the scale (the
+            # first steps overflow by design); skipping its step here would leave it unscaled but not updated, and
+            # the next unscale_ would fail.
+            stepped, overflow = self.backend.scaled_update(optimizer, finite)
+        else:
+            stepped, overflow = finite, False
+            if finite:
+                optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         if norm is not None:

@@ -13,8 +13,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from llmlab.core.errors import UserError
-from llmlab.train.components import OPTIMIZERS, SCHEDULES  # noqa: F401 (part of this module's API)
-from llmlab.train.schedules import lr_multiplier, mean_lr_share  # noqa: F401 (part of this module's API)
+from llmlab.train.components import OPTIMIZERS, SCHEDULES, lr_multiplier, mean_lr_share  # noqa: F401 (part of this module's API)  # noqa: F401 (part of this module's API)
 
 
 def param_groups(

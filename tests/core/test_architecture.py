@@ -82,6 +82,25 @@ def test_scripts_stay_thin():
         assert len((REPO / script).read_text().splitlines()) < 60, script
 
 
+def _calls(function: ast.AST) -> set[str]:
+    """The dotted names a function calls: `session.engine.step(...)` gives 'session.engine.step'."""
+    return {ast.unparse(node.func) for node in ast.walk(function) if isinstance(node, ast.Call)}
+
+
+def _function(path: Path, name: str) -> ast.AST:
+    return next(n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def test_three_hops_from_each_trainer_script_to_the_optimizer_step():
+    """script main -> the trainer's loop (`train` in train/<trainer>/loop.py) -> Engine.step -> optimizer.step()."""
+    engine = _function(REPO / "llmlab/train/engine.py", "step")
+    assert "optimizer.step" in _calls(engine)
+    for script, trainer in (("train_pretrain.py", "pretrain"), ("train_lora.py", "lora")):
+        assert "train" in _calls(_function(REPO / script, "main")), script
+        assert f"from llmlab.train.{trainer}.loop import train" in (REPO / script).read_text(), script
+        assert "session.engine.step" in _calls(_function(REPO / f"llmlab/train/{trainer}/loop.py", "train")), trainer
+
+
 def test_no_function_is_long_without_a_reason():
     long = []
     for name, path in _modules().items():
@@ -111,9 +130,9 @@ DEFERRING = (
     "llmlab.sweep.factors",
     "llmlab.sweep.spec",
     "llmlab.train.config",
-    "llmlab.train.pretrain_config",
-    "llmlab.train.lora_config",
-    "llmlab.train.schedules",
+    "llmlab.train.pretrain.config",
+    "llmlab.train.lora.config",
+    "llmlab.train.components",
     "llmlab.train.components",
 )
 # 2. Optional or slow extras that most runs never touch, imported where used in any module.

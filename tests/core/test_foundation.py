@@ -13,8 +13,8 @@ from llmlab.core.config import opt, parse_config
 from llmlab.core.errors import UserError
 from llmlab.core.io import atomic_write_text, read_jsonl
 from llmlab.core.runinfo import write_run_info
-from llmlab.train.common import GradClipper
 from llmlab.train.config import parse_clip
+from llmlab.train.engine import GradClipper
 from tests.conftest import run_script
 
 
@@ -107,7 +107,7 @@ def test_scripts_help(script):
 def test_process_group_handlers_ask_for_gloo_only_for_several_cpu_processes(monkeypatch):
     import torch
 
-    from llmlab.train.common import process_group_handlers
+    from llmlab.train.accelerator import process_group_handlers
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert process_group_handlers() == []

@@ -28,7 +28,7 @@ class Blocker:
         return None
 sys.meta_path.insert(0, Blocker())
 for name in ("train_pretrain", "train_lora", "sweep", "merge_and_infer", "llmlab.sweep.trial", "llmlab.sweep.runner",
-             "llmlab.train.pretrain", "llmlab.train.lora", "llmlab.infer.merge", "llmlab.core.runfolder"):
+             "llmlab.train.pretrain.loop", "llmlab.train.lora.loop", "llmlab.infer.merge", "llmlab.core.runfolder"):
     importlib.import_module(name)
 from llmlab.core.device import peak_rss_mb
 assert peak_rss_mb() > 10

@@ -54,7 +54,7 @@ def test_a_plugged_in_tracker_and_tensorboard_get_the_config_and_the_metrics(tmp
 
     from llmlab.core import tracking
     from llmlab.core.config import parse_config
-    from llmlab.train.pretrain import PretrainConfig, train
+    from llmlab.train.pretrain.loop import PretrainConfig, train
 
     fake = type("Fake", (FakeTracker, GeneralTracker), {})()
     original = tracking.make_trackers

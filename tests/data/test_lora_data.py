@@ -21,7 +21,7 @@ from llmlab.data.instruct import (
     tokenize_example,
 )
 from llmlab.data.pydoc_qa import build_pydoc_records, load_pydoc, pydoc_cache_path
-from llmlab.train.common import causal_lm_loss
+from llmlab.train.loss import causal_lm_loss
 
 
 def test_pydoc_pairs_are_real_docstrings():

@@ -38,7 +38,7 @@ def test_lora_defaults_are_the_benchmarked_recipe_the_findings_quote():
     import json
 
     from llmlab.core.config import parse_config, to_dict
-    from llmlab.train.lora_config import LoraTrainConfig
+    from llmlab.train.lora.config import LoraTrainConfig
 
     spec = importlib.util.spec_from_file_location("lora_default", REPO / "bench" / "lora_default.py")
     bench = importlib.util.module_from_spec(spec)

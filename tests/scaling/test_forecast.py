@@ -11,6 +11,7 @@ import pytest
 from llmlab.scaling.optimum import CENSOR_SHARE, cell_optimum, grid_extension
 from llmlab.scaling.simulate import Design, Truth, operating_characteristics
 from llmlab.scaling.transfer import decide, holdout_verdict, seed_noise, size_points
+from tests.conftest import REPO
 
 
 def bowl(lrs, curvature=0.2, centre=3e-3, sigma=0.02, seeds=3, seed=0, noise_slope=0.0):
@@ -168,3 +169,44 @@ def test_a_planted_machine_offset_moves_the_blocked_vertex_by_no_more_than_its_s
         errors.append(point["ln_lr_opt"] - math.log(1.25e-3))
     assert covered >= 34  # >= 85 % of 40 at a nominal 95 % (binomial 5th percentile is 36)
     assert abs(np.mean(errors)) < 2 * np.std(errors) / math.sqrt(len(errors)) + 0.02  # no bias from the offset
+
+
+def test_the_power_simulation_takes_its_world_from_the_fit_cells_noise_and_recovers_a_planted_law(tmp_path):
+    """bench/forecast_design.py --fit_sizes: sigma per size and its growth with lr come from the fit cells' pure error
+    (seeds at the same lr), the law from their vertices; planted values are recovered within their stated error."""
+    import csv
+    import importlib.util
+
+    from llmlab.sweep.scan import size_parameters
+
+    spec = importlib.util.spec_from_file_location("forecast_design", REPO / "bench" / "forecast_design.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    alpha, slope, sizes = -0.3, 1.0, ("64x2", "96x3", "128x4", "160x5")
+    rng, rows = np.random.default_rng(3), []
+    n_ref = size_parameters("64x2", "minimal", 32)
+    for size in sizes:
+        n = size_parameters(size, "minimal", 32)
+        ln_opt, sigma = math.log(5e-3) + alpha * math.log(n / n_ref), 0.03 * (n / n_ref) ** 0.1
+        for k in range(7):
+            offset = (k - 3) * math.log(2) / 2
+            for seed in range(8):
+                noise = rng.normal(0, sigma * math.exp(slope / 2 * offset))
+                lr = math.exp(ln_opt + offset)
+                rows.append({"trial_id": f"{size}_{k}_{seed}", "status": "ok", "size": size, "n_params": n,
+                             "lr": lr, "batch_size": 4, "seed": seed, "final_loss": 6.5 + 0.1 * offset**2 + noise,
+                             "initial_loss": 10.8, "train_tokens": 153600})  # fmt: skip
+    with open(tmp_path / "results.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    truths, facts = bench.scan_worlds(tmp_path, sizes, "224x7", head_dim=32)
+    world = truths["as measured"]
+    low, high = facts["shape"]["alpha_ci"]
+    assert low <= alpha <= high and abs(world.alpha - alpha) < 0.15
+    assert facts["lr_trend"]["used"] and 0.4 < world.noise_lr_slope < 1.6  # planted 1.0
+    for size in sizes:  # each fit size's sigma (at its grid's centre) within a factor 1.5 of the planted one
+        planted = 0.03 * (size_parameters(size, "minimal", 32) / n_ref) ** 0.1
+        assert planted / 1.5 < world.sigma[size] < planted * 1.5, size
+    assert world.sigma["224x7"] == pytest.approx(facts["held_out_sigma_extrapolated"])
+    assert truths["largest fit sigma everywhere"].sigma["64x2"] >= world.sigma["160x5"] * 0.99

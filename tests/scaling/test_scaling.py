@@ -182,7 +182,7 @@ def sweep_dir(tmp_path_factory):
 
 def test_recommend_writes_a_complete_config_that_train_pretrain_resolves(sweep_dir, tmp_path, capsys):
     from llmlab.core.config import parse_config
-    from llmlab.train.pretrain_config import PretrainConfig
+    from llmlab.train.pretrain.config import PretrainConfig
 
     output = tmp_path / "rec.yaml"
     rec = recommend_main(
@@ -369,7 +369,7 @@ def test_smoke_lr_bs_scan_end_to_end(tmp_path):
     lr_fit = fits["fits"]["lr_opt"]  # the swept model's lr(batch) at the same tokens per step
     assert values["learning_rate"] == pytest.approx(lr_fit["a"] * 2 ** lr_fit["b"], rel=1e-3)
     assert values["effective_batch_size"] == 2 and values["block_size"] == 32
-    pretrain = pytest.importorskip("llmlab.train.pretrain")
+    pretrain = pytest.importorskip("llmlab.train.pretrain.loop")
     from llmlab.core.config import parse_config
 
     cfg = parse_config(pretrain.PretrainConfig, ["--config", str(output)])

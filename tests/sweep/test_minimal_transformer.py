@@ -12,7 +12,7 @@ from llmlab.models.minimal import (
     expected_trainable_parameters,
     parameter_table,
 )
-from llmlab.train.common import causal_lm_loss
+from llmlab.train.loss import causal_lm_loss
 
 SPEC_TRAINABLE = 1_181_376  # 4 x (4*192^2 + 2*192*384 + 2*192) + 192
 

@@ -125,7 +125,7 @@ def test_new_factors_run_in_a_yaml_grid(tmp_path):
 
 
 def test_document_rows_pad_and_mask_and_the_token_mask_alternates():
-    from llmlab.sweep.trial import EOS, document_rows, target_mask
+    from llmlab.train.batches import EOS, document_rows, target_mask
 
     tokens = np.array([5, 6, 7, EOS, 8, 9, 10, 11, 12, EOS])
     rows, real = document_rows(tokens, 4)

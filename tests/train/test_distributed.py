@@ -178,7 +178,7 @@ def test_several_processes_without_a_backend_are_refused(monkeypatch):
     from types import SimpleNamespace
 
     from llmlab.core.errors import UserError
-    from llmlab.train.loop import check_one_model
+    from llmlab.train.accelerator import check_one_model
 
     single_model = SimpleNamespace(num_processes=1, distributed_type=SimpleNamespace(value="NO"))
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -199,7 +199,7 @@ def test_several_processes_without_a_backend_are_refused(monkeypatch):
 
 def test_auto_precision_honours_the_launch_config(monkeypatch):
     from llmlab.core.device import resolve_device, resolve_precision
-    from llmlab.train.loop import resolve_mixed_precision
+    from llmlab.train.accelerator import resolve_mixed_precision
 
     hardware = {"fp32": "no"}.get(
         resolve_precision("auto", resolve_device("auto")), resolve_precision("auto", resolve_device("auto"))

@@ -121,22 +121,21 @@ def test_the_engine_gives_the_losses_of_the_code_before_it(tmp_path):
 def test_a_trial_and_the_trainers_step_through_the_same_engine():
     from llmlab.sweep.trial import TrialSetup
     from llmlab.train.engine import AccelerateBackend, Engine, TorchBackend
-    from llmlab.train.loop import TrainingSession
+    from llmlab.train.session import TrainingSession
 
     assert TrialSetup.__dataclass_fields__["engine"].type in ("Engine", Engine)
     import inspect
 
     assert "AccelerateBackend(self.accelerator)" in inspect.getsource(TrainingSession.__init__)
     assert "clip_grad_norm_" not in inspect.getsource(sys.modules["llmlab.sweep.trial"])  # no second copy of the step
-    assert "optimizer.step()" not in inspect.getsource(sys.modules["llmlab.train.loop"])
+    assert "optimizer.step()" not in inspect.getsource(sys.modules["llmlab.train.session"])
     assert TorchBackend and AccelerateBackend
 
 
 def test_a_trials_fp16_overflow_goes_to_its_scaler_and_the_next_step_runs():
     """The trial's fp16 path (TorchBackend + GradScaler), on CPU with torch's CPU GradScaler: the first, overflowed
     step is the scaler's to skip (no update, a lower scale), the next one updates."""
-    from llmlab.train.common import GradClipper
-    from llmlab.train.engine import Engine, TorchBackend
+    from llmlab.train.engine import Engine, GradClipper, TorchBackend
 
     model = torch.nn.Linear(2, 1, bias=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

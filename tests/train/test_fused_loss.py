@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from llmlab.train.common import causal_lm_loss
-from llmlab.train.fused_loss import CausalLMWithLoss, chunked_lm_loss
+from llmlab.train.loss import CausalLMWithLoss, causal_lm_loss, chunked_lm_loss
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])

@@ -103,8 +103,8 @@ def test_tiny_run_lowers_validation_loss_and_writes_a_small_adapter(
     from transformers import AutoModelForCausalLM
 
     from llmlab.data.instruct import collate, load_records, split_three, tokenize_records
-    from llmlab.train.lora_config import LoraTrainConfig
-    from llmlab.train.lora_eval import answer_logits
+    from llmlab.train.lora.config import LoraTrainConfig
+    from llmlab.train.lora.evaluation import answer_logits
 
     defaults = LoraTrainConfig()
     tokenizer = gpt2_tokenizer
@@ -311,7 +311,7 @@ def test_bad_options_are_one_line_errors(tmp_path):
 
 
 def _tiny_cfg(tiny_gpt2_dir, **overrides):
-    from llmlab.train.lora_config import LoraTrainConfig
+    from llmlab.train.lora.config import LoraTrainConfig
 
     return LoraTrainConfig(base_model=str(tiny_gpt2_dir), **overrides)
 
@@ -328,8 +328,8 @@ def _batch(tokenizer):
 
 
 def test_only_adapter_weights_train_and_checkpointing_reaches_them(tiny_gpt2_dir, gpt2_tokenizer):
-    from llmlab.train.common import causal_lm_loss
-    from llmlab.train.lora_model import add_lora, load_base_model
+    from llmlab.train.lora.model import add_lora, load_base_model
+    from llmlab.train.loss import causal_lm_loss
 
     torch.manual_seed(0)
     cfg = _tiny_cfg(tiny_gpt2_dir, gradient_checkpointing=True)
@@ -353,8 +353,8 @@ def test_only_adapter_weights_train_and_checkpointing_reaches_them(tiny_gpt2_dir
 def test_target_modules_follow_the_model_type():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from llmlab.train.lora_config import LoraTrainConfig
-    from llmlab.train.lora_model import add_lora
+    from llmlab.train.lora.config import LoraTrainConfig
+    from llmlab.train.lora.model import add_lora
 
     llama = LlamaForCausalLM(
         LlamaConfig(
@@ -403,8 +403,8 @@ def test_answer_only_logits_give_the_same_loss(tiny_gpt2_dir, gpt2_tokenizer):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from llmlab.train.common import causal_lm_loss
-    from llmlab.train.lora_eval import answer_logits, answer_loss, pick_logits_mode
+    from llmlab.train.lora.evaluation import answer_logits, answer_loss, pick_logits_mode
+    from llmlab.train.loss import causal_lm_loss
 
     model = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir).eval()
     _, batch = _batch(gpt2_tokenizer)
@@ -430,7 +430,7 @@ def test_answer_only_logits_give_the_same_loss(tiny_gpt2_dir, gpt2_tokenizer):
 def test_batched_left_padded_generation_matches_one_by_one(tiny_gpt2_dir, gpt2_tokenizer):
     from transformers import AutoModelForCausalLM
 
-    from llmlab.train.lora_eval import generate_ids, rouge_scores
+    from llmlab.train.lora.evaluation import generate_ids, rouge_scores
 
     model = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir)
     examples, _ = _batch(gpt2_tokenizer)

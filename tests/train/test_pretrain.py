@@ -225,7 +225,7 @@ def test_spike_detector_counts_nan_and_needs_patience():
 )
 def test_bad_options_are_user_errors(argv, fragment):
     from llmlab.core.config import parse_config
-    from llmlab.train.pretrain_config import PretrainConfig
+    from llmlab.train.pretrain.config import PretrainConfig
 
     with pytest.raises(UserError, match=fragment.replace("-", r"\-")):
         parse_config(PretrainConfig, argv)
@@ -235,7 +235,7 @@ def test_preset_defaults_and_recommend_yaml(tmp_path):
     import yaml
 
     from llmlab.core.config import parse_config
-    from llmlab.train.pretrain_config import PretrainConfig
+    from llmlab.train.pretrain.config import PretrainConfig
 
     tiny = parse_config(PretrainConfig, [])
     assert (tiny.block_size, tiny.max_steps, tiny.warmup_steps, tiny.effective_batch_size) == (128, 190, 19, 8)

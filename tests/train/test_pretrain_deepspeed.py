@@ -191,8 +191,8 @@ def test_fp16_on_cpu_is_refused_clearly(tmp_path):
 
     from llmlab.core.config import parse_config
     from llmlab.core.errors import UserError
-    from llmlab.train.loop import TrainingSession
-    from llmlab.train.pretrain_config import PretrainConfig
+    from llmlab.train.pretrain.config import PretrainConfig
+    from llmlab.train.session import TrainingSession
 
     if torch.cuda.is_available():
         pytest.skip("fp16 is valid on a GPU")

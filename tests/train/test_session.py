@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from llmlab.core.errors import UserError
-from llmlab.train.common import GradClipper
 from llmlab.train.config import RunGroup
-from llmlab.train.loop import LoopState, TrainingSession, scaled_schedule
+from llmlab.train.engine import GradClipper
+from llmlab.train.session import LoopState, TrainingSession, scaled_schedule
 
 
 @dataclass
@@ -48,7 +48,7 @@ def make(tmp_path, **kwargs):
 def step(session, model, optimizer, scheduler, clipper, x):
     loss = model(torch.tensor(x)).sum()
     session.backward(loss, tokens=1)
-    return session.optimizer_step(model.parameters(), optimizer, scheduler, clipper)
+    return session.record(session.engine.step(model.parameters(), optimizer, scheduler, clipper, session.state.step))
 
 
 def test_optimizer_step_clips_and_never_applies_a_non_finite_update(tmp_path, fresh_state):

@@ -19,7 +19,7 @@ from rouge_score.rouge_scorer import RougeScorer
 from scipy import stats
 
 from llmlab.data.instruct import collate_prompts
-from llmlab.train.common import causal_lm_loss, perplexity
+from llmlab.train.loss import causal_lm_loss, perplexity
 
 
 def supports_logits_to_keep(model) -> bool:

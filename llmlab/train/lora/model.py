@@ -20,7 +20,7 @@ from llmlab.core.identity import BASE_RECORD
 from llmlab.core.io import atomic_write_json, publish_dir
 from llmlab.data.instruct import PROMPT_FILE
 from llmlab.data.tokenizer import load_tokenizer
-from llmlab.train.lora_config import ALL_LINEAR, DEFAULT_BASE_MODEL
+from llmlab.train.lora.config import ALL_LINEAR, DEFAULT_BASE_MODEL
 
 
 def check_base_model(cfg) -> None:

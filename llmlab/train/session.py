@@ -1,25 +1,22 @@
-"""The skeleton both trainers build on: one `TrainingSession` owns what every run needs, so the trainers keep
-only what is their own (pretraining: spike rollback; LoRA: prompt masking, early stopping, before/after eval).
+"""The session both trainers build on: one `TrainingSession` owns what every run needs, so the trainers keep only
+what is their own (pretraining: spike rollback; LoRA: prompt masking, early stopping, before/after eval).
 
     session = TrainingSession(cfg, "pretraining", run_files=RUN_FILES, resumable=RESUMABLE)  # folder, lock, trackers
     with session:                                            # Ctrl-C and errors end as one line
         model, optimizer, loader = session.prepare(model, optimizer, loader)
         session.register(scheduler, clipper)                 # saved and restored with every checkpoint
         session.begin(run_cfg, total_steps, layout, save_every, keep_last, model=model)  # run record, resume
-        ... with accelerator.accumulate(model):
-                session.backward(loss, tokens)
-                (last micro-batch) result = session.optimizer_step(params, optimizer, scheduler, clipper)
+        ... the trainer's loop (pretrain/session.py, lora/loop.py):
+            with accelerator.accumulate(model): session.backward(loss, tokens)
+            result = session.record(session.engine.step(params, optimizer, scheduler, clipper, step))
             session.meter.log_step(result, every)            # the cadence: window, bar, tokens/s (train/meter.py)
-            if session.meter.due(cfg.eval_every): with session.meter.paused(): ...
-            session.checkpointer.maybe_save(step)
+            session.checkpointer.maybe_save(step)            # the cadence of saves (train/checkpointing.py)
 
-What it owns: the Accelerator (mixed precision, gradient accumulation, gloo / MULTI_CPU on multi-process CPU,
-trackers from --report_to), the run folder (lock, kind, fresh/resume/overwrite policy, config.yaml + run_info.json),
-resume (a verified checkpoint, a config and setup that may only change where the trainer allows it), the optimizer
-step (clipping, and no step on a non-finite loss or gradient), rewinding to a checkpoint (rollback), the trackers
-(TensorBoard/wandb/... plus metrics.jsonl), and two components that own their cadence: `StepMeter` (train/meter.py:
-the logging window, a progress bar with loss, lr and tokens/s that leaves evaluation and saving out) and
-`Checkpointer` (when to save).
+What it owns: the Accelerator (train/accelerator.py), the run folder (lock, kind, fresh/resume/overwrite policy,
+config.yaml + run_info.json), resume (a verified checkpoint, a config and setup that may only change where the
+trainer allows it), the engine that runs the step (train/engine.py), rewinding to a checkpoint (rollback), the
+trackers (TensorBoard/wandb/... plus metrics.jsonl), and two components that own their cadence: `StepMeter` and
+`Checkpointer`.
 """
 
 from __future__ import annotations
@@ -30,19 +27,19 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import torch
-from accelerate import Accelerator
 from torch.optim.lr_scheduler import LambdaLR
 
 from llmlab.core.config import to_dict
-from llmlab.core.device import resolve_device, resolve_precision, set_cpu_threads
+from llmlab.core.device import set_cpu_threads
 from llmlab.core.errors import Interrupted, UserError, write_failure
 from llmlab.core.runfolder import abandon_claim, check_output_dir, claim_run_folder, record_claim, release_lock
 from llmlab.core.runinfo import write_run_info
-from llmlab.core.tracking import make_trackers, tracker_config
+from llmlab.core.tracking import tracker_config
 from llmlab.train import checkpointing as ckpt
-from llmlab.train.common import accelerator_placement, process_group_handlers
+from llmlab.train.accelerator import make_accelerator
+from llmlab.train.checkpointing import Checkpointer
 from llmlab.train.config import RunGroup
-from llmlab.train.engine import AccelerateBackend, Engine
+from llmlab.train.engine import AccelerateBackend, Engine, StepOutput
 from llmlab.train.meter import StepMeter
 
 ALWAYS_RESUMABLE = (
@@ -109,7 +106,7 @@ class TrainingSession:
         self.resume_path, self.resumed_config = None, None
         if cfg.resume_from_checkpoint:  # fail fast, before the data and model are built
             self.resume_path = ckpt.resolve_checkpoint(self.out, cfg.resume_from_checkpoint)
-        self.accelerator = _make_accelerator(
+        self.accelerator = make_accelerator(
             cfg, mixed_precision, gradient_accumulation_plugin, gradient_accumulation_steps, self.out
         )
         if self.accelerator.device.type == "cpu":
@@ -222,10 +219,9 @@ class TrainingSession:
         self._micro_tokens += tokens
         self.state.micro_batches += 1
 
-    def optimizer_step(self, params, optimizer, scheduler, clipper) -> StepResult:
-        """The engine's step (clip; never a non-finite update: it is reported as the step's loss, so the trainer can
-        react; the schedule steps either way), then the step's loss and tokens summed over the processes."""
-        out = self.engine.step(params, optimizer, scheduler, clipper, self.state.step)
+    def record(self, out: StepOutput) -> StepResult:
+        """After the engine's step (which never applies a non-finite update: it reports it as the step's loss, so
+        the trainer can react): the step's loss and tokens summed over the processes, the counters, the meter."""
         count = torch.tensor(
             [out.loss_sum, len(out.losses), self._micro_tokens], dtype=torch.float64, device=self.accelerator.device
         )
@@ -294,107 +290,3 @@ class TrainingSession:
         if error is not None and not isinstance(error, UserError) and write_failure(error):
             raise ckpt.write_error(error, f"the run's files in {self.out}") from None
         return False
-
-
-class Checkpointer:
-    """Owns the checkpoint cadence: `maybe_save(step)` saves every `save_every` steps, and a save that falls
-    where the trainer cannot save yet (e.g. in the middle of a loss spike) waits until it can."""
-
-    def __init__(self, session: TrainingSession, save_every: int, keep_last: int, model, extra_manifest, write_extra):
-        self.session, self.save_every, self.keep_last, self.model = session, save_every, keep_last, model
-        self.extra_manifest, self.write_extra, self.pending = extra_manifest, write_extra, False
-
-    def maybe_save(self, step: int, allowed: bool = True) -> Optional[Path]:
-        self.pending = self.pending or (self.save_every > 0 and step % self.save_every == 0)
-        if not (self.pending and allowed):
-            return None
-        self.pending = False
-        return self.save(step)
-
-    def save(self, step: int) -> Path:
-        session = self.session
-        manifest = {
-            "step": step,
-            "config": to_dict(session.cfg),
-            "layout": session.layout,
-            "trainer": {**session.state.state_dict(), **(self.extra_manifest() if self.extra_manifest else {})},
-        }
-        with session.meter.paused():
-            return ckpt.save_checkpoint(
-                session.accelerator,
-                session.out,
-                step,
-                manifest,
-                self.keep_last,
-                model=self.model,
-                write_extra=self.write_extra,
-            )
-
-
-def resolve_mixed_precision(choice: str) -> str:
-    """`auto` under `accelerate launch`: the launch's own precision (its config file or flag; accelerate's default is
-    "no", fp32), so a config that says fp32 runs fp32. Under a DeepSpeed launch (whose JSON says "auto") and a plain
-    `python` run: the same hardware choice as the sweep's trials (core.device.resolve_precision), in accelerate's
-    spelling ("no" for fp32)."""
-
-    if choice != "auto":
-        return choice
-    launched = os.environ.get("ACCELERATE_MIXED_PRECISION")
-    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-    if launched in ("no", "bf16", "fp16") and not (deepspeed and launched == "no"):
-        return launched
-    chosen = resolve_precision("auto", resolve_device("auto"))
-    return "no" if chosen == "fp32" else chosen
-
-
-def check_one_model(accelerator) -> None:
-    """Never several processes training separate models: a launch of N processes that accelerate did not make one
-    distributed run is refused before any work."""
-    launched = int(os.environ.get("WORLD_SIZE", "1"))
-    if launched > accelerator.num_processes:
-        raise UserError(
-            f"{launched} processes were launched but accelerate set up {accelerator.distributed_type.value}"
-            f" with {accelerator.num_processes}: each would train its own model; launch with `accelerate "
-            "launch --multi_gpu --num_processes N` or torchrun"
-        )
-    # accelerate's simple launcher (`--cpu` with several processes or machines) sets MASTER_ADDR and leaves the ranks
-    # to mpirun; without MPI every machine would train a model of its own
-    simple_launch = "ACCELERATE_USE_CPU" in os.environ and "MASTER_ADDR" in os.environ
-    mpi = any(name in os.environ for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE"))
-    if accelerator.num_processes == 1 and simple_launch and "WORLD_SIZE" not in os.environ and not mpi:
-        raise UserError(
-            "accelerate launch was asked for several processes or machines but started this one alone "
-            "(its --cpu launcher leaves the ranks to mpirun), so each would train its own model; on CPUs "
-            "launch with --multi_gpu instead of --cpu (it runs gloo across the machines)"
-        )
-
-
-def _make_accelerator(cfg, mixed_precision, plugin, accumulation_steps: int, out: Path):
-
-    trackers = make_trackers(cfg.report_to, out)  # an unknown or missing tracker fails before anything starts
-    kwargs = (
-        {"gradient_accumulation_plugin": plugin}
-        if plugin is not None
-        else {"gradient_accumulation_steps": accumulation_steps}
-    )
-    try:
-        accelerator = Accelerator(
-            mixed_precision=mixed_precision,
-            kwargs_handlers=process_group_handlers(),
-            log_with=trackers,
-            project_dir=str(out),
-            **accelerator_placement(),
-            **kwargs,
-        )
-    except ValueError as err:
-        raise UserError(
-            f"accelerate cannot set up this run ({str(err).splitlines()[0][:200]}); "
-            "check --mixed_precision and the `accelerate launch` config"
-        ) from None
-    check_one_model(accelerator)
-    if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
-        raise UserError(
-            "--mixed_precision fp16 needs a GPU (on CPU there is no fp16 loss scaling); "
-            "use --mixed_precision bf16 or no"
-        )
-    return accelerator

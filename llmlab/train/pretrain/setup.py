@@ -15,9 +15,9 @@ from llmlab.core.io import publish_dir
 from llmlab.models.gpt2 import build_gpt2_model, load_pretrained_model
 from llmlab.train.checkpointing import assert_finite
 from llmlab.train.config import parse_clip
-from llmlab.train.loop import scaled_schedule
 from llmlab.train.optim import build_optimizer as build
 from llmlab.train.optim import build_schedule, check_deepspeed_choices
+from llmlab.train.session import scaled_schedule
 
 
 def accumulation_plugin(steps: int):

@@ -1,9 +1,9 @@
 """GPT-2 pretraining with accelerate (optionally DeepSpeed ZeRO-2): the training loop behind train_pretrain.py.
 
-One readable loop in `Pretraining.run()`: gradient accumulation through `accelerator.accumulate`, mixed precision
+One readable loop in `train()`: gradient accumulation through `accelerator.accumulate`, mixed precision
 and DeepSpeed through `accelerate launch`, the shared optimizer/schedule factory (AdamW + cosine with warmup and a
 floor by default), checkpoints that resume exactly, and loss-spike rollback (PaLM-style: reload the last
-checkpoint, lower the lr, skip the data that caused the spike). The options live in llmlab.train.pretrain_config.
+checkpoint, lower the lr, skip the data that caused the spike). The options live in llmlab.train.pretrain.config.
 """
 
 from __future__ import annotations
@@ -23,18 +23,21 @@ from llmlab.data.tokenizer import load_tokenizer
 from llmlab.infer.downstream import evaluate_tasks, score_lines
 from llmlab.models.flops import current_device_name, flops_per_token, peak_flops
 from llmlab.train import checkpointing as ckpt
-from llmlab.train import pretrain_setup as setup
-from llmlab.train.common import GradClipper, perplexity
-from llmlab.train.fused_loss import CausalLMWithLoss
-from llmlab.train.loop import StepResult, TrainingSession, resolve_mixed_precision
-from llmlab.train.pretrain_config import RESUMABLE, RUN_FILES, PretrainConfig
+from llmlab.train.accelerator import resolve_mixed_precision
+from llmlab.train.engine import GradClipper
+from llmlab.train.loss import CausalLMWithLoss, perplexity
+from llmlab.train.pretrain import setup
+from llmlab.train.pretrain.config import RESUMABLE, RUN_FILES, PretrainConfig
+from llmlab.train.session import TrainingSession
 from llmlab.train.spikes import RollbackState, SpikeDetector, parse_inject_spike
 
 __all__ = ["PretrainConfig", "train", "Pretraining"]
 
 
 def train(cfg: PretrainConfig) -> dict:
-    """Pretrain per `cfg`; returns a summary (steps, last validation loss, rollbacks, paths)."""
+    """Pretrain per `cfg`: the loop, one optimizer step per iteration, read top to bottom (nanoGPT's). Returns a
+    summary (steps, last validation loss, rollbacks, paths)."""
+    # long: the loop is one piece on purpose: from the batches to the engine's step to every cadence, in order
     world = int(os.environ.get("WORLD_SIZE", "1"))  # the launch's processes: accumulation is known before setup
     session = TrainingSession(
         cfg,
@@ -46,7 +49,39 @@ def train(cfg: PretrainConfig) -> dict:
     )
     setup.check_deepspeed(session.accelerator, cfg)
     with session:
-        return Pretraining(cfg, session).run()
+        run = Pretraining(cfg, session)
+        cfg, acc, state, meter = run.cfg, session.accelerator, session.state, session.meter
+        run.batches = setup.batch_stream(acc, run.train_dl, state.micro_batches)  # a rollback restarts it
+        micro_batches, last_val, last_loss = acc.gradient_accumulation_steps, None, None
+        run.model.train()
+        while state.step < cfg.max_steps:
+            drill_factor = run.drill_factor(state.step + 1)
+            for index in range(micro_batches):
+                waiting = time.perf_counter()
+                input_ids = next(run.batches)["input_ids"]
+                meter.waited(time.perf_counter() - waiting)
+                with acc.accumulate(run.model):
+                    loss = run.model(input_ids)  # the chunked head + cross-entropy (llmlab.train.loss)
+                    session.backward(loss * drill_factor, input_ids.numel())
+                    if index == micro_batches - 1:  # accelerate syncs (and the optimizer steps) on the last one
+                        assert acc.sync_gradients, "accelerate did not sync on the step's last micro-batch"
+                        out = session.engine.step(
+                            run.model.parameters(), run.optimizer, run.scheduler, run.clipper, state.step
+                        )
+            result = session.record(out)
+            last_loss = result.loss
+            if run.detector.update(result.loss):
+                run.rollback(result.loss)
+                continue
+            meter.log_step(result, cfg.log_every, {"train/loss_scale": setup.loss_scale(acc, run.optimizer)})
+            if len(run.val_dl) and meter.due(cfg.eval_every):
+                with meter.paused():
+                    last_val = run.evaluate()
+            if cfg.eval_tasks and cfg.eval_tasks_every and meter.due(cfg.eval_tasks_every):
+                with meter.paused():
+                    run.downstream()
+            session.checkpointer.maybe_save(state.step, allowed=run.detector.streak == 0)  # never mid-spike
+        return run.finish(last_val, last_loss)
 
 
 class Pretraining:
@@ -110,26 +145,9 @@ class Pretraining:
         session.meter.flops_per_token = flops_per_token(unwrapped, cfg.block_size)
         session.meter.peak_flops = peak_flops(current_device_name(), acc.mixed_precision)
 
-    def run(self) -> dict:
-        """The loop: one optimizer step per iteration, read top to bottom."""
+    def finish(self, last_val: Optional[float], last_loss: Optional[float]) -> dict:
+        """Measure (if the loop did not just), refuse a non-finite model, save it, score the tasks, sample."""
         cfg, session, acc, state = self.cfg, self.session, self.session.accelerator, self.session.state
-        self.batches = setup.batch_stream(acc, self.train_dl, state.micro_batches)
-        last_val = last_loss = None
-        self.model.train()
-        while state.step < cfg.max_steps:
-            result = self.train_step(self.drill_factor(state.step + 1))
-            last_loss = result.loss
-            if self.detector.update(result.loss):
-                self.rollback(result.loss)
-                continue
-            session.meter.log_step(result, cfg.log_every, {"train/loss_scale": setup.loss_scale(acc, self.optimizer)})
-            if len(self.val_dl) and session.meter.due(cfg.eval_every):
-                with session.meter.paused():
-                    last_val = self.evaluate()
-            if cfg.eval_tasks and cfg.eval_tasks_every and session.meter.due(cfg.eval_tasks_every):
-                with session.meter.paused():
-                    self.downstream()
-            session.checkpointer.maybe_save(state.step, allowed=self.detector.streak == 0)  # never mid-spike
         if last_val is None and len(self.val_dl):  # e.g. resumed at the last step: measure before publishing
             with session.meter.paused():
                 last_val = self.evaluate()
@@ -142,9 +160,8 @@ class Pretraining:
         with session.meter.paused():
             final_dir = setup.save_final(acc, self.model, self.tokenizer, session.out)
             downstream = self.downstream() if cfg.eval_tasks and self.scored_at != state.step else self.last_scores
-        samples = self.final_samples()
         return {
-            "samples": samples,
+            "samples": self.final_samples(),
             "step": state.step,
             "val_loss": last_val,
             "rollbacks": self.rollbacks.rollbacks,
@@ -152,22 +169,6 @@ class Pretraining:
             "downstream": downstream,
             "output_dir": str(session.out),
         }
-
-    def train_step(self, drill_factor: float) -> StepResult:
-        """Backward over the step's micro-batches; accelerate syncs (and the optimizer steps) on the last one."""
-        acc, session = self.session.accelerator, self.session
-        micro_batches = acc.gradient_accumulation_steps
-        for index in range(micro_batches):
-            waiting = time.perf_counter()
-            input_ids = next(self.batches)["input_ids"]
-            session.meter.waited(time.perf_counter() - waiting)
-            with acc.accumulate(self.model):
-                loss = self.model(input_ids)  # the chunked head + cross-entropy (llmlab.train.fused_loss)
-                session.backward(loss * drill_factor, input_ids.numel())
-                if index == micro_batches - 1:
-                    assert acc.sync_gradients, "accelerate did not sync on the step's last micro-batch"
-                    return session.optimizer_step(self.model.parameters(), self.optimizer, self.scheduler, self.clipper)
-        raise AssertionError("unreachable: every step has at least one micro-batch")
 
     def drill_factor(self, step: int) -> float:
         """--inject_spike: multiply the loss of `spike_patience` steps from STEP, once."""

@@ -1,9 +1,9 @@
-"""LoRA domain adaptation: the training loop behind train_lora.py (its options: llmlab.train.lora_config).
+"""LoRA domain adaptation: the training loop behind train_lora.py (its options: llmlab.train.lora.config).
 
 One readable loop under accelerate (CPU, one GPU or several): prompt-masked loss on the answer tokens, the shared
 optimizer / schedule factory (AdamW + linear warmup/decay by default), early stopping on validation loss that keeps
 the best adapter, and a before/after evaluation on validation and on a test split no choice ever sees (perplexity and
-ROUGE-L of greedy answers with paired bootstrap CIs, see llmlab.train.lora_eval).
+ROUGE-L of greedy answers with paired bootstrap CIs, see llmlab.train.lora.evaluation).
 """
 
 from __future__ import annotations
@@ -24,12 +24,11 @@ from llmlab.core.errors import UserError
 from llmlab.core.identity import model_digest, records_digest
 from llmlab.core.io import atomic_write_json
 from llmlab.data.instruct import collate, load_records, pad_id_for, split_three, tokenize_records
-from llmlab.train import lora_eval
 from llmlab.train.checkpointing import assert_finite
-from llmlab.train.common import GradClipper, perplexity
-from llmlab.train.loop import TrainingSession, scaled_schedule
-from llmlab.train.lora_config import RESUMABLE, RUN_FILES, LoraTrainConfig
-from llmlab.train.lora_model import (
+from llmlab.train.engine import GradClipper
+from llmlab.train.lora import evaluation as lora_eval
+from llmlab.train.lora.config import RESUMABLE, RUN_FILES, LoraTrainConfig
+from llmlab.train.lora.model import (
     BEST_ADAPTER_FILE,
     adapter_state,
     add_lora,
@@ -38,7 +37,9 @@ from llmlab.train.lora_model import (
     load_base_model,
     save_adapter,
 )
+from llmlab.train.loss import perplexity
 from llmlab.train.optim import build_optimizer, build_schedule, check_deepspeed_choices
+from llmlab.train.session import TrainingSession, scaled_schedule
 
 __all__ = ["LoraTrainConfig", "train", "LoraRun"]
 
@@ -62,8 +63,9 @@ class LoraState:
 
 
 def train(cfg: LoraTrainConfig) -> dict:
-    """Adapt, evaluate before and after, save the best adapter; returns the eval.json content."""
-
+    """Adapt, evaluate before and after, save the best adapter; returns the eval.json content. This is the loop,
+    read top to bottom: epochs, micro-batches, the engine's step, then the cadences."""
+    # long: the loop is one piece on purpose: from the batches to the engine's step to every cadence, in order
     check_base_model(cfg)  # before any model loads: the most common first-run mistake answers at once
     session = TrainingSession(
         cfg,
@@ -74,7 +76,34 @@ def train(cfg: LoraTrainConfig) -> dict:
     )
     session.layout_hint = "model, data, batch sizes, processes and seed"
     with session:
-        return LoraRun(cfg, session).run()
+        run = LoraRun(cfg, session)
+        acc, state, lora = session.accelerator, session.state, run.lora
+        run.start()
+        stopped_early = False
+        if lora.epoch_micro_batches >= len(run.train_loader):
+            lora.epoch, lora.epoch_micro_batches = lora.epoch + 1, 0
+        run.model.train()
+        for epoch in range(lora.epoch, cfg.epochs):
+            if stopped_early or state.step >= run.total_steps:
+                break
+            run.loader_seed.manual_seed(cfg.seed + epoch)  # each epoch's order depends on its index only: resumable
+            skip, lora.epoch = lora.epoch_micro_batches, epoch
+            for batch in acc.skip_first_batches(run.train_loader, skip) if skip else run.train_loader:
+                lora.epoch_micro_batches += 1
+                with acc.accumulate(run.model):
+                    session.backward(run.answer_loss(batch), int(batch["attention_mask"].sum()))
+                    if not acc.sync_gradients:
+                        continue
+                    params = [p for p in run.model.parameters() if p.requires_grad]
+                    out = session.engine.step(params, run.optimizer, run.scheduler, run.clipper, state.step)
+                session.meter.log_step(session.record(out), cfg.log_every)
+                stopped_early = run.after_step()
+                if stopped_early or state.step >= run.total_steps:
+                    break
+                session.checkpointer.maybe_save(state.step)
+            else:
+                lora.epoch_micro_batches = 0
+        return run.finish(stopped_early)
 
 
 def summary(result: dict) -> dict:
@@ -236,7 +265,8 @@ class LoraRun:
         set_peft_model_state_dict(unwrapped, current)
 
     # ------------------------------------------------------------------ the run
-    def run(self) -> dict:
+    def start(self) -> None:
+        """Before the first step: the base model's scores (the first candidate for best), or the resumed best."""
         cfg, session, lora = self.cfg, self.session, self.lora
         if session.resume_path is None:
             session.accelerator.print(
@@ -262,50 +292,11 @@ class LoraRun:
             self.best_state = load_file(session.resume_path / BEST_ADAPTER_FILE)
             session.accelerator.print(f"best validation loss so far {lora.best_loss:.4f} at step {lora.best_step}")
         self.publish_best()
-        stopped_early = self.train_epochs()
-        if stopped_early:
-            session.accelerator.print(
-                f"early stop at step {session.state.step}: validation loss has not improved "
-                f"for {cfg.patience} evaluations"
-            )
-        return self.finish(stopped_early)
 
-    def train_epochs(self) -> bool:
-        cfg, session, lora, acc = self.cfg, self.session, self.lora, self.session.accelerator
-        if lora.epoch_micro_batches >= len(self.train_loader):
-            lora.epoch, lora.epoch_micro_batches = lora.epoch + 1, 0
-        self.model.train()
-        for epoch in range(lora.epoch, cfg.epochs):
-            if session.state.step >= self.total_steps:
-                break
-            self.loader_seed.manual_seed(cfg.seed + epoch)  # each epoch's order depends on its index only: resumable
-            skip, lora.epoch = lora.epoch_micro_batches, epoch
-            batches = acc.skip_first_batches(self.train_loader, skip) if skip else self.train_loader
-            for batch in batches:
-                lora.epoch_micro_batches += 1
-                result = self.micro_step(batch)
-                if result is None:
-                    continue
-                session.meter.log_step(result, cfg.log_every)
-                if self.after_step():
-                    return True
-                if session.state.step >= self.total_steps:
-                    return False
-                session.checkpointer.maybe_save(session.state.step)
-            lora.epoch_micro_batches = 0
-        return False
-
-    def micro_step(self, batch):
-        acc, session = self.session.accelerator, self.session
-        with acc.accumulate(self.model):
-            logits, targets, _ = lora_eval.answer_logits(self.model, batch, self.logits_mode, self.head)
-            session.backward(
-                lora_eval.answer_loss(logits, targets, self.cfg.label_smoothing), int(batch["attention_mask"].sum())
-            )
-            if acc.sync_gradients:
-                params = [p for p in self.model.parameters() if p.requires_grad]
-                return session.optimizer_step(params, self.optimizer, self.scheduler, self.clipper)
-        return None
+    def answer_loss(self, batch) -> torch.Tensor:
+        """The prompt-masked loss: answer tokens only."""
+        logits, targets, _ = lora_eval.answer_logits(self.model, batch, self.logits_mode, self.head)
+        return lora_eval.answer_loss(logits, targets, self.cfg.label_smoothing)
 
     def after_step(self) -> bool:
         """Samples and evaluation at their cadence; True when early stopping ends the run."""
@@ -341,6 +332,11 @@ class LoraRun:
 
     def finish(self, stopped_early: bool) -> dict:
         cfg, session, lora, acc = self.cfg, self.session, self.lora, self.session.accelerator
+        if stopped_early:
+            acc.print(
+                f"early stop at step {session.state.step}: validation loss has not improved "
+                f"for {cfg.patience} evaluations"
+            )
         set_peft_model_state_dict(acc.unwrap_model(self.model), self.best_state)  # evaluate the adapter we keep
         acc.print(f"evaluating the best adapter (step {lora.best_step})...")
         after = self.evaluate(self.model)

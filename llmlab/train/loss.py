@@ -1,4 +1,6 @@
-"""The output layer and the cross-entropy as one chunked operation: the [tokens, vocab] logits never exist whole.
+"""The causal-LM loss every trainer and trial computes, its perplexity, and the chunked head + loss.
+
+The output layer and the cross-entropy as one chunked operation: the [tokens, vocab] logits never exist whole.
 
 With GPT-2's 50,257-token vocabulary the logits dominate training memory: at batch 8 x 1024 tokens they are 1.6 GB
 in fp32, and the usual path keeps them (and a float copy, and their gradient) alive until backward. Here each chunk
@@ -11,10 +13,40 @@ also runs on a CPU.
 
 from __future__ import annotations
 
+import math
+from typing import Optional
+
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
-from llmlab.train.common import causal_lm_loss, next_token_labels
+
+def next_token_labels(input_ids: torch.Tensor) -> torch.Tensor:
+    """The labels of causal LM training: each position's next token, -100 (ignored) after the last."""
+    return F.pad(input_ids, (0, 1), value=-100)[..., 1:]
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Next-token cross-entropy; labels are the inputs (shifted here), -100 positions are ignored.
+
+    The labels are shifted (padded with -100 at the end), not the logits: slicing the logits would copy the
+    whole batch x seq x vocab tensor, which on GPT-2's 50k vocabulary costs a third of the loss time.
+    """
+    shift_labels = next_token_labels(labels)
+    return F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)).float(),
+        shift_labels.reshape(-1),
+        ignore_index=-100,
+        label_smoothing=label_smoothing,
+    )
+
+
+def perplexity(loss: Optional[float]) -> Optional[float]:
+    """exp(loss), capped where exp would overflow a float (~709); None for a missing or non-finite loss."""
+    if loss is None or not math.isfinite(loss):
+        return None
+    return math.exp(min(loss, 700.0))
+
 
 DEFAULT_CHUNK_TOKENS = 1024  # one chunk's fp32 logits: 1024 x 50257 x 4 B = 206 MB
 
