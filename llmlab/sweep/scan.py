@@ -331,6 +331,7 @@ def run_scan(
     plan = load_plan(out_dir)
     held_out = sizes[-1] if cfg.holdout != "none" and (cfg.holdout == "largest" or len(sizes) >= 3) else None
     check_growth(plan, sizes, held_out, out_dir)
+    grow_seeds(plan, held_out, seeds)
     plan.update(sizes=sizes, n_params=n_of, step=cfg.lr_step, points=cfg.lr_points, held_out=held_out)
     plan.setdefault("order_seed", cfg.seed)
     plan.setdefault("precision", precision)
@@ -390,6 +391,14 @@ def check_growth(plan: dict, sizes: list[str], held_out: Optional[str], out_dir:
             f"{held_out} already ran as a fit size of {out_dir}, so a forecast for it cannot be blind; "
             "add a new, larger size to hold out"
         )
+
+
+def grow_seeds(plan: dict, held_out: Optional[str], seeds: int) -> None:
+    """A larger --replicates adds seeds to the fit sizes' cells as whole blocks (never fewer); the held-out cell keeps
+    the count its registration planned."""
+    for cell in plan["cells"]:
+        if cell["size"] != held_out:
+            cell["seeds"] = max(cell.get("seeds", seeds), seeds)
 
 
 def read_preregistration(out_dir: Path) -> Optional[dict]:

@@ -260,7 +260,7 @@ def test_a_size_scan_may_grow_by_later_sizes_and_a_held_out_check_but_not_change
     from llmlab.core.errors import UserError
     from llmlab.sweep.config import SweepConfig
     from llmlab.sweep.runner import settings_fingerprint
-    from llmlab.sweep.scan import PREREGISTRATION, check_growth
+    from llmlab.sweep.scan import PREREGISTRATION, check_growth, grow_seeds
 
     fit = SweepConfig(grid="lr_bs", sizes=["64x2", "96x3", "128x4"], holdout="none")
     grown = replace(fit, sizes=fit.sizes + ["192x6"], holdout="largest", holdout_replicates=6)
@@ -280,3 +280,8 @@ def test_a_size_scan_may_grow_by_later_sizes_and_a_held_out_check_but_not_change
     plan.update(sizes=fit.sizes + ["192x6"], held_out="192x6")
     with pytest.raises(UserError, match="registered its check on 192x6"):
         check_growth(plan, fit.sizes + ["192x6", "256x8"], "256x8", tmp_path)
+    cells = [{"size": "64x2", "seeds": 3}, {"size": "192x6", "seeds": 6}]
+    grow_seeds({"cells": cells}, "192x6", 5)  # more fit seeds as whole blocks; the held-out cell keeps its count
+    assert [c["seeds"] for c in cells] == [5, 6]
+    grow_seeds({"cells": cells}, "192x6", 2)  # never fewer
+    assert [c["seeds"] for c in cells] == [5, 6]
