@@ -58,9 +58,9 @@ def test_a_plugged_in_tracker_and_tensorboard_get_the_config_and_the_metrics(tmp
 
     fake = type("Fake", (FakeTracker, GeneralTracker), {})()
     original = tracking.make_trackers
-    from llmlab.train import loop
+    from llmlab.train import accelerator
 
-    monkeypatch.setattr(loop, "make_trackers", lambda report_to, out: original(report_to, out) + [fake])
+    monkeypatch.setattr(accelerator, "make_trackers", lambda report_to, out: original(report_to, out) + [fake])
     out = tmp_path / "run"
     cfg = parse_config(
         PretrainConfig,
