@@ -617,6 +617,7 @@ def regime_rows(folder: Path) -> list[dict]:
                 "clipped_at_best": clipped(by_lr[best]),
                 "clipped_all": clipped(trials),
                 "warmup_share": first["warmup_steps"] / first["steps"],
+                "clip": first["hparams"]["clip"],
                 "trials": len(trials),
             }
         )
@@ -633,7 +634,8 @@ def regime(name: str) -> str:
         "share | trials |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in regime_rows(folder):
+    rows = regime_rows(folder)
+    for r in rows:
         lines.append(
             f"| {r['size']} | {r['n_params']:,} | {r['n_params_total']:,} | {r['embedding_share']:.0%} | "
             f"{r['tokens_per_param']:.2f} / {r['tokens_per_param_total']:.3f} | {r['best_lr']:.3g} | "
@@ -643,7 +645,8 @@ def regime(name: str) -> str:
     return "\n".join(lines) + (
         f"\n\nUnigram line on the {reference['eval_tokens']:,} validation tokens every trial "
         f"is scored on: {reference['unigram']:.2f} nats (uniform {reference['uniform']:.2f}). "
-        "Clipped: steps whose gradient norm exceeded the clip (1.0) before clipping."
+        f"Clipped: steps whose gradient norm exceeded the clip ({' / '.join(sorted({str(r['clip']) for r in rows}))}) "
+        "before clipping."
     )
 
 
@@ -664,6 +667,7 @@ BLOCKS = {
     "forecast-design": forecast_design,
     "lr-forecast": lr_forecast,
     "lr-forecast-regime": lambda: regime("lr-forecast"),
+    "lr-forecast-sp-regime": lambda: regime("lr-forecast-sp"),
     "lr-forecast-power": realised_power,
     "lr-forecast-machines": forecast_machines,
 }
