@@ -1,5 +1,5 @@
 """What the sweep tests share: the smoke data cache, sweep.py's arguments, and one smoke doe20 run by the local
-launcher (test_sweep checks it end to end; test_ray compares the Ray launcher's losses with it)."""
+launcher (test_sweep checks it end to end)."""
 
 import csv
 

@@ -357,12 +357,13 @@ def test_killed_sweep_driver_takes_its_trials_with_it(tmp_path):
     grid = tmp_path / "g.yaml"
     grid.write_text("trials:\n  - {optimizer: adamw}\n  - {optimizer: lion}\n")
     out, cache = tmp_path / "out", tmp_path / "cache"
-    driver = start(sweep_args(out, cache, grid, "--workers", "2", "--steps", "400"))
+    # a generous timeout: on a loaded machine the pre-check would otherwise fail both trials and the sweep would end
+    driver = start(sweep_args(out, cache, grid, "--workers", "2", "--steps", "400", "--trial_timeout", "3600"))
     pids = []
     for trial in ("g01", "g02"):
         wait_for(out / "trials" / trial / "metrics.jsonl", driver)
         pids.append(int((out / "trials" / trial / "pid").read_text()))
-    busy = run_script(sweep_args(out, cache, grid, "--workers", "2", "--steps", "400"))
+    busy = run_script(sweep_args(out, cache, grid, "--workers", "2", "--steps", "400", "--trial_timeout", "3600"))
     assert_one_line_error(busy, "is in use by another sweep")
     driver.send_signal(signal.SIGKILL)
     driver.wait()
