@@ -151,8 +151,7 @@ def scan_candidates(fit_sizes: tuple[str, ...], held_out: str, fit_lrs: int) -> 
         f"{len(fit_sizes)} sizes x {fit_lrs} lrs x {fit} seeds, held {lrs} x {held}": Design(
             fit_sizes, held_out, fit_lrs, fit, lrs, held
         )
-        for fit in (3, 6)
-        for lrs, held in ((7, 6), (7, 12))
+        for fit, lrs, held in ((3, 7, 6), (3, 7, 12), (6, 7, 12))
     }
 
 
