@@ -668,6 +668,7 @@ BLOCKS = {
     "lr-forecast": lr_forecast,
     "lr-forecast-regime": lambda: regime("lr-forecast"),
     "lr-forecast-sp-regime": lambda: regime("lr-forecast-sp"),
+    "lr-forecast-sp": lambda: lr_summary("lr-forecast-sp", "Second forecast, standard parametrisation"),
     "lr-forecast-power": realised_power,
     "lr-forecast-machines": forecast_machines,
 }
