@@ -112,14 +112,17 @@ def worlds(
     return {"as measured": as_measured, "sigma 0.071 everywhere": pessimistic}, facts
 
 
-def scan_worlds(folder: Path, fit_sizes: tuple[str, ...], held_out: str, head_dim: int) -> tuple[dict, dict]:
+def scan_worlds(
+    folder: Path, fit_sizes: tuple[str, ...], held_out: str, head_dim: int, more_sizes: tuple[str, ...] = ()
+) -> tuple[dict, dict]:
     """The world of a scan whose fit sizes have run and whose held-out size has not: every number from its own fit
     cells. sigma per fit size is their pure error (seeds at the same lr), extrapolated log-linearly in N to the
-    held-out size; its growth with lr is their pooled slope; the bowls' curvature and the law (alpha and the point
-    it passes through) are the fit's own. A pessimistic world puts the largest fit size's sigma everywhere."""
+    held-out size (and to `more_sizes`, which larger designs use); its growth with lr is their pooled slope; the
+    bowls' curvature and the law (alpha and the point it passes through) are the fit's own. A cautious world keeps
+    sigma flat beyond the largest fit size instead of letting it shrink further."""
     rows = [r for r in rows_of(folder) if r["size"] in fit_sizes]
     noise, shape = seed_noise(rows), scan_shape(folder, exclude=(held_out,))
-    n_of = {s: float(size_parameters(s, "minimal", head_dim)) for s in (*fit_sizes, held_out)}
+    n_of = {s: float(size_parameters(s, "minimal", head_dim)) for s in (*fit_sizes, held_out, *more_sizes)}
     anchors = {s: v["sigma"] for s, v in noise["per_size"].items() if v["sigma"]}
     sigma = loglinear([n_of[s] for s in anchors], list(anchors.values()))
     slope = noise["lr_trend"].get("slope_ln_var", 0.0) if noise["lr_trend"].get("used") else 0.0
@@ -131,8 +134,9 @@ def scan_worlds(folder: Path, fit_sizes: tuple[str, ...], held_out: str, head_di
         lr_at=shape["lr_at"],
     )
     as_measured = Truth(**common, sigma={s: anchors.get(s) or sigma(n) for s, n in n_of.items()})
-    worst = max(anchors.values())
-    pessimistic = Truth(**common, sigma={s: max(worst, anchors.get(s, 0.0), sigma(n)) for s, n in n_of.items()})
+    largest = max(anchors, key=lambda s: n_of[s])
+    flat = {s: anchors.get(s) or (anchors[largest] if n > n_of[largest] else sigma(n)) for s, n in n_of.items()}
+    cautious = Truth(**common, sigma=flat)
     facts = {
         "pinned": {s: {"sigma": v["sigma"], "df": v["df"]} for s, v in noise["per_size"].items()},
         "lr_trend": noise["lr_trend"],
@@ -141,7 +145,12 @@ def scan_worlds(folder: Path, fit_sizes: tuple[str, ...], held_out: str, head_di
         "scan": str(folder),
         "shape": {k: v for k, v in shape.items() if k != "curvature"},
     }
-    return {"as measured": as_measured, "largest fit sigma everywhere": pessimistic}, facts
+    return {"as measured": as_measured, "sigma flat beyond the largest fit size": cautious}, facts
+
+
+def rule_sizes(first_depth: int, last_depth: int, per_depth: int = 32) -> tuple[str, ...]:
+    """The depth dial's sizes: width = per_depth x depth."""
+    return tuple(f"{per_depth * d}x{d}" for d in range(first_depth, last_depth + 1))
 
 
 def scan_candidates(fit_sizes: tuple[str, ...], held_out: str, fit_lrs: int) -> dict[str, Design]:
@@ -152,6 +161,12 @@ def scan_candidates(fit_sizes: tuple[str, ...], held_out: str, fit_lrs: int) -> 
             fit_sizes, held_out, fit_lrs, fit, lrs, held
         )
         for fit, lrs, held in ((3, 7, 6), (3, 7, 12), (6, 7, 12))
+    } | {
+        # more sizes by the same rule, each held-out size the next one up: what a GPU or a Ray cluster can run
+        f"{len(fit)} sizes ({fit[0]}-{fit[-1]}) x {fit_lrs} lrs x 6 seeds, held {held} 7 x 12": Design(
+            fit, held, fit_lrs, 6, 7, 12
+        )
+        for fit, held in ((rule_sizes(2, 7), "288x9"), (rule_sizes(2, 9), "352x11"))
     }
 
 
@@ -218,8 +233,9 @@ def main(argv=None) -> int:
         parser.error("--fit_sizes and --held_out go together")
     if args.fit_sizes:
         fit = tuple(args.fit_sizes)
-        truths, facts = scan_worlds(args.sigma_from, fit, args.held_out, args.head_dim)
         designs = scan_candidates(fit, args.held_out, args.fit_lrs)
+        more = tuple(sorted({s for d in designs.values() for s in (*d.fit_sizes, d.held_out)} - {*fit, args.held_out}))
+        truths, facts = scan_worlds(args.sigma_from, fit, args.held_out, args.head_dim, more)
     else:
         truths, facts = worlds(args.sigma_from, args.head_dim, tuple(args.exclude_size), args.shape_from)
         designs = candidates()
