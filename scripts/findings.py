@@ -36,6 +36,7 @@ DOCUMENTS = (
     REPO / "README.md",
     FINDINGS / "README.md",
     *(REPO / "docs" / f"{name}.md" for name in ("usage", "data", "lab")),
+    FINDINGS / "lr-forecast-sp" / "forecast_design.md",
 )
 LABELS = {"adamw": "AdamW", "lion": "Lion", "adafactor": "Adafactor"}
 
@@ -427,18 +428,18 @@ def data_scale_summary() -> str:
     )
 
 
-def forecast_design() -> str:
-    """The registered design's simulated error rates against the other candidates (bench/forecast_design.py)."""
-    path = FINDINGS / "lr-forecast" / "design_rationale.json"
+def forecast_design(name: str = "lr-forecast", label: str = "registered") -> str:
+    """A registered design's simulated error rates against the other candidates (bench/forecast_design.py)."""
+    path = FINDINGS / name / "design_rationale.json"
     if not path.is_file():
         return "_bench/forecast_design.py has not run yet_"
     data = json.loads(path.read_text())
     keys = list(data["summary"])
     lines = ["| design | trials | world | " + " | ".join(keys) + " |", "|---|---|---|" + "---|" * len(keys)]
     for name, row in data["designs"].items():
-        for world in ("as measured", "sigma 0.071 everywhere"):
+        for world in data["world"]:
             lines.append(
-                f"| {name}{' **(registered)**' if name == data['chosen'] else ''} | {row['trials']} | {world} | "
+                f"| {name}{f' **({label})**' if name == data['chosen'] else ''} | {row['trials']} | {world} | "
                 + " | ".join(f"{row[world][k]:.0%}" for k in keys)
                 + " |"
             )
@@ -668,6 +669,7 @@ BLOCKS = {
     "lr-forecast": lr_forecast,
     "lr-forecast-regime": lambda: regime("lr-forecast"),
     "lr-forecast-sp-regime": lambda: regime("lr-forecast-sp"),
+    "lr-forecast-sp-design": lambda: forecast_design("lr-forecast-sp", "chosen"),
     "lr-forecast-sp": lambda: lr_summary("lr-forecast-sp", "Second forecast, standard parametrisation"),
     "lr-forecast-power": realised_power,
     "lr-forecast-machines": forecast_machines,
