@@ -23,7 +23,6 @@ from llmlab.core.notices import quiet_known_notices
 
 quiet_known_notices()  # before transformers.optimization imports peft -> bitsandbytes (the forkserver preloads us)
 
-
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from accelerate.utils import set_seed  # noqa: E402
@@ -39,19 +38,14 @@ from llmlab.sweep import metrics as M  # noqa: E402
 from llmlab.sweep.failsafes import FailSafes, TrialStop, fallback, precheck  # noqa: E402
 from llmlab.sweep.isolation import die_with_parent, release_compile_workers, watch_driver  # noqa: E402
 from llmlab.sweep.probes import forward_logits, grad_param_ratios, probe_entropy, probe_loss, update_ratios  # noqa: E402
-from llmlab.sweep.spec import Hparams, TrialSpec  # noqa: E402
-from llmlab.train.batches import Batches, load_token_splits  # noqa: E402
-from llmlab.train.engine import (  # noqa: E402
-    Engine,
-    GradClipper,  # noqa: E402
-    TorchBackend,
-)
+from llmlab.sweep.spec import SPLITS, Hparams, TrialSpec  # noqa: E402
+from llmlab.train.batches import Batches  # noqa: E402
+from llmlab.train.engine import Engine, GradClipper, TorchBackend  # noqa: E402
 from llmlab.train.evaluation import evaluate_rows  # noqa: E402
 from llmlab.train.loss import causal_lm_loss  # noqa: E402
 from llmlab.train.optim import build_optimizer, build_schedule  # noqa: E402
 
 RESULT_NAME = "result.json"
-FAIL_SMOOTH = 10  # losses in the fail-safes' moving average: one noisy batch moves it by a tenth
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -324,6 +318,10 @@ def write_hparams(logger: MetricsLogger, summary: dict) -> None:
     )
 
 
+def load_data(data_dir: Path) -> dict:
+    return {split: np.load(data_dir / f"{split}.npy", mmap_mode="r") for split in SPLITS}
+
+
 def run_trial(spec_path: str | Path) -> dict:
     started = time.time()
     spec = TrialSpec.read(spec_path)
@@ -338,7 +336,7 @@ def run_trial(spec_path: str | Path) -> dict:
     if threads:
         torch.set_num_threads(threads)
     device = torch.device("cuda" if spec.device == "cuda" else "cpu")
-    data = load_token_splits(Path(spec.data_dir))
+    data = load_data(Path(spec.data_dir))
     data_loaded = time.time() - started
     hp = spec.hparams
     result: dict[str, Any] = {

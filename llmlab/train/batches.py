@@ -3,18 +3,8 @@ document per row with padding masked, or a fixed share of the targets left out).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
-
-SPLITS = ("train", "validation")
-
-
-def load_token_splits(data_dir: Path) -> dict:
-    """The prepared splits as memory-mapped arrays of rows."""
-    return {split: np.load(data_dir / f"{split}.npy", mmap_mode="r") for split in SPLITS}
-
 
 EOS = 50256  # GPT-2's <|endoftext|>: every document of the lab's data ends with it
 

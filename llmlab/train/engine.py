@@ -6,7 +6,8 @@ Two thin backends say how each piece runs:
   DDP on the last micro-batch, and DeepSpeed clips and steps inside its own engine;
 - `TorchBackend`, for a trial's process: plain torch, with a GradScaler when the trial runs fp16.
 
-What stays with the callers: the run folder, resume and logging (`loop.TrainingSession`); a trial's fail-safes,
+The clip bound is `GradClipper`'s (fixed or adaptive, by norm or by value). What stays with the callers: the run
+folder, resume and logging (`session.TrainingSession`); a trial's fail-safes,
 retry and measurements, the last as an `inspect` hook that sees the clipped gradients before the update.
 
 Host syncs per step: one for the micro-batch losses (all at once, at the end of the step), one for the gradient

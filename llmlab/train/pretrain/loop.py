@@ -100,7 +100,7 @@ class Pretraining:
         if cfg.compile:  # the body only, in place (state-dict keys unchanged); the chunked loss stays eager
             model.model.base_model.compile()
         train_dl, self.val_dl = setup.make_dataloaders(cfg, data)
-        # validation stays unsharded (pretrain_setup.pretrain_validation_loss): the same tokens at any world size
+        # validation stays unsharded (setup.pretrain_validation_loss): the same tokens at any world size
         self.model, self.optimizer, self.train_dl = session.prepare(model, setup.build_optimizer(cfg, model), train_dl)
         self.scheduler = setup.make_scheduler(cfg, self.optimizer, session.state)
         self.clipper = GradClipper(cfg.clip, warmup_steps=cfg.warmup_steps, clip_mode=cfg.clip_mode)
