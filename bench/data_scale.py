@@ -72,6 +72,7 @@ cfg = DataConfig(dataset=sys.argv[1], cache_dir=sys.argv[2], block_size=256, num
                  near_dup_threshold=float(sys.argv[4]))
 data = prepare_dataset(cfg)
 print("TOKENS", data.report["tokens"])
+print("DEDUP", __import__("json").dumps(data.report.get("dedup", {})))
 """
 
 
@@ -166,7 +167,13 @@ def run_measured(argv: list[str], cwd: Path, env: dict) -> dict:
     tokens = int(re.findall(r"TOKENS (\d+)", out)[-1])
     if not tokens:  # litdata's spawned workers can fail and the run still exit 0
         raise RuntimeError(f"{argv[:3]} wrote no tokens:\n{out[-3000:]}")
-    return {"seconds": time.perf_counter() - start, "peak_rss_mb": peak / 2**20, "tokens": tokens}
+    dedup = re.findall(r"DEDUP (\{.*\})", out)
+    return {
+        "seconds": time.perf_counter() - start,
+        "peak_rss_mb": peak / 2**20,
+        "tokens": tokens,
+        **({"dedup": json.loads(dedup[-1])} if dedup else {}),
+    }
 
 
 def disk_bytes(folder: Path, pattern: str) -> int:

@@ -4,17 +4,20 @@
     data = prepare_dataset(cfg)          # data.train / data.validation: blocks of 256 ids over memory-mapped shards
     print(format_prepare_summary(data.report))
 
-Documents flow one batch at a time, cleaned and tokenised by `num_proc` worker processes in corpus order, so the
-corpus is never held in memory. Two passes, each resumable after a kill:
-1. stage: every kept document's tokens appended to staging shards (cut at a document boundary every
-   `shard_tokens`), each followed by a checkpoint (documents read, token counts, the dedup state);
-2. pack: the seeded whole-document train/validation split (packing.split_documents, on the token counts alone),
-   then each split's documents, in that order, into fixed-size shards (llmlab.data.shards) holding exactly its
-   full blocks.
+Documents flow one batch at a time, cleaned, tokenised and MinHashed by `num_proc` worker processes in corpus
+order, so the corpus is never held in memory. Three passes, each resumable after a kill:
+1. stage: every document that is not an exact duplicate has its tokens appended to staging shards (cut at a
+   document boundary every `shard_tokens`) and its LSH band keys to stage/bands.bin, each shard followed by a
+   checkpoint (documents read, token counts, the Bloom filter);
+2. near-dup (llmlab.data.near_dup): candidate pairs from the band keys, confirmed by exact Jaccard, clustered;
+   all but each cluster's first document are dropped;
+3. pack: the seeded whole-document train/validation split of the remaining documents (packing.split_documents,
+   on the token counts alone), then each split's documents, in that order, into fixed-size shards
+   (llmlab.data.shards) holding exactly its full blocks.
 The manifest is written last; only a folder with one is used, and a killed preparation resumes where it stopped.
 The output is the same blocks the earlier in-memory pipeline made, so runs on the small builtin corpus are unchanged.
-Memory: a fixed base (the Bloom filter, one batch per worker) plus 24 bytes per document (token counts and the
-split's order), and with near-dup on, the LSH index (bench/data_scale.py measures it per document).
+Memory: a fixed base (the Bloom filter, one batch per worker) plus about 24 bytes per document (token counts, the
+split's order, and one band's keys while near-dup sorts them); bench/data_scale.py measures it.
 """
 
 from __future__ import annotations
@@ -42,12 +45,12 @@ from llmlab.core.config import opt
 from llmlab.core.device import available_cores
 from llmlab.core.errors import UserError
 from llmlab.core.io import atomic_write_json, llmlab_cache, progress_bar
-from llmlab.data import cleaning, corpus
+from llmlab.data import cleaning, corpus, minhash, near_dup
 from llmlab.data.packing import split_documents
 from llmlab.data.shards import MANIFEST, ShardWriter, TokenBlocks, token_dtype, write_manifest
 from llmlab.data.tokenizer import fast_gpt2_encoder, is_builtin_gpt2, load_tokenizer
 
-PIPELINE_VERSION = 2  # 2: streaming into token shards (same blocks as version 1)
+PIPELINE_VERSION = 3  # 2: streaming into token shards (same blocks as version 1); 3: near-dup in stages on disk
 STATE = "state.json"
 BATCH_DOCUMENTS = 256  # documents per worker task: large enough for the tokenizer's batch speed
 
@@ -181,8 +184,12 @@ def cache_key_inputs(cfg: DataConfig, tokenizer) -> dict:
             "version": cleaning.CLEANING_VERSION,
             "min_doc_chars": cfg.min_doc_chars,
             "near_dup_threshold": cfg.near_dup_threshold,
-            "num_perm": cleaning.NUM_PERM,
-            "shingle_words": cleaning.SHINGLE_WORDS,
+            "near_dup": {
+                "num_perm": minhash.NUM_PERM,
+                "bands": minhash.BANDS,
+                "rows": minhash.ROWS,
+                "shingle_words": minhash.SHINGLE_WORDS,
+            },
         },
         "tokenizer": tokenizer_identity(tokenizer),
         "block_size": cfg.block_size,
@@ -207,7 +214,8 @@ def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, c
         state = _read_state(stage)
         if not state.get("staged_all"):
             state = _stage(cfg, tokenizer, stage, state, dtype)
-        report = _pack(cfg, cache_path, stage, state, dtype)
+        removed = _near_duplicates(cfg, tokenizer, stage, state, dtype)
+        report = _pack(cfg, cache_path, stage, state, dtype, removed)
         report.update(
             dataset=cfg.dataset,
             dataset_config=cfg.dataset_config,
@@ -258,35 +266,21 @@ def _read_state(stage: Path) -> dict:
 
 
 class Dedup:
-    """Exact duplicates by a Bloom filter over the cleaned text's hash (fixed memory whatever the corpus size),
-    near duplicates by MinHash LSH with exact-Jaccard confirmation against the kept documents' texts, which are
-    kept on disk (stage/texts.bin), not in memory. Its state survives a kill: the Bloom bits, the kept texts and
-    their signatures (from which the LSH index is rebuilt) are checkpointed with each staging shard."""
+    """Exact duplicates by a Bloom filter over the cleaned text's hash (fixed memory whatever the corpus size); for
+    near duplicates, each staged document's LSH band keys appended to stage/bands.bin (near_dup finds the pairs
+    after staging). Both survive a kill: the Bloom bits and the keys file are checkpointed with each staging shard,
+    and a resume cuts the keys file back to the documents its checkpoint staged."""
 
     HASHES = 7
 
-    def __init__(self, cfg: DataConfig, stage: Path, state: dict):
+    def __init__(self, cfg: DataConfig, stage: Path, state: dict, staged: int):
         self.bits = cfg.dedup_memory_mb * 8 * 2**20
         self.bloom = np.load(stage / "bloom.npz")["arr_0"] if state else np.zeros(self.bits // 8, dtype=np.uint8)
         self.threshold, self.stage = cfg.near_dup_threshold, stage
-        self.offsets = array("q", np.load(stage / "text_offsets.npy") if state and self.threshold else [0])
-        self.lsh = None
+        self.bands = None
         if self.threshold:
-            from datasketch import LeanMinHash, MinHashLSH
-
-            self.lean = LeanMinHash
-            self.lsh = MinHashLSH(threshold=self.threshold, num_perm=cleaning.NUM_PERM, weights=cleaning.LSH_WEIGHTS)
-            kept = len(self.offsets) - 1
-            for name, size in (("texts.bin", self.offsets[-1]), ("minhash.bin", kept * cleaning.NUM_PERM * 4)):
-                with open(stage / name, "ab") as handle:  # drop whatever a killed run wrote after its checkpoint
-                    handle.truncate(size)
-            signatures = np.fromfile(stage / "minhash.bin", dtype=np.uint32).reshape(kept, cleaning.NUM_PERM)
-            for i, values in enumerate(signatures):
-                self.lsh.insert(i, self._minhash(values))
-            self.texts, self.signatures = open(stage / "texts.bin", "ab+"), open(stage / "minhash.bin", "ab")
-
-    def _minhash(self, values):
-        return self.lean(seed=cleaning.MINHASH_SEED, hashvalues=np.asarray(values), scheme=cleaning.MINHASH_SCHEME)
+            self.bands = open(stage / near_dup.BANDS_FILE, "ab")
+            self.bands.truncate(staged * minhash.BANDS * 8)  # drop what a killed run wrote after its checkpoint
 
     def seen_exact(self, digest: bytes) -> bool:
         """Whether this hash was (probably) seen before; records it either way."""
@@ -297,31 +291,15 @@ class Dedup:
             self.bloom[p >> 3] |= 1 << (p & 7)
         return seen
 
-    def near_duplicate(self, text: str, signature: np.ndarray) -> bool:
-        """Jaccard >= threshold with a kept document (exactly, on shingles); a document that is not is kept."""
-        m = self._minhash(signature)
-        mine = cleaning.shingles(text)
-        if any(cleaning.jaccard(mine, cleaning.shingles(self._text(j))) >= self.threshold for j in self.lsh.query(m)):
-            return True
-        data = text.encode("utf-8")
-        self.lsh.insert(len(self.offsets) - 1, m)
-        self.texts.write(data)
-        self.signatures.write(np.asarray(signature, dtype=np.uint32).tobytes())
-        self.offsets.append(self.offsets[-1] + len(data))
-        return False
-
-    def _text(self, j: int) -> str:
-        self.texts.flush()
-        self.texts.seek(self.offsets[j])
-        return self.texts.read(self.offsets[j + 1] - self.offsets[j]).decode("utf-8")
+    def add_bands(self, keys: list[np.ndarray]) -> None:
+        if self.bands is not None and keys:
+            self.bands.write(np.stack(keys).astype(np.uint64).tobytes())
 
     def checkpoint(self) -> None:
         _save_npy(self.stage / "bloom.npz", self.bloom, compressed=True)  # nearly all zeros on a small corpus
-        if self.threshold:
-            for handle in (self.texts, self.signatures):
-                handle.flush()
-                os.fsync(handle.fileno())
-            _save_npy(self.stage / "text_offsets.npy", np.asarray(self.offsets, dtype=np.int64))
+        if self.bands is not None:
+            self.bands.flush()
+            os.fsync(self.bands.fileno())
 
     def false_positive_rate(self, documents: int) -> float:
         return (1 - math.exp(-self.HASHES * documents / self.bits)) ** self.HASHES
@@ -351,7 +329,6 @@ def _stage(cfg: DataConfig, tokenizer, stage: Path, state: dict, dtype) -> dict:
         "loaded": 0,
         "short": 0,
         "exact": 0,
-        "near": 0,
         "seconds": {},
         "min_doc_chars": cfg.min_doc_chars,
     }
@@ -359,28 +336,28 @@ def _stage(cfg: DataConfig, tokenizer, stage: Path, state: dict, dtype) -> dict:
         if orphan.name not in {r["file"] for r in state["shards"]}:
             orphan.unlink()
     lengths = array("q", np.load(stage / "lengths.npy") if state["shards"] else [])  # 8 bytes a document
-    dedup = Dedup(cfg, stage, state if state["shards"] else {})
+    dedup = Dedup(cfg, stage, state if state["shards"] else {}, len(lengths))
     writer = ShardWriter(stage, "doc", dtype, shard_tokens=1 << 62, start_index=len(state["shards"]))
     source = corpus.iter_documents(cfg.dataset, cfg.dataset_config, cfg.text_field)
     source = itertools.islice(source, state["read"], cfg.max_documents)
     wikitext = cfg.dataset == corpus.BUILTIN_WIKI
     with _progress("documents", state["read"]) as bar, _aborting(writer):  # the bar's line ends before an error
         for results in _map_batches(cfg, tokenizer, wikitext, source):
-            kept = []
-            for raw_chars, text, digest, signature, tokens in results:
+            kept, keys = [], []
+            for raw_chars, digest, band_keys, tokens in results:
                 state["read"] += 1
                 state["characters_loaded"] += raw_chars
                 if tokens is None:
                     state["short"] += 1
                 elif dedup.seen_exact(digest):
                     state["exact"] += 1
-                elif signature is not None and dedup.near_duplicate(text, signature):
-                    state["near"] += 1
                 else:
                     kept.append(tokens)
+                    keys.append(band_keys)
             if kept:  # one write per batch
                 writer.add(np.concatenate(kept))
                 lengths.extend(len(t) for t in kept)
+                dedup.add_bands(keys)
             if writer.in_shard >= cfg.shard_tokens:  # a checkpoint at this batch's end, a document boundary
                 _checkpoint(stage, state, writer.close(), lengths, dedup)
             bar.update(len(results))
@@ -401,23 +378,49 @@ def _checkpoint(stage: Path, state: dict, sealed: list[dict], lengths: array, de
     state["shards"] += sealed
     _save_npy(stage / "lengths.npy", np.asarray(lengths, dtype=np.int64))
     dedup.checkpoint()
-    kept = len(lengths)
-    state["steps"] = [
-        {"step": "loaded", "in": state["read"], "out": state["read"]},
-        _step(f"shorter than {state['min_doc_chars']} chars", state["read"], state["read"] - state["short"]),
-        _step("exact duplicates", state["read"] - state["short"], kept + state["near"]),
-        _step(
-            f"near duplicates (Jaccard >= {dedup.threshold})" if dedup.threshold else "near duplicates (disabled)",
-            kept + state["near"],
-            kept,
-        ),
-    ]
+    state["staged"] = len(lengths)
     state["dedup"] = {
         "bloom_mb": dedup.bits / 8 / 2**20,
         "bloom_false_positive_rate": dedup.false_positive_rate(state["read"] - state["short"]),
-        "near_dup_index_documents": len(dedup.offsets) - 1 if dedup.threshold else 0,
+        "near_dup_threshold": dedup.threshold,
     }
     atomic_write_json(stage / STATE, state)
+
+
+def _near_duplicates(cfg: DataConfig, tokenizer, stage: Path, state: dict, dtype) -> np.ndarray:
+    """The staged documents that near_dup drops (none when it is off), and the cleaning steps' counts."""
+    removed = np.zeros(0, dtype=np.int64)
+    if cfg.near_dup_threshold:
+        started = time.perf_counter()
+        lengths = np.load(stage / "lengths.npy")
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        staged = TokenBlocks(stage, "staged", 1, manifest={"dtype": dtype.str, "splits": {"staged": state["shards"]}})
+        decode = _decoder(tokenizer)
+        text_of = lambda i: decode(staged.window(int(offsets[i]), int(offsets[i + 1]) - 1).tolist())  # noqa: E731
+        removed = near_dup.find(stage, len(lengths), cfg.near_dup_threshold, text_of, _save_npy)
+        state["dedup"]["near_dup_disk_bytes"] = near_dup.disk_bytes(stage)
+        state["dedup"]["near_dup_disk_bytes_per_document"] = round(near_dup.disk_bytes(stage) / max(len(lengths), 1), 1)
+        state["seconds"].setdefault("near_dup", round(time.perf_counter() - started, 3))
+    read, short, staged_docs = state["read"], state["short"], state["staged"]
+    threshold = cfg.near_dup_threshold
+    state["steps"] = [
+        {"step": "loaded", "in": read, "out": read},
+        _step(f"shorter than {state['min_doc_chars']} chars", read, read - short),
+        _step("exact duplicates", read - short, staged_docs),
+        _step(
+            f"near duplicates (Jaccard >= {threshold})" if threshold else "near duplicates (disabled)",
+            staged_docs,
+            staged_docs - len(removed),
+        ),
+    ]
+    return removed
+
+
+def _decoder(tokenizer):
+    """ids -> the cleaned text they were made from (byte-level BPE decodes exactly)."""
+    if is_builtin_gpt2(tokenizer):
+        return fast_gpt2_encoder().decode
+    return lambda ids: tokenizer.decode(ids, clean_up_tokenization_spaces=False)
 
 
 @contextmanager
@@ -465,7 +468,7 @@ def _init_worker(tokenizer, wikitext: bool, min_chars: int, near: bool) -> None:
 
 
 def _process_batch(texts: list[str]) -> list[tuple]:
-    """(raw characters, cleaned text if near-dup is on, hash, MinHash signature, tokens + eos or None if short)."""
+    """(raw characters, hash, LSH band keys if near-dup is on, tokens + eos or None if short) per document."""
     raw = [len(t) for t in texts]
     if _WORKER["wikitext"]:
         from gensim.corpora.wikicorpus import filter_wiki  # removes templates, links, tables, refs
@@ -477,45 +480,41 @@ def _process_batch(texts: list[str]) -> list[tuple]:
     tokens: list = [None] * len(texts)
     for i, doc in zip(long, ids):
         tokens[i] = np.asarray(doc + [_WORKER["eos"]], dtype=np.uint32)
-    signatures = cleaning.minhash_signatures([cleaned[i] for i in long]) if _WORKER["near"] and long else []
-    signature: list = [None] * len(texts)
-    for i, values in zip(long, signatures):
-        signature[i] = values
-    near = _WORKER["near"]
+    keys: list = [None] * len(texts)
+    if _WORKER["near"] and long:
+        for i, row in zip(long, minhash.band_keys(minhash.signatures([cleaned[i] for i in long]))):
+            keys[i] = row
     return [
-        (
-            raw[i],
-            cleaned[i] if near else None,
-            hashlib.blake2b(cleaned[i].encode("utf-8"), digest_size=16).digest(),
-            signature[i],
-            tokens[i],
-        )
+        (raw[i], hashlib.blake2b(cleaned[i].encode("utf-8"), digest_size=16).digest(), keys[i], tokens[i])
         for i in range(len(texts))
     ]
 
 
-def _pack(cfg: DataConfig, cache_path: Path, stage: Path, state: dict, dtype) -> dict:
-    """Pass 2: the seeded document split, then each split's documents into fixed-size shards of its full blocks."""
+def _pack(cfg: DataConfig, cache_path: Path, stage: Path, state: dict, dtype, removed: np.ndarray) -> dict:
+    """Pass 3: the seeded split of the documents near-dup kept, then each split's documents into fixed-size shards
+    of its full blocks."""
     # long: 61 lines once ruff's layout puts its long calls one argument a line; one step, read top to bottom
     started = time.perf_counter()
     lengths = np.load(stage / "lengths.npy")
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     staged = TokenBlocks(stage, "staged", 1, manifest={"dtype": dtype.str, "splits": {"staged": state["shards"]}})
-    train_docs, val_docs = split_documents(lengths, cfg.val_fraction, cfg.data_seed)
+    kept = np.setdiff1d(np.arange(len(lengths)), removed)  # staged ids, ascending: corpus order
+    train_docs, val_docs = split_documents(lengths[kept], cfg.val_fraction, cfg.data_seed)
+    train_docs, val_docs = kept[train_docs], kept[val_docs]
+    kept_tokens = int(lengths[kept].sum())
     bs = cfg.block_size
     train_tokens = int(lengths[train_docs].sum()) // bs * bs
     val_tokens = int(lengths[val_docs].sum()) // bs * bs
     split = "whole documents"
     if train_tokens == 0 or (cfg.val_fraction > 0 and val_tokens == 0):
         # too few documents to split whole (e.g. one .txt file): split the text itself, and say so
-        n_blocks = int(offsets[-1]) // bs
+        n_blocks = kept_tokens // bs
         n_val = max(1, round(cfg.val_fraction * n_blocks)) if cfg.val_fraction > 0 else 0
         train_tokens, val_tokens = (n_blocks - n_val) * bs, n_val * bs
-        order = np.arange(len(lengths))
-        plans = {"train": (order, 0, train_tokens), "validation": (order, train_tokens, val_tokens)}
+        plans = {"train": (kept, 0, train_tokens), "validation": (kept, train_tokens, val_tokens)}
         split = "within the text"
         print(
-            f"note: {len(lengths)} document(s) cannot fill both splits with whole documents; the last {n_val} of "
+            f"note: {len(kept)} document(s) cannot fill both splits with whole documents; the last {n_val} of "
             f"{n_blocks} blocks of the text are the validation split",
             flush=True,
         )
@@ -523,7 +522,7 @@ def _pack(cfg: DataConfig, cache_path: Path, stage: Path, state: dict, dtype) ->
         plans = {"train": (train_docs, 0, train_tokens), "validation": (val_docs, 0, val_tokens)}
     if train_tokens == 0:
         raise UserError(
-            f"{int(offsets[-1])} tokens make {int(offsets[-1]) // bs} block(s) of --block_size {bs}: not "
+            f"{kept_tokens} tokens make {kept_tokens // bs} block(s) of --block_size {bs}: not "
             "enough to train on after holding out validation; lower --block_size, add text or lower "
             "--val_fraction"
         )
@@ -546,13 +545,13 @@ def _pack(cfg: DataConfig, cache_path: Path, stage: Path, state: dict, dtype) ->
     state["seconds"]["pack"] = round(time.perf_counter() - started, 3)
     return {
         "split": split,
-        "documents": len(lengths),
+        "documents": len(kept),
         "train_documents": len(train_docs) if split == "whole documents" else None,
         "validation_documents": len(val_docs) if split == "whole documents" else None,
-        "tokens": int(offsets[-1]),
+        "tokens": kept_tokens,
         "train_tokens": train_tokens,
         "validation_tokens": val_tokens,
-        "dropped_tail_tokens": int(offsets[-1]) - train_tokens - val_tokens,
+        "dropped_tail_tokens": kept_tokens - train_tokens - val_tokens,
         "train_blocks": train_tokens // bs,
         "validation_blocks": val_tokens // bs,
     }

@@ -200,27 +200,44 @@ def test_a_truncated_or_corrupt_shard_is_named_and_refused(tmp_path, gpt2_tokeni
 KILL_SCRIPT = """
 import os, signal, sys
 from llmlab.data import prepare as data
-target, seen = sys.argv[3], {"stage": 0, "pack": 0}
-real = {"stage": data._checkpoint, "pack": data.atomic_write_json}
-def dying(name):
+target, seen = sys.argv[3], {"stage": 0, "buckets": 0, "clusters": 0, "pack": 0}
+real = {"stage": data._checkpoint, "pack": data.atomic_write_json, "save": data._save_npy}
+def dying(hook):
     def call(*args, **kwargs):
-        real[name](*args, **kwargs)
-        if name == "pack" and not str(args[0]).endswith("pack.json"):
+        real[hook](*args, **kwargs)
+        path, name = str(args[0]), hook
+        if hook == "pack" and not path.endswith("pack.json"):
             return
+        if hook == "save":  # the near-dup stages' files: a band's pairs, then the clusters' result
+            name = "buckets" if "pairs_" in path else "clusters" if path.endswith("removed.npy") else None
+            if name is None:
+                return
         seen[name] += 1
-        if name == target and seen[name] == 2:
-            os.kill(os.getpid(), signal.SIGKILL)  # killed after its second checkpoint
+        if name == target and seen[name] == (1 if name == "clusters" else 2):
+            os.kill(os.getpid(), signal.SIGKILL)  # killed after its second checkpoint (the clusters' only one)
     return call
-data._checkpoint, data.atomic_write_json = dying("stage"), dying("pack")
+data._checkpoint, data.atomic_write_json, data._save_npy = dying("stage"), dying("pack"), dying("save")
 data.prepare_dataset(data.DataConfig(dataset=sys.argv[1], cache_dir=sys.argv[2], block_size=32, val_fraction=0.2,
                                      shard_tokens=256, num_proc=2))
 """
 
 
-@pytest.mark.parametrize("stage", ["stage", "pack"])
+def with_near_copies(rng: random.Random, docs: list[str], every: int = 4) -> list[str]:
+    """The documents, each `every`-th followed later by a copy with one word changed (word 5-gram Jaccard ~0.92)."""
+    copies = []
+    for doc in docs[::every]:
+        words = doc.split()
+        words[len(words) // 2] = "zeppelin"
+        copies.append(" ".join(words))
+    return docs + copies
+
+
+@pytest.mark.parametrize("stage", ["stage", "buckets", "clusters", "pack"])
 def test_killed_preparation_resumes_to_the_same_bytes(tmp_path, gpt2_tokenizer, repo_root, stage):
+    """kill -9 after a checkpoint of each pass (staging, the near-dup buckets and clusters, packing), then a resume:
+    the same bytes as a run never killed."""
     rng = random.Random(5)
-    path = write_jsonl(tmp_path / "c.jsonl", [random_doc(rng) for _ in range(40)])
+    path = write_jsonl(tmp_path / "c.jsonl", with_near_copies(rng, [random_doc(rng) for _ in range(40)]))
     cache = tmp_path / "cache"
     proc = subprocess.run(
         [sys.executable, "-c", KILL_SCRIPT, str(path), str(cache), stage],
@@ -238,11 +255,32 @@ def test_killed_preparation_resumes_to_the_same_bytes(tmp_path, gpt2_tokenizer, 
         cfg_for(tmp_path, path, cache_dir=str(tmp_path / "fresh"), val_fraction=0.2, shard_tokens=256, num_proc=1),
         gpt2_tokenizer,
     )
+    assert fresh.report["steps"][-1]["in"] - fresh.report["steps"][-1]["out"] == 10  # the planted copies
     names = sorted(p.name for p in fresh.cache_path.glob("*.bin"))
     assert len(names) > 4 and names == sorted(p.name for p in resumed.cache_path.glob("*.bin"))
     for name in names:
         assert (resumed.cache_path / name).read_bytes() == (fresh.cache_path / name).read_bytes(), name
     assert not (resumed.cache_path / "stage").exists()
+
+
+def test_near_duplicates_are_found_across_files_workers_and_shards(tmp_path, gpt2_tokenizer, monkeypatch):
+    """Originals in one file, their near copies in another, read by two workers in batches of 3 documents and
+    staged into shards of 300 tokens (120-word documents, one word changed: Jaccard 0.92): every copy is removed,
+    every original kept."""
+    rng = random.Random(8)
+    originals = [random_doc(rng) for _ in range(12)]
+    copies = with_near_copies(rng, originals, every=2)[len(originals) :]
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", originals)
+    write_jsonl(folder / "b.jsonl", [random_doc(rng) for _ in range(5)] + copies)
+    monkeypatch.setattr(data_mod, "BATCH_DOCUMENTS", 3)
+    prepared = prepare_dataset(cfg_for(tmp_path, folder, num_proc=2, shard_tokens=300), gpt2_tokenizer)
+    near = prepared.report["steps"][-1]
+    assert near["in"] - near["out"] == len(copies) == 6
+    text = "".join(decoded_documents(prepared, gpt2_tokenizer))
+    assert "zeppelin" not in text
+    assert all(doc[:60] in text for doc in originals[:-1])  # the last may sit in the dropped tail
 
 
 def test_local_txt_parquet_and_folder(tmp_path, gpt2_tokenizer):
@@ -389,10 +427,8 @@ def test_prepare_only_cli_summary_and_one_line_error(tmp_path):
 
 def test_near_duplicates_are_found_by_exact_jaccard_with_full_recall_and_precision():
     """Planted edits of long documents, true Jaccard 0.86-0.99 (duplicates) and 0.55-0.80 (not): every
-    duplicate removed, nothing else."""
-    import random
-
-    from llmlab.data import cleaning
+    duplicate removed, nothing else, through the stages' own functions (band keys -> pairs -> clusters)."""
+    from llmlab.data import minhash, near_dup
 
     rng = random.Random(0)
     vocabulary = [f"w{i}" for i in range(3000)]
@@ -405,18 +441,55 @@ def test_near_duplicates_are_found_by_exact_jaccard_with_full_recall_and_precisi
         edited = list(words)
         for position in rng.sample(range(len(edited)), rng.choice([1, 2, 3, 5, 8, 25, 40])):
             edited[position] = rng.choice(vocabulary)
-        text = " ".join(edited)
-        similarity = cleaning.jaccard(cleaning.shingles(docs[index]), cleaning.shingles(text))
+        text = " ".join(edited).upper() if index % 2 else " ".join(edited)  # ASCII case does not matter
+        similarity = minhash.jaccard(minhash.shingle_set(docs[index]), minhash.shingle_set(text))
         docs.append(text)
         truth.append(similarity >= 0.85)
     planted = sum(truth)
     assert 20 <= planted <= 45 and sum(not t for t in truth[60:]) >= 10  # both kinds are really there
-    signatures = cleaning.minhash_signatures(docs)
-    found = set(cleaning.near_duplicate_indices(signatures, 0.85, docs.__getitem__))
+    keys = minhash.band_keys(minhash.signatures(docs))
+    pairs = np.concatenate([near_dup.candidate_pairs(keys[:, band]) for band in range(minhash.BANDS)])
+    found = set(near_dup.removed_documents(pairs, 0.85, docs.__getitem__).tolist())
     expected = {i for i, dup in enumerate(truth) if dup}
-    recall = len(found & expected) / len(expected)
-    precision = len(found & expected) / max(len(found), 1)
-    assert (recall, precision) == (1.0, 1.0), (sorted(expected - found), sorted(found - expected))
+    assert found == expected, (sorted(expected - found), sorted(found - expected))
+
+
+def test_shingle_hashes_follow_their_definition():
+    """Word 5-grams of the ASCII-lower-cased text, words as runs of [a-z0-9_] or non-ASCII bytes: the vectorised
+    hashes give the same sets as the definition spelled out in Python, batch or not."""
+    import re
+
+    from llmlab.data import minhash
+
+    texts = [
+        "The café's crème brûlée, 3 times!",
+        "a b c",
+        "",
+        "x_y  z\nQ w e r t y u",
+        "Ünïcode wörds hére and thére ok",
+    ]
+
+    def words(text):
+        return re.findall(rb"[a-z0-9_\x80-\xff]+", text.encode().lower())
+
+    groups = [
+        [tuple(w[i : i + 5]) for i in range(max(len(w) - 4, 1))] if len(w) >= 5 else [tuple(w)]
+        for w in map(words, texts)
+    ]
+    hashes, first = minhash.shingle_hashes(texts)
+    for d, shingles in enumerate(groups):
+        mine = hashes[first[d] : first[d + 1]]
+        assert len(mine) == len(shingles)
+        # equal shingles hash equally and different ones differently
+        assert len(set(mine.tolist())) == len(set(shingles))
+    alone = [minhash.shingle_set(t) for t in texts]
+    assert all(np.array_equal(np.unique(hashes[first[d] : first[d + 1]]), alone[d]) for d in range(len(texts)))
+    assert (
+        minhash.jaccard(
+            minhash.shingle_set("One two three four five six"), minhash.shingle_set("ONE two three four five SIX")
+        )
+        == 1.0
+    )
 
 
 def test_one_small_text_file_splits_within_the_text_and_trains(tmp_path, gpt2_tokenizer, capsys):
