@@ -285,9 +285,10 @@ def main(argv=None) -> int:
             if name != "llmlab":
                 shutil.rmtree(out, ignore_errors=True)
     if args.pipelines and args.output.is_file():  # keep the rows of the pipelines not rerun
+        earlier = json.loads(args.output.read_text())
         kept = [
-            {**r, "earlier_run": True}
-            for r in json.loads(args.output.read_text())["rows"]
+            {**r, "earlier_run": True, "machine": r.get("machine", earlier["machine"])}
+            for r in earlier["rows"]
             if r["pipeline"].split(",")[0] not in args.pipelines
         ]
         rows = sorted(kept + rows, key=lambda r: (r["corpus_mb"], r["pipeline"] == "previous"))

@@ -377,8 +377,9 @@ def data_scale() -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in data["rows"]:
+        name = r["pipeline"] + (f" (earlier run, {r['machine']})" if r.get("earlier_run") else "")
         lines.append(
-            f"| {r['corpus_mb']} MB | {r['pipeline']} | {r['tokens']:,} | {r['seconds']:.1f} | "
+            f"| {r['corpus_mb']} MB | {name} | {r['tokens']:,} | {r['seconds']:.1f} | "
             f"{r['tokens_per_second']:,.0f} | {r['peak_rss_mb']:,.0f} | {r['bytes_per_token']:.2f} |"
         )
     s = data["summary"]
@@ -413,18 +414,73 @@ def data_scale() -> str:
 
 
 def data_scale_summary() -> str:
-    """The README's sentence on data at scale: near-dup off, its memory slope, the 10B projection, the nanoGPT ratio."""
+    """The README's sentence on data at scale with the defaults (near-dup on): the largest corpus's peak memory and
+    its speed against nanoGPT's recipe side by side, the line fit's projection, the 4 GB check, the disk bytes."""
     data = json.loads((FINDINGS / "data-scale" / "results.json").read_text())
-    fit = data["summary"]["llmlab, near-dup off"]
+    fit = data["summary"]["llmlab"]
     largest = data["sizes_mb"][-1]
-    ratio = data["summary"]["ratios"][f"{largest} MB llmlab, near-dup off / nanogpt tokens/s"]
+    row = [r for r in data["rows"] if r["pipeline"] == "llmlab" and r["corpus_mb"] == largest][-1]
+    ratio = data["summary"]["ratios"][f"{largest} MB llmlab / nanogpt tokens/s"]
     ten = fit["projection"]["10B"]
-    return (
-        f"With near-dup off its memory is flat in corpus size ({fit['rss_base_mb']:,.0f} MB + "
-        f"{fit['rss_mb_per_100m_tokens']:.0f} MB per 100M tokens), so a 10B-token corpus prepares in about "
-        f"{ten['hours']:.1f} hours on {data['workers']} cores with a {ten['peak_rss_gb']:.1f} GB peak and "
-        f"{ten['disk_gb']:.0f} GB of shards, at {ratio:.2f}× the tokens/s of nanoGPT's recipe ({largest} MB) "
-        "while cleaning and deduplicating."
+    per_doc = row["dedup"]["near_dup_disk_bytes_per_document"]
+    text = (
+        f"With the defaults, near-dup on, {largest:,} MB of text ({row['tokens'] / 1e6:.0f}M tokens) prepared at "
+        f"{ratio:.2f}× the tokens/s of nanoGPT's recipe side by side, with a {row['peak_rss_mb']:,.0f} MB peak. A line "
+        f"through the three sizes gives {fit['rss_base_mb']:,.0f} MB + {fit['rss_mb_per_100m_tokens']:.0f} MB per 100M "
+        f"tokens, {ten['peak_rss_gb']:.1f} GB at 10B tokens"
+    )
+    check = FINDINGS / "data-scale" / "results-4gb.json"
+    if check.is_file():
+        big = [r for r in json.loads(check.read_text())["rows"] if r["pipeline"] == "llmlab"][-1]
+        text += (
+            f"; the peak at {big['corpus_mb']:,} MB ({big['tokens'] / 1e9:.2f}B tokens, memory only: a scan shared "
+            f"the cores) was {big['peak_rss_mb']:,.0f} MB"
+        )
+    return text + (
+        f". Near-dup's band keys take {per_doc:.0f} bytes a document on disk while it runs "
+        f"({per_doc * 1e10 / (row['tokens'] / row['documents']) / 1e9:.1f} GB at 10B tokens of these documents)."
+    )
+
+
+def near_dup_quality() -> str:
+    """bench/near_dup_quality.py's planted-pair curve: share removed per Jaccard bin, recall and precision."""
+    data = json.loads((FINDINGS / "data-scale" / "near_dup_quality.json").read_text())
+    lines = ["| Jaccard to its original | planted copies | removed | share (95 % CI) |", "|---|---|---|---|"]
+    for row in data["bins"]:
+        share = (
+            "–"
+            if row["share_removed"] is None
+            else (f"{row['share_removed']:.3f} [{row['ci95'][0]:.3f}, {row['ci95'][1]:.3f}]")
+        )
+        lines.append(
+            f"| [{row['jaccard_from']:.3f}, {row['jaccard_to']:.3f}) | {row['copies']} | {row['removed']} | {share} |"
+        )
+    s = data["summary"]
+    return "\n".join(lines) + (
+        f"\n\n{data['bases']} originals and one planted copy of each, prepared by the pipeline (threshold "
+        f"{data['threshold']}, two workers, copies in later files and shards) on {data['machine']}: recall "
+        f"{s['recall_at_0.9']:.3f} at Jaccard ≥ 0.9 and {s['recall_at_threshold']:.3f} at ≥ {data['threshold']}, "
+        f"precision {s['precision']:.3f} ({s['removed_below_threshold']} copies below the threshold and "
+        f"{s['bases_removed']} originals removed)."
+    )
+
+
+def minhash_speed() -> str:
+    """bench/minhash_speed.py's table: signature cost per token against tiktoken's, one core."""
+    data = json.loads((FINDINGS / "data-scale" / "minhash_speed.json").read_text())
+    lines = ["| candidate | median s | tokens/s | time × tiktoken's |", "|---|---|---|---|"]
+    for row in data["rows"]:
+        if row["installed"]:
+            cells = (
+                row["candidate"],
+                f"{row['median_s']:.3f}",
+                f"{row['tokens_per_s']:,}",
+                f"{row['cost_vs_tiktoken']:.2f}",
+            )
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + (
+        f"\n\n{data['documents']:,} documents ({data['tokens']:,} tokens), one core, median of {data['repeats']} "
+        f"interleaved runs on {data['cpu']}."
     )
 
 
@@ -665,6 +721,8 @@ BLOCKS = {
     "ray-launcher": ray_launcher,
     "data-scale": data_scale,
     "data-scale-summary": data_scale_summary,
+    "near-dup-quality": near_dup_quality,
+    "minhash-speed": minhash_speed,
     "forecast-design": forecast_design,
     "lr-forecast": lr_forecast,
     "lr-forecast-regime": lambda: regime("lr-forecast"),

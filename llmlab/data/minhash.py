@@ -34,6 +34,7 @@ _SHINGLE_MIX = np.array(
     [0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93, 0xFF51AFD7ED558CCD],
     dtype=np.uint64,
 )[:SHINGLE_WORDS]
+_CHUNK_CHARS = 1 << 20
 _EMPTY = np.uint64(1 << 32)  # above any 32-bit value: a bin no shingle fell in
 _ROTATION = np.uint64(0x9E3779B1)  # densification's offset per bin borrowed across (odd, so distances differ)
 
@@ -72,7 +73,7 @@ def _powers(base: np.uint64, n: int) -> np.ndarray:
     """base^0 .. base^(n-1) mod 2^64, computed once per process for the longest batch so far."""
     have = _POWERS.get(int(base))
     if have is None or len(have) < n:
-        size = max(n, 2 * len(have) if have is not None else 1 << 20)
+        size = max(n, 1 << 20)
         with np.errstate(over="ignore"):
             have = np.concatenate([[np.uint64(1)], np.cumprod(np.full(size - 1, base, dtype=np.uint64))])
         _POWERS[int(base)] = have
@@ -112,6 +113,16 @@ def signatures(texts: list[str]) -> np.ndarray:
     shingle's hash picks one of NUM_PERM bins by its top bits, each bin keeps the least low 32 bits, so the cost is
     one pass over the shingles, not NUM_PERM. Empty bins (documents of fewer than a few hundred shingles) borrow
     the next full bin's value (rotation densification, Shrivastava and Li 2014), so equal bins still mean Jaccard."""
+    groups, size, start = [], 0, 0
+    for i, text in enumerate(texts):  # about 1M characters at a time: the arrays cost ~50 bytes a character
+        size += len(text)
+        if size >= _CHUNK_CHARS or i == len(texts) - 1:
+            groups.append(_signatures(texts[start : i + 1]))
+            size, start = 0, i + 1
+    return np.concatenate(groups) if groups else np.empty((0, NUM_PERM), dtype=np.uint32)
+
+
+def _signatures(texts: list[str]) -> np.ndarray:
     hashes, first = shingle_hashes(texts)
     n = len(texts)
     slot = np.repeat(np.arange(n, dtype=np.int64) * NUM_PERM, np.diff(first)) + (hashes >> np.uint64(57)).astype(

@@ -394,10 +394,11 @@ def _near_duplicates(cfg: DataConfig, tokenizer, stage: Path, state: dict, dtype
         started = time.perf_counter()
         lengths = np.load(stage / "lengths.npy")
         offsets = np.concatenate([[0], np.cumsum(lengths)])
-        staged = TokenBlocks(stage, "staged", 1, manifest={"dtype": dtype.str, "splits": {"staged": state["shards"]}})
+        staged = _staged_tokens(stage, state, dtype)
         decode = _decoder(tokenizer)
         text_of = lambda i: decode(staged.window(int(offsets[i]), int(offsets[i + 1]) - 1).tolist())  # noqa: E731
         removed = near_dup.find(stage, len(lengths), cfg.near_dup_threshold, text_of, _save_npy)
+        staged.close()
         state["dedup"]["near_dup_disk_bytes"] = near_dup.disk_bytes(stage)
         state["dedup"]["near_dup_disk_bytes_per_document"] = round(near_dup.disk_bytes(stage) / max(len(lengths), 1), 1)
         state["seconds"].setdefault("near_dup", round(time.perf_counter() - started, 3))
@@ -414,6 +415,12 @@ def _near_duplicates(cfg: DataConfig, tokenizer, stage: Path, state: dict, dtype
         ),
     ]
     return removed
+
+
+def _staged_tokens(stage: Path, state: dict, dtype) -> TokenBlocks:
+    """The staged documents' tokens, read (not memory-mapped: one pass would keep every page resident)."""
+    manifest = {"dtype": dtype.str, "splits": {"staged": state["shards"]}}
+    return TokenBlocks(stage, "staged", 1, manifest=manifest, mapped=False)
 
 
 def _decoder(tokenizer):
@@ -497,8 +504,8 @@ def _pack(cfg: DataConfig, cache_path: Path, stage: Path, state: dict, dtype, re
     started = time.perf_counter()
     lengths = np.load(stage / "lengths.npy")
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    staged = TokenBlocks(stage, "staged", 1, manifest={"dtype": dtype.str, "splits": {"staged": state["shards"]}})
-    kept = np.setdiff1d(np.arange(len(lengths)), removed)  # staged ids, ascending: corpus order
+    staged = _staged_tokens(stage, state, dtype)
+    kept = _kept_documents(len(lengths), removed)
     train_docs, val_docs = split_documents(lengths[kept], cfg.val_fraction, cfg.data_seed)
     train_docs, val_docs = kept[train_docs], kept[val_docs]
     kept_tokens = int(lengths[kept].sum())
@@ -536,12 +543,13 @@ def _pack(cfg: DataConfig, cache_path: Path, stage: Path, state: dict, dtype, re
         writer = ShardWriter(cache_path, name, dtype, cfg.shard_tokens, start_index=len(records))
         written = sum(r["tokens"] for r in records)
         with _aborting(writer):
-            for chunk in _token_stream(staged, offsets, docs, skip + written, skip + total):
+            for chunk in _token_stream(staged, lengths, offsets, docs, skip + written, skip + total):
                 for record in writer.add(chunk):
                     records.append(record)
                     atomic_write_json(progress_path, done)
             records += writer.close()
         atomic_write_json(progress_path, done)
+    staged.close()
     state["seconds"]["pack"] = round(time.perf_counter() - started, 3)
     return {
         "split": split,
@@ -557,11 +565,26 @@ def _pack(cfg: DataConfig, cache_path: Path, stage: Path, state: dict, dtype, re
     }
 
 
+def _kept_documents(staged: int, removed: np.ndarray) -> np.ndarray:
+    """Staged ids not removed, ascending (corpus order), built through a 1-byte mask rather than set operations."""
+    if not len(removed):
+        return np.arange(staged)
+    keep = np.ones(staged, dtype=bool)
+    keep[removed] = False
+    return np.flatnonzero(keep)
+
+
 def _token_stream(
-    staged: TokenBlocks, offsets: np.ndarray, docs: np.ndarray, start: int, stop: int, chunk: int = 1 << 22
+    staged: TokenBlocks,
+    lengths: np.ndarray,
+    offsets: np.ndarray,
+    docs: np.ndarray,
+    start: int,
+    stop: int,
+    chunk: int = 1 << 22,
 ):
     """Tokens [start, stop) of the documents `docs` concatenated in that order, in chunks of about `chunk`."""
-    doc_lengths = offsets[docs + 1] - offsets[docs]
+    doc_lengths = lengths[docs]
     ends = np.cumsum(doc_lengths)
     position, k = start, int(np.searchsorted(ends, start, side="right"))
     buffer, size = [], 0

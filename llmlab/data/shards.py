@@ -119,9 +119,17 @@ class TokenBlocks:
     replaces: `blocks[i]` -> {"input_ids": int64 tensor}, `len(blocks)`, `blocks["input_ids"]` (all, as an array)."""
 
     def __init__(
-        self, folder: Path, split: str, block_size: int, verify: bool = False, manifest: Optional[dict] = None
+        self,
+        folder: Path,
+        split: str,
+        block_size: int,
+        verify: bool = False,
+        manifest: Optional[dict] = None,
+        mapped: bool = True,
     ):
-        self.folder = Path(folder)
+        """`mapped=False` reads with pread instead of memory-mapping: for one pass over a corpus (packing), whose
+        mapped pages would otherwise stay resident in the process until it ends."""
+        self.folder, self.mapped = Path(folder), mapped
         manifest = manifest or json.loads((self.folder / MANIFEST).read_text())
         self.dtype = np.dtype(manifest["dtype"])
         self.records = manifest["splits"].get(split, [])
@@ -130,6 +138,7 @@ class TokenBlocks:
         self.starts = np.cumsum([0] + [r["tokens"] for r in self.records])
         self.tokens = int(self.starts[-1])
         self._maps: list[Optional[np.ndarray]] = [None] * len(self.records)
+        self._files: dict[int, int] = {}
 
     def __len__(self) -> int:
         return self.tokens // self.block_size
@@ -139,12 +148,25 @@ class TokenBlocks:
             self._maps[k] = np.memmap(self.folder / self.records[k]["file"], dtype=self.dtype, mode="r")
         return self._maps[k]
 
+    def _slice(self, k: int, start: int, stop: int) -> np.ndarray:
+        if self.mapped:
+            return self._map(k)[start:stop]
+        if k not in self._files:
+            self._files[k] = os.open(self.folder / self.records[k]["file"], os.O_RDONLY)
+        size = self.dtype.itemsize
+        return np.frombuffer(os.pread(self._files[k], (stop - start) * size, start * size), dtype=self.dtype)
+
+    def close(self) -> None:
+        for handle in self._files.values():
+            os.close(handle)
+        self._files.clear()
+
     def window(self, start: int, stop: int) -> np.ndarray:
         """Tokens [start, stop) of the split as int64, across shard boundaries."""
         parts, k = [], int(np.searchsorted(self.starts, start, side="right")) - 1
         while start < stop:
             end = min(stop, int(self.starts[k + 1]))
-            parts.append(self._map(k)[start - self.starts[k] : end - self.starts[k]])
+            parts.append(self._slice(k, start - self.starts[k], end - self.starts[k]))
             start, k = end, k + 1
         return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
