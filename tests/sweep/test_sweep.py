@@ -246,7 +246,9 @@ def test_hung_trial_is_killed_at_the_timeout_and_the_sweep_goes_on(tmp_path, dat
     # process exists: it can neither finish nor reach the pre-check, so only the runner's timeout ends it.
     grid = write_grid(tmp_path / "g.yaml", "trials:\n  - {optimizer: adamw}\n  - {optimizer: lion}\n")
     out = tmp_path / "out"
-    args = [sys.executable, *sweep_args(out, data_cache, "--grid", grid, "--trial_timeout", "20")]
+    # 45 s: the healthy trial must still pass its pre-check on a loaded machine (with 20 s, a CI run sharing the
+    # two cores with other work projected g02 past its timeout and stopped it)
+    args = [sys.executable, *sweep_args(out, data_cache, "--grid", grid, "--trial_timeout", "45")]
     sweep = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pid_file = out / "trials" / "g01" / "pid"
     _wait_for(pid_file)
@@ -254,7 +256,7 @@ def test_hung_trial_is_killed_at_the_timeout_and_the_sweep_goes_on(tmp_path, dat
     output, _ = sweep.communicate(timeout=600)
     assert sweep.returncode == 0, output[-3000:]
     rows = {r["trial_id"]: r for r in read_csv(out / "results.csv")}
-    assert rows["g01"]["status"] == "timeout" and "killed after the 20 s trial timeout" in rows["g01"]["failures"]
+    assert rows["g01"]["status"] == "timeout" and "killed after the 45 s trial timeout" in rows["g01"]["failures"]
     assert rows["g02"]["status"] == "ok"
 
 
