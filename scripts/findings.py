@@ -415,7 +415,7 @@ def data_scale() -> str:
 
 def data_scale_summary() -> str:
     """The README's sentence on data at scale with the defaults (near-dup on): the largest corpus's peak memory and
-    its speed against nanoGPT's recipe side by side, the line fit's projection, the 4 GB check, the disk bytes."""
+    its speed against nanoGPT's recipe side by side, the line fit's projection, the disk bytes."""
     data = json.loads((FINDINGS / "data-scale" / "results.json").read_text())
     fit = data["summary"]["llmlab"]
     largest = data["sizes_mb"][-1]
@@ -423,20 +423,11 @@ def data_scale_summary() -> str:
     ratio = data["summary"]["ratios"][f"{largest} MB llmlab / nanogpt tokens/s"]
     ten = fit["projection"]["10B"]
     per_doc = row["dedup"]["near_dup_disk_bytes_per_document"]
-    text = (
+    return (
         f"With the defaults, near-dup on, {largest:,} MB of text ({row['tokens'] / 1e6:.0f}M tokens) prepared at "
         f"{ratio:.2f}× the tokens/s of nanoGPT's recipe side by side, with a {row['peak_rss_mb']:,.0f} MB peak. A line "
         f"through the three sizes gives {fit['rss_base_mb']:,.0f} MB + {fit['rss_mb_per_100m_tokens']:.0f} MB per 100M "
         f"tokens, {ten['peak_rss_gb']:.1f} GB at 10B tokens"
-    )
-    check = FINDINGS / "data-scale" / "results-4gb.json"
-    if check.is_file():
-        big = [r for r in json.loads(check.read_text())["rows"] if r["pipeline"] == "llmlab"][-1]
-        text += (
-            f"; the peak at {big['corpus_mb']:,} MB ({big['tokens'] / 1e9:.2f}B tokens, memory only: a scan shared "
-            f"the cores) was {big['peak_rss_mb']:,.0f} MB"
-        )
-    return text + (
         f". Near-dup's band keys take {per_doc:.0f} bytes a document on disk while it runs "
         f"({per_doc * 1e10 / (row['tokens'] / row['documents']) / 1e9:.1f} GB at 10B tokens of these documents)."
     )

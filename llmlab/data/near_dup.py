@@ -42,6 +42,8 @@ def removed_documents(pairs: np.ndarray, threshold: float, text_of: Callable[[in
     from scipy.sparse.csgraph import connected_components
 
     pairs = np.unique(pairs, axis=0) if len(pairs) else pairs.reshape(0, 2)
+    if progress is not None:
+        progress.total = len(pairs)
     shingles = lru_cache(maxsize=4096)(lambda i: minhash.shingle_set(text_of(i)))
     confirmed = np.zeros(len(pairs), dtype=bool)
     for k, (i, j) in enumerate(pairs):
@@ -79,7 +81,7 @@ def find(stage: Path, documents: int, threshold: float, text_of: Callable[[int],
             bar.update(1)
     del bands
     pairs = np.concatenate(pairs)
-    with progress_bar(desc="Near-dup confirm", unit="pair", total=len(np.unique(pairs, axis=0))) as bar:
+    with progress_bar(desc="Near-dup confirm", unit="pair") as bar:
         removed = removed_documents(pairs, threshold, text_of, bar)
     save(result, removed)
     return removed

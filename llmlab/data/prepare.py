@@ -423,8 +423,9 @@ def _near_duplicates(cfg: DataConfig, tokenizer, stage: Path, state: dict, dtype
         text_of = lambda i: decode(staged.window(int(offsets[i]), int(offsets[i + 1]) - 1).tolist())  # noqa: E731
         removed = near_dup.find(stage, len(lengths), cfg.near_dup_threshold, text_of, _save_npy)
         staged.close()
-        state["dedup"]["near_dup_disk_bytes"] = near_dup.disk_bytes(stage)
-        state["dedup"]["near_dup_disk_bytes_per_document"] = round(near_dup.disk_bytes(stage) / max(len(lengths), 1), 1)
+        disk = near_dup.disk_bytes(stage)
+        state["dedup"]["near_dup_disk_bytes"] = disk
+        state["dedup"]["near_dup_disk_bytes_per_document"] = round(disk / max(len(lengths), 1), 1)
         state["seconds"].setdefault("near_dup", round(time.perf_counter() - started, 3))
     read, short, staged_docs = state["read"], state["short"], state["staged"]
     threshold = cfg.near_dup_threshold
