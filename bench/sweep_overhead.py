@@ -3,7 +3,9 @@
 
 Runs the same small trials (smoke-sized minimal Transformer, real data) three ways, side by side:
   spawn  x1 worker  -- `python -m llmlab.sweep.trial spec.json` per trial: the baseline
-  fork   x1 worker  -- forked from a server that imported torch/transformers once (the default)
+  fork   x1 worker  -- forked from a server that imported only the trial module (before: each trial then imported
+                       torch._dynamo and tensorboard itself)
+  fork   x1 worker  -- forked from a server that also preloaded those (the default)
   fork   x2 workers -- the same trials, two at a time
 Every trial uses one CPU thread so the worker comparison is about processes, not threads
 (--auto_threads adds the 1-worker run with all cores' threads). Overhead per trial = launch-to-exit time seen
@@ -62,6 +64,23 @@ def run_batch(specs, launcher_name: str, workers: int, tag: str, threads: int = 
     }
 
 
+def trial_module_only(specs) -> dict:
+    """The same trials from a fork server that preloads the trial module only, then the default server back."""
+    from multiprocessing import forkserver
+
+    from llmlab.sweep.launchers import local
+
+    default = local.FORKSERVER_PRELOAD
+    forkserver._forkserver._stop()
+    local._FORKSERVER, local.FORKSERVER_PRELOAD = None, ["llmlab.sweep.trial"]
+    try:
+        return run_batch(specs, "forkserver", 1, "fork x1 module")
+    finally:
+        forkserver._forkserver._stop()
+        local._FORKSERVER, local.FORKSERVER_PRELOAD = None, default
+        local.forkserver_context()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=4, help="trials per configuration (default 4)")
@@ -91,11 +110,8 @@ def main() -> None:
     probe.start()
     probe.join()
     forkserver_s = time.perf_counter() - tick
-    rows = [
-        run_batch(specs, "spawn", 1, "spawn x1"),
-        run_batch(specs, "forkserver", 1, "fork x1"),
-        run_batch(specs, "forkserver", 2, "fork x2"),
-    ]
+    rows = [run_batch(specs, "spawn", 1, "spawn x1"), trial_module_only(specs)]
+    rows += [run_batch(specs, "forkserver", 1, "fork x1"), run_batch(specs, "forkserver", 2, "fork x2")]
     if args.auto_threads:
         rows.append(run_batch(specs, "forkserver", 1, "fork x1", threads=0))
 
@@ -106,17 +122,21 @@ def main() -> None:
     )
     print(f"{args.trials} trials x {args.steps} steps each, minimal Transformer, batch 2 x 32 tokens\n")
     header = (
-        f"{'launcher':<16} {'trials':>6} {'wall s':>8} {'trials/min':>10} {'s/trial':>8} "
+        f"{'launcher':<20} {'trials':>6} {'wall s':>8} {'trials/min':>10} {'s/trial':>8} "
         f"{'overhead s':>10} {'overhead share':>14}"
     )
     print(header)
     print("-" * len(header))
     for r in rows:
         print(
-            f"{r['tag']:<16} {r['trials']:>6} {r['wall']:>8.1f} {r['throughput']:>10.2f} {r['per_trial']:>8.2f} "
+            f"{r['tag']:<20} {r['trials']:>6} {r['wall']:>8.1f} {r['throughput']:>10.2f} {r['per_trial']:>8.2f} "
             f"{r['overhead']:>10.2f} {100 * r['share']:>13.1f}%"
         )
-    spawn, fork1, fork2 = rows[:3]
+    spawn, before, fork1, fork2 = rows[:4]
+    print(
+        f"trials/min, server preloads what trials import / the trial module only: "
+        f"{fork1['throughput'] / before['throughput']:.2f}x ({before['per_trial'] - fork1['per_trial']:.2f} s a trial)"
+    )
     print(f"\noverhead per trial, spawn / fork server: {spawn['overhead'] / max(fork1['overhead'], 1e-9):.1f}x")
     print(
         f"throughput, 2 workers / 1 worker (fork server, 1 thread per trial): "
