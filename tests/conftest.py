@@ -17,6 +17,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Two xdist workers share two cores and every test trains a tiny model, where a second thread per process only
+# spins against the other worker's: one thread each, here and in every process a test starts (tests that check the
+# thread defaults remove it from their processes' environment).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:
+    sys.modules["torch"].set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

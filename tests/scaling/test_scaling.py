@@ -654,9 +654,6 @@ def test_smoke_multi_size_scan_end_to_end_plans_grids_and_resumes(tmp_path):
     assert "## Held-out check" in report and file_sha256(out / "preregistration.json") in report
     row = next(t for t in fits["trials"] if t["size"] == "96x1")
     assert row["compute_flops"] == pytest.approx(6 * 74016 * row["train_tokens"])
-    again = run_script(args, timeout=600)  # a rerun resumes: same grids, nothing runs twice
-    assert again.returncode == 0 and json.loads((out / "scan_plan.json").read_text())["cells"] == plan["cells"]
-    assert "to run" not in again.stdout.replace("; 0 to run", "")
     _resume_on_other_machines(args, out, plan)
 
 
@@ -678,8 +675,13 @@ def _resume_on_other_machines(args: list[str], out: Path, plan: dict) -> None:
     here = plan["machines"][0]["label"]
     suffix = here.rsplit(" ", 1)[-1]  # keep +bf16 / -bf16: the scan's precision stays runnable
     missing = _stop_before_block(out, "96x1/bs2/r2")
+    finished = {p: p.stat().st_mtime_ns for p in (out / "trials").glob("*/result.json")}
     same = run_script(args, timeout=600, env={"LLMLAB_MACHINE_LABEL": f"machine B {suffix}"})
     assert same.returncode == 0, same.stderr[-3000:]
+    # the rerun resumes: same grids, nothing that finished runs twice, only the stopped block's trials run
+    assert json.loads((out / "scan_plan.json").read_text())["cells"] == plan["cells"]
+    assert all(p.stat().st_mtime_ns == mtime for p, mtime in finished.items())
+    assert same.stdout.replace("; 0 to run", "").count("to run") == 1 and f"; {len(missing)} to run" in same.stdout
     machines = json.loads((out / "scan_plan.json").read_text())["machines"]
     assert machines[1]["label"] == f"machine B {suffix}" and machines[1]["numerics"] == here
     assert machines[1]["replay"]["identical"] and "bit-identical" in same.stdout
