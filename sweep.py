@@ -29,6 +29,10 @@ def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(
         SweepConfig, argv, description=__doc__.split("\n\n")[0] + " Subcommand: `sweep.py recommend --help`."
     )
+    if not (cfg.grid == "lr_bs" and cfg.sizes):  # a size scan plans its grids as it runs
+        from llmlab.sweep.design import build_design
+
+        build_design(cfg)  # a bad grid answers in a second too, before torch and the statistics load
     from llmlab.sweep.runner import run_sweep  # after parsing: a bad flag answers before torch loads
 
     rows = run_sweep(cfg)

@@ -12,12 +12,13 @@ adapter-only), config.yaml, run_info.json, tensorboard/.
 
 from llmlab.core.config import parse_config
 from llmlab.core.errors import cli_entry
-from llmlab.train.lora.config import LoraTrainConfig
+from llmlab.train.lora.config import LoraTrainConfig, check_base_model
 
 
 @cli_entry
 def main(argv=None):
     cfg = parse_config(LoraTrainConfig, argv, description=__doc__.splitlines()[0])
+    check_base_model(cfg)  # the most common first-run mistake answers at once, not after the stack loads
     from llmlab.train.lora.loop import train  # after the options are checked: the training stack takes ~2 s to load
 
     train(cfg)

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import importlib.util
 import math
+import sys
 import types
 import typing
 from pathlib import Path
@@ -28,9 +29,11 @@ TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", 
 def check_report_to(report_to: list[str]) -> list[str]:
     """The tracker names to use; unknown or missing ones are one-line errors naming the fix. The names are
     accelerate's trackers (`TRACKERS`), plus any a plugin registered with accelerate's `register_tracker_class`."""
-    from accelerate.tracking import LOGGER_TYPE_TO_CLASS
-
-    registered = [n for n, kind in LOGGER_TYPE_TO_CLASS.items() if kind.__module__ != "accelerate.tracking"]
+    # a plugin registers its tracker by importing accelerate.tracking; when nothing has, none is registered, and
+    # the check need not load torch
+    tracking = sys.modules.get("accelerate.tracking")
+    registry = tracking.LOGGER_TYPE_TO_CLASS if tracking else {}
+    registered = [n for n, kind in registry.items() if kind.__module__ != "accelerate.tracking"]
     choices = (*TRACKERS, *registered, "all", "none")
     names = list(dict.fromkeys(report_to or ["none"]))
     unknown = [n for n in names if n not in choices]

@@ -7,6 +7,7 @@ model learning, not six lines of other libraries talking to themselves.
 from __future__ import annotations
 
 import logging
+import sys
 
 KNOWN_HARMLESS = (
     (
@@ -58,9 +59,12 @@ def drop_known_notices() -> None:
 def quiet_known_notices() -> None:
     """The filters, and transformers' per-file progress bars for saves and loads turned off."""
     drop_known_notices()
-    try:
+    # "Writing model shards" bars on every save of a model of a few MB. transformers takes its setting from
+    # huggingface_hub's when it loads, so a script that has not imported it yet (a second, not its ~1 s) is covered.
+    from huggingface_hub.utils import disable_progress_bars
+
+    disable_progress_bars()
+    if "transformers" in sys.modules:
         from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()  # "Writing model shards" bars on every save of a model of a few MB
-    except ImportError:
-        pass
+        hf_logging.disable_progress_bar()

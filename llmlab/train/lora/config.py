@@ -4,9 +4,11 @@ evaluation, early stopping). Light on purpose (no torch): a bad flag is answered
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from llmlab.core.config import opt
+from llmlab.core.errors import UserError
 from llmlab.core.io import llmlab_cache
 from llmlab.data.instruct import DEFAULT_PROMPT, DEFAULT_PROMPT_NO_INPUT, check_templates
 from llmlab.train.config import SCHEDULES, CheckpointGroup, EvalGroup, LoggingGroup, OptimGroup, RunGroup, require
@@ -164,3 +166,23 @@ RESUMABLE = (
     "clip",
     "gradient_checkpointing",
 )
+
+
+def check_base_model(cfg) -> None:
+    """A missing or mistaken --base_model in one line, before the training stack loads."""
+    if cfg.base_model == DEFAULT_BASE_MODEL and not Path(cfg.base_model).is_dir():
+        raise UserError(
+            f"no pretrained model at {DEFAULT_BASE_MODEL}: run `accelerate launch train_pretrain.py` "
+            "first, or pass --base_model (any Hugging Face model name or save_pretrained folder)"
+        )
+    if (Path(cfg.base_model).expanduser() / "adapter_config.json").is_file():
+        raise UserError(
+            f"--base_model {cfg.base_model} is a LoRA adapter folder, not a model; pass the model it was "
+            "trained on as --base_model (or merge it first: merge_and_infer.py merge)"
+        )
+    # Hub names never start like a path; a missing local folder need not wait for the hub lookup.
+    if cfg.base_model.startswith(("/", ".", "~")) and not Path(cfg.base_model).expanduser().exists():
+        raise UserError(
+            f"cannot load --base_model {cfg.base_model!r} (no such folder); pass a save_pretrained "
+            "folder or a Hugging Face model name"
+        )

@@ -20,26 +20,7 @@ from llmlab.core.identity import BASE_RECORD
 from llmlab.core.io import atomic_write_json, publish_dir
 from llmlab.data.instruct import PROMPT_FILE
 from llmlab.data.tokenizer import load_tokenizer
-from llmlab.train.lora.config import ALL_LINEAR, DEFAULT_BASE_MODEL
-
-
-def check_base_model(cfg) -> None:
-    if cfg.base_model == DEFAULT_BASE_MODEL and not Path(cfg.base_model).is_dir():
-        raise UserError(
-            f"no pretrained model at {DEFAULT_BASE_MODEL}: run `accelerate launch train_pretrain.py` "
-            "first, or pass --base_model (any Hugging Face model name or save_pretrained folder)"
-        )
-    if (Path(cfg.base_model).expanduser() / "adapter_config.json").is_file():
-        raise UserError(
-            f"--base_model {cfg.base_model} is a LoRA adapter folder, not a model; pass the model it was "
-            "trained on as --base_model (or merge it first: merge_and_infer.py merge)"
-        )
-    # Hub names never start like a path; a missing local folder need not wait for the hub lookup.
-    if cfg.base_model.startswith(("/", ".", "~")) and not Path(cfg.base_model).expanduser().exists():
-        raise UserError(
-            f"cannot load --base_model {cfg.base_model!r} (no such folder); pass a save_pretrained "
-            "folder or a Hugging Face model name"
-        )
+from llmlab.train.lora.config import ALL_LINEAR, check_base_model
 
 
 def load_base_model(cfg):
