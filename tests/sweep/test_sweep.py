@@ -248,7 +248,8 @@ def test_hung_trial_is_killed_at_the_timeout_and_the_sweep_goes_on(tmp_path, dat
     out = tmp_path / "out"
     # 45 s: the healthy trial must still pass its pre-check on a loaded machine (with 20 s, a CI run sharing the
     # two cores with other work projected g02 past its timeout and stopped it)
-    args = [sys.executable, *sweep_args(out, data_cache, "--grid", grid, "--trial_timeout", "45")]
+    # two workers: the healthy trial runs while the hung one waits out its timeout
+    args = [sys.executable, *sweep_args(out, data_cache, "--grid", grid, "--trial_timeout", "45", "--workers", "2")]
     sweep = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pid_file = out / "trials" / "g01" / "pid"
     _wait_for(pid_file)
