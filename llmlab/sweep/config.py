@@ -33,16 +33,16 @@ class Budget:
 FULL_NOMINAL_STEPS = 1800
 
 BUDGETS: dict[str, Budget] = {
-    # The plumbing only: a doe20 of 20 trials with 2 workers in ~2-3 minutes on 2 cores.
+    # The plumbing only: a doe20 of 20 trials with 2 workers in ~1-2 minutes on 2 cores.
     "smoke": Budget(
-        steps=16,
+        steps=8,
         batch_size=2,
         block_size=32,
         max_documents=40,
         max_train_tokens=None,
         epochs=1,
         eval_batches=2,
-        log_every=4,
+        log_every=2,
         trial_timeout=180,
     ),
     # A doe20 in about an hour on 2 cores (2 workers of one core, 2-5 minutes a trial).

@@ -187,7 +187,7 @@ def test_killed_worker_is_recorded_and_resume_reruns_only_it(tmp_path, data_cach
     assert sweep.returncode == 0, output[-3000:]
     rows = {r["trial_id"]: r for r in read_csv(out / "results.csv")}
     assert rows["g02"]["status"] == "crashed" and "SIGKILL" in rows["g02"]["failures"]
-    assert "[g02] 16 steps" in rows["g02"]["log_tail"]  # the crashed worker's log tail is kept
+    assert "[g02] 8 steps" in rows["g02"]["log_tail"]  # the crashed worker's log tail is kept
     assert "ok in" not in rows["g02"]["log_tail"]
     assert rows["g01"]["status"] == "ok" and len(rows) == 2
     assert "crashed" in (out / "report.md").read_text()
