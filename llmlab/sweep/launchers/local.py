@@ -28,7 +28,7 @@ from llmlab.sweep.trial import child_main
 REPO_ROOT = Path(__file__).resolve().parents[3]
 _FORKSERVER = None
 # What every trial imports lazily (AdamW's constructor imports torch._dynamo, which imports sympy; the tracker imports
-# tensorboard): imported once in the server, each forked trial starts without them, ~1 s of CPU a trial.
+# tensorboard): imported once in the server, so no forked trial imports them itself (bench/sweep_overhead.py).
 FORKSERVER_PRELOAD = ["llmlab.sweep.trial", "torch._dynamo", "torch.utils.tensorboard"]
 
 
