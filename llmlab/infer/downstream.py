@@ -8,6 +8,7 @@ is offline is one line saying so.
 
 from __future__ import annotations
 
+import functools
 import math
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,6 +49,16 @@ def resolve_tasks(tasks: list[str], work_dir: Path, pydoc_records=None) -> tuple
     return names, include
 
 
+@functools.lru_cache(maxsize=8)
+def task_manager(include: tuple[str, ...], with_bundled: bool):
+    """lm-eval's task index. Indexing the ~15k task files bundled with lm-eval took ~12 s on 2 cores
+    (bench/eval_task_index.py), so it is built once per process (a run that evaluates every N steps pays it once)
+    and not at all when every task is a file of our own."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=list(include) or None, include_defaults=with_bundled, verbosity="ERROR")
+
+
 def evaluate_tasks(
     model,
     tokenizer,
@@ -61,10 +72,10 @@ def evaluate_tasks(
     """{task: {acc, acc_stderr, acc_norm, acc_norm_stderr, n}} for each task (the metrics it reports)."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
 
     names, include = resolve_tasks(tasks, work_dir, pydoc_records)
-    manager = TaskManager(include_path=include or None, verbosity="ERROR")
+    # a task file of the user's own may build on the bundled ones; builtin:pydoc-mc never does
+    manager = task_manager(tuple(include), with_bundled=any(task != PYDOC_MC for task in tasks))
     unknown = [n for n in names if n not in manager.all_tasks]
     if unknown:
         raise UserError(

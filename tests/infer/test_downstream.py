@@ -14,7 +14,7 @@ from llmlab.core.errors import UserError
 from llmlab.data.choice_tasks import PYDOC_MC, choice_items
 from llmlab.data.pydoc_qa import build_pydoc_records
 from llmlab.data.tokenizer import load_tokenizer
-from llmlab.infer.downstream import evaluate_tasks
+from llmlab.infer.downstream import evaluate_tasks, task_manager
 
 MODULES = ["json", "textwrap", "shutil", "string", "heapq", "bisect", "fnmatch", "base64"]
 
@@ -60,17 +60,23 @@ def test_the_harness_scores_the_offline_task_as_a_by_hand_computation(tmp_path, 
     assert scores["acc"] == pytest.approx(acc, abs=1e-9) and scores["acc_norm"] == pytest.approx(acc_norm, abs=1e-9)
     assert scores["acc_stderr"] == pytest.approx(np.sqrt(acc * (1 - acc) / (len(items) - 1)), rel=1e-6)
     assert not tiny_model.training  # the harness leaves the model in the mode it found it
+    hits = task_manager.cache_info().hits
+    manager = task_manager((str(tmp_path / "pydoc-mc"),), with_bundled=False)
+    assert task_manager.cache_info().hits == hits + 1  # the index that evaluation used
+    assert "hellaswag" not in manager.all_tasks  # built without lm-eval's ~15k bundled task files
 
 
 def test_a_hub_task_while_offline_and_an_unknown_task_are_one_line(tmp_path, tiny_model, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     tokenizer = load_tokenizer()
+    task_manager.cache_clear()
     with pytest.raises(UserError, match="hellaswag need data from the Hugging Face hub") as err:
         evaluate_tasks(tiny_model, tokenizer, ["hellaswag"], tmp_path, limit=2)
     assert "\n" not in str(err.value)
     with pytest.raises(UserError, match="no task 'no_such_task'"):
         evaluate_tasks(tiny_model, tokenizer, ["no_such_task"], tmp_path)
+    assert task_manager.cache_info().misses == 1  # lm-eval's bundled index, built once for both
 
 
 def test_pretraining_reports_the_tasks_and_merge_and_infer_eval_scores_its_final_model(tmp_path):
