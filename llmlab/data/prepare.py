@@ -31,6 +31,7 @@ import multiprocessing
 import os
 import re
 import shutil
+import signal
 import sys
 import time
 import zlib
@@ -484,13 +485,20 @@ def _map_batches(cfg: DataConfig, tokenizer, wikitext: bool, source):
     # process tree's memory stepped up by ~100 MB at 1 GB of text, never at small sizes).
     gc.freeze()
     try:
-        with context.Pool(workers, initializer=_init_worker, initargs=options) as pool:
+        with context.Pool(workers, initializer=_init_pool_worker, initargs=options) as pool:
             yield from pool.imap(_process_batch, batches, chunksize=1)
     finally:
         gc.unfreeze()
 
 
 _WORKER: dict = {}
+
+
+def _init_pool_worker(*options) -> None:
+    # A forked worker inherits its parent's Python signal handlers. Pool.terminate ends workers with SIGTERM, so one
+    # that caught it and went on (Ray's driver installs such a handler) kept the pool's join waiting forever.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _init_worker(*options)
 
 
 def _init_worker(tokenizer, wikitext: bool, min_chars: int, near: bool) -> None:

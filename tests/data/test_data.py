@@ -642,3 +642,32 @@ def test_a_truncated_or_mislabelled_compressed_file_is_one_line_and_leaves_no_da
     bad_xz = _compress(bad, ".xz")
     with pytest.raises(UserError, match=rf"{bad_xz}:2 is not UTF-8"):
         prepare_dataset(cfg_for(tmp_path, bad_xz), gpt2_tokenizer)
+
+
+POOL_WORKER_SCRIPT = """
+import multiprocessing, signal, sys
+from llmlab.data import prepare
+from llmlab.data.tokenizer import load_tokenizer
+signal.signal(signal.SIGTERM, lambda *args: None)  # this process catches SIGTERM and goes on
+def worker(ready):
+    prepare._init_pool_worker(load_tokenizer(), False, 1, True)  # what each of the pool's workers runs first
+    ready.set()
+    signal.pause()
+ready = multiprocessing.get_context("fork").Event()
+child = multiprocessing.get_context("fork").Process(target=worker, args=(ready,))
+child.start()
+assert ready.wait(60)
+child.terminate()  # what Pool.terminate sends each worker still alive
+child.join(20)
+print("worker exit", child.exitcode, "parent keeps its handler", signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL)
+"""
+
+
+def test_preparation_workers_end_on_sigterm_whatever_their_parent_catches(tmp_path, repo_root):
+    """The pool's workers are forked, and Pool.terminate ends them with SIGTERM. They inherited the parent's Python
+    handlers, so a handler that does not exit (Ray's, left in a process that once started a Ray node) kept a worker
+    alive and the pool's join waiting forever: a CI run hung so, waiting on such a worker. Workers now die on it."""
+    proc = subprocess.run(
+        [sys.executable, "-c", POOL_WORKER_SCRIPT], cwd=repo_root, capture_output=True, text=True, timeout=120
+    )
+    assert "worker exit -15 parent keeps its handler True" in proc.stdout, proc.stdout + proc.stderr[-2000:]

@@ -4,6 +4,7 @@ timeout on the node, and the one-line error without a cluster."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,11 +25,14 @@ def two_node_cluster():
     os.environ.update(LOOPBACK)
     from ray.cluster_utils import Cluster
 
+    sigterm = signal.getsignal(signal.SIGTERM)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     second = cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
     yield cluster, second
     cluster.shutdown()
+    # the head node's SIGTERM handler outlives it, and every process this test process forks later inherits it
+    signal.signal(signal.SIGTERM, sigterm)
     for name, value in saved.items():
         os.environ.pop(name) if value is None else os.environ.update({name: value})
 
