@@ -33,8 +33,26 @@ def accelerator_placement() -> dict:
     """Accelerator kwargs that make several CPU processes one data-parallel run. Without `cpu=True` accelerate keeps
     distributed_type NO under `--multi_gpu` or torchrun on a CPU machine: prepare() skips DDP, gradients are never
     averaged, and each process trains its own model. DeepSpeed brings its own CPU backend and must not get it."""
-    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-    return {"cpu": True} if distributed_cpu() and not deepspeed else {}
+    return {"cpu": True} if distributed_cpu() and not deepspeed_launch() else {}
+
+
+def deepspeed_launch() -> bool:
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+
+
+def skip_unused_shared_memory_allreduce() -> None:
+    """A one-process DeepSpeed run on CPU never reduces with a peer, yet DeepSpeed's CPU backend JIT-compiles its
+    shared-memory allreduce op when the process group starts: about a minute of C++ on 2 cores, on the first run
+    in every fresh extensions folder. Marked unavailable there, DeepSpeed leaves collectives to torch.distributed;
+    runs of several processes keep it."""
+    if not deepspeed_launch() or distributed_cpu() or torch.cuda.is_available():
+        return
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None:
+        deepspeed.ops.__compatible_ops__[builder.NAME] = False
 
 
 def resolve_mixed_precision(choice: str) -> str:
@@ -46,8 +64,7 @@ def resolve_mixed_precision(choice: str) -> str:
     if choice != "auto":
         return choice
     launched = os.environ.get("ACCELERATE_MIXED_PRECISION")
-    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-    if launched in ("no", "bf16", "fp16") and not (deepspeed and launched == "no"):
+    if launched in ("no", "bf16", "fp16") and not (deepspeed_launch() and launched == "no"):
         return launched
     chosen = resolve_precision("auto", resolve_device("auto"))
     return "no" if chosen == "fp32" else chosen
@@ -83,6 +100,7 @@ def make_accelerator(cfg, mixed_precision, plugin, accumulation_steps: int, out:
         if plugin is not None
         else {"gradient_accumulation_steps": accumulation_steps}
     )
+    skip_unused_shared_memory_allreduce()
     try:
         accelerator = Accelerator(
             mixed_precision=mixed_precision,
