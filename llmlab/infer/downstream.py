@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
-import datasets
 import yaml
 
 from llmlab.core.errors import UserError
@@ -136,6 +135,8 @@ def _scores(result: dict) -> dict[str, float]:
 @contextmanager
 def _quiet_progress():
     """datasets' bars (its split generation) off while the harness loads a task."""
+    import datasets  # here, not at the top: pretraining imports this module and most runs evaluate no task
+
     enabled = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()
     try:

@@ -140,6 +140,8 @@ OPTIONAL = {
     "deepspeed": "ZeRO runs only; its import probes the accelerator and takes seconds",
     "bitsandbytes": "CUDA and 4-bit paths only; probed, never required",
     "matplotlib": "plots only, drawn once at the end of a report",
+    "datasets": "hub corpora and downstream tasks only: its import (pandas, pyarrow) took ~0.9 s of every pretraining "
+    "start, most of which evaluate no task",
     "lm_eval": "downstream tasks only (--eval_tasks, merge_and_infer.py eval): the harness imports its task registry",
     "transformers.optimization": "Adafactor only: importing it loads transformers' Trainer utilities and peft, 2.4 s "
     "of a 3.7 s sweep-trial start that every spawned or Ray trial pays",
@@ -181,6 +183,15 @@ def test_imports_sit_at_the_top_unless_named():
             if not ok:
                 misplaced.append(f"{name}: {module}")
     assert misplaced == [], f"move these imports to the top, or name the exception and its reason: {misplaced}"
+
+
+def test_the_training_loops_load_datasets_only_when_asked():
+    import subprocess
+    import sys
+
+    code = "import sys, llmlab.train.pretrain.loop, llmlab.train.lora.loop; print('datasets' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "False", proc.stderr[-2000:]
 
 
 def test_a_bad_flag_never_loads_the_training_stack():
