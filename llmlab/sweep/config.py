@@ -25,6 +25,8 @@ class Budget:
     eval_batches: int
     log_every: int
     trial_timeout: int  # seconds
+    # (heads, blocks) of the minimal model where a trial names no size (None: the model's own 192x4)
+    default_shape: Optional[tuple[int, int]] = None
 
 
 # Warmup levels (100 / 500 / 1000) are steps of the full protocol; smaller budgets scale them by
@@ -44,6 +46,8 @@ BUDGETS: dict[str, Budget] = {
         eval_batches=2,
         log_every=2,
         trial_timeout=180,
+        # 2 heads and 2 blocks (64x2 at --head_dim 32): the plumbing does not need 192x4's compute
+        default_shape=(2, 2),
     ),
     # A doe20 in about an hour on 2 cores (2 workers of one core, 2-5 minutes a trial).
     "cpu": Budget(

@@ -158,7 +158,7 @@ def trial_specs(
         hp = trial_hparams(cfg, trial)
         run_steps = steps or max(1, budget.epochs * data_info["train_rows"] // hp.batch_size)
         micro = cfg.micro_batch_size or (hp.batch_size if cfg.grid == "lr_bs" else budget.batch_size)
-        width, depth = parse_size(hp.size, cfg.model, cfg.head_dim) if hp.size else (None, None)
+        width, depth = parse_size(hp.size, cfg.model, cfg.head_dim) if hp.size else default_shape(cfg)
         spec = TrialSpec(
             **shared,
             trial_id=trial["trial_id"],
@@ -175,6 +175,15 @@ def trial_specs(
         check_runnable(spec)
         specs.append(spec)
     return specs
+
+
+def default_shape(cfg: SweepConfig) -> tuple[Optional[int], Optional[int]]:
+    """Width and depth of a trial that names no size: the budget's (heads of --head_dim), else the model's own."""
+    shape = cfg.budget_spec.default_shape
+    if cfg.model != "minimal" or shape is None:
+        return None, None
+    heads, depth = shape
+    return heads * cfg.head_dim, depth
 
 
 def trial_device(cfg: SweepConfig) -> tuple[str, str]:
@@ -450,14 +459,18 @@ def reap_stale_trials(out_dir: Path) -> None:
 def _print_parameters(cfg: SweepConfig) -> None:
     if cfg.model != "minimal":
         return
-    block = cfg.block_size or cfg.budget_spec.block_size
-    table, trainable, frozen = parameter_table(
-        MinimalTransformer(
-            MinimalTransformerConfig(
-                max_seq_len=block, position_encoding=cfg.position_encoding, embedding=cfg.embedding
-            )
-        )
+    options = dict(
+        max_seq_len=cfg.block_size or cfg.budget_spec.block_size,
+        position_encoding=cfg.position_encoding,
+        embedding=cfg.embedding,
     )
+    width, depth = default_shape(cfg)
+    model_cfg = (
+        MinimalTransformerConfig.of_size(width, depth, cfg.head_dim, **options)
+        if width
+        else MinimalTransformerConfig(**options)
+    )
+    table, trainable, frozen = parameter_table(MinimalTransformer(model_cfg))
     print(
         f"minimal Transformer ({cfg.position_encoding} positions, {cfg.embedding} embedding): {trainable:,} "
         f"trainable, {frozen:,} frozen parameters\n{table}",
