@@ -497,6 +497,44 @@ def forecast_design(name: str = "lr-forecast", label: str = "registered") -> str
     )
 
 
+def forecast_noise(name: str = "lr-forecast-sp") -> str:
+    """The noise a registered design was simulated with against the noise its scan then showed, size by size, and
+    what the verdict's interval was made of."""
+    folder = FINDINGS / name
+    fits = folder / "scaling_fits.json"
+    if not fits.is_file():
+        return "_the scan has not finished_"
+    rationale = json.loads((folder / "design_rationale.json").read_text())
+    planned, registered = rationale["world"], rationale["summary"]
+    transfer = json.loads(fits.read_text())["transfer"]
+    vertex = {p["size"]: p for p in transfer["points"]}
+    worlds = list(planned)
+    lines = [
+        "| size | " + " | ".join(f"planned σ ({w})" for w in worlds) + " | measured σ (df) | measured / planned "
+        f"({worlds[0]}) | the vertex's SE in ln lr |",
+        "|---|" + "---|" * (len(worlds) + 3),
+    ]
+    for size, measured in sorted(transfer["noise"]["per_size"].items(), key=lambda kv: vertex[kv[0]]["n_params"]):
+        sigmas = [planned[w]["sigma"][size] for w in worlds]
+        lines.append(
+            f"| {size} | "
+            + " | ".join(f"{v:.4f}" for v in sigmas)
+            + f" | {measured['sigma']:.4f} ({measured['df']}) | "
+            f"{measured['sigma'] / sigmas[0]:.1f}× | {math.sqrt(vertex[size]['var_ln']):.3f} |"
+        )
+    row = transfer["holdout"]["rows"][0]
+    forecast = json.loads((folder / "preregistration.json").read_text())["forecast"]["law"]
+    held = math.sqrt(vertex[transfer["holdout"]["size"]]["var_ln"])
+    power = row["power"]
+    return "\n".join(lines) + (
+        f"\n\nThe verdict's SE of ln R was {row['se_ln']:.3f} ({row['df']} df): the registered forecast's own "
+        f"{forecast['se_mean']:.3f} and the held-out vertex's {held:.3f}. At that SE, P(within | exact) is "
+        f"{power['within_at_exact']:.0%} and P(95 % CI excludes 1 | 1.5x miss) {power['detect_1.5x_miss']:.0%} "
+        f"(P(failed | 2x miss) {power['failed_at_2x']:.0%}), where the registered simulation gave "
+        f"{registered['P(within | exact)']:.0%} and {registered['power: P(95 % CI excludes 1 | 1.5x miss)']:.0%}."
+    )
+
+
 def _ratio_text(row: dict) -> str:
     return (
         f"forecast / measured = **{row['ratio']:.2f}** (90 % CI [{row['ci90'][0]:.2f}, {row['ci90'][1]:.2f}], "
@@ -720,6 +758,7 @@ BLOCKS = {
     "lr-forecast-sp-regime": lambda: regime("lr-forecast-sp"),
     "lr-forecast-sp-design": lambda: forecast_design("lr-forecast-sp", "chosen"),
     "lr-forecast-sp": lambda: lr_summary("lr-forecast-sp", "Second forecast, standard parametrisation"),
+    "lr-forecast-sp-noise": forecast_noise,
     "lr-forecast-power": realised_power,
     "lr-forecast-machines": forecast_machines,
 }
