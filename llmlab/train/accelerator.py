@@ -41,11 +41,11 @@ def deepspeed_launch() -> bool:
 
 
 def skip_unused_shared_memory_allreduce() -> None:
-    """A one-process DeepSpeed run on CPU never reduces with a peer, yet DeepSpeed's CPU backend JIT-compiles its
-    shared-memory allreduce op when the process group starts: about a minute of C++ on 2 cores, on the first run
-    in every fresh extensions folder. Marked unavailable there, DeepSpeed leaves collectives to torch.distributed;
-    runs of several processes keep it."""
-    if not deepspeed_launch() or distributed_cpu() or torch.cuda.is_available():
+    """DeepSpeed's CPU backend JIT-compiles a shared-memory allreduce when its process group starts: about a minute
+    of C++ on 2 cores, the first time in every fresh extensions folder. Only its tensor-parallel inference calls
+    that op; ZeRO training reduces through torch.distributed (gloo), at any number of processes. Marked unavailable,
+    it is neither built nor loaded."""
+    if not deepspeed_launch() or torch.cuda.is_available():
         return
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator

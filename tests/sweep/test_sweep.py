@@ -246,10 +246,11 @@ def test_hung_trial_is_killed_at_the_timeout_and_the_sweep_goes_on(tmp_path, dat
     # process exists: it can neither finish nor reach the pre-check, so only the runner's timeout ends it.
     grid = write_grid(tmp_path / "g.yaml", "trials:\n  - {optimizer: adamw}\n  - {optimizer: lion}\n")
     out = tmp_path / "out"
-    # 45 s: the healthy trial must still pass its pre-check on a loaded machine (with 20 s, a CI run sharing the
-    # two cores with other work projected g02 past its timeout and stopped it)
+    # 30 s: the healthy trial must still pass its pre-check on a loaded machine (with 20 s and the 192x4 model the
+    # smoke budget had then, a CI run sharing the two cores projected g02 past its timeout; at 64x2 a trial takes
+    # about a quarter as long, bench/smoke_shape.py)
     # two workers: the healthy trial runs while the hung one waits out its timeout
-    args = [sys.executable, *sweep_args(out, data_cache, "--grid", grid, "--trial_timeout", "45", "--workers", "2")]
+    args = [sys.executable, *sweep_args(out, data_cache, "--grid", grid, "--trial_timeout", "30", "--workers", "2")]
     sweep = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pid_file = out / "trials" / "g01" / "pid"
     _wait_for(pid_file)
@@ -257,7 +258,7 @@ def test_hung_trial_is_killed_at_the_timeout_and_the_sweep_goes_on(tmp_path, dat
     output, _ = sweep.communicate(timeout=600)
     assert sweep.returncode == 0, output[-3000:]
     rows = {r["trial_id"]: r for r in read_csv(out / "results.csv")}
-    assert rows["g01"]["status"] == "timeout" and "killed after the 45 s trial timeout" in rows["g01"]["failures"]
+    assert rows["g01"]["status"] == "timeout" and "killed after the 30 s trial timeout" in rows["g01"]["failures"]
     assert rows["g02"]["status"] == "ok"
 
 

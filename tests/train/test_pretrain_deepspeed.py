@@ -155,7 +155,7 @@ def test_zero2_cpu_offload_resumes_after_sigkill_in_fp32(tmp_path):
     first = launch(whole, tmp_path / "cache", "--max_steps", "12", precision="no")
     assert first.returncode == 0, first.stderr[-3000:]
     assert "optimizer DeepSpeedCPUAdam" in first.stdout and "DEEPSPEED" in first.stdout
-    # one process has no peer to reduce with: DeepSpeed's shared-memory allreduce is neither compiled nor loaded
+    # training reduces through torch.distributed: DeepSpeed's shared-memory allreduce is neither compiled nor loaded
     assert "shm_comm" not in first.stdout + first.stderr
     assert (whole / "checkpoints" / "step_12" / "pytorch_model").is_dir()  # ZeRO's own checkpoint layout
     got, expected = killed_and_resumed(tmp_path / "killed", tmp_path / "cache", "no"), train_losses(whole)
