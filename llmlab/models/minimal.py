@@ -44,9 +44,11 @@ class MinimalTransformerConfig:
         return self.width / self.mup_base_width if self.parametrization == "mup" else 1.0
 
     @staticmethod
-    def of_size(width: int, n_layer: int, head_dim: int = 32, **kwargs) -> "MinimalTransformerConfig":
-        """The family the lab scans: heads of 32 (or head_dim), feed-forward 2 x width (the default is 192 wide, 4
-        deep)."""
+    def of_size(width: int | None, n_layer: int | None, head_dim: int = 32, **kwargs) -> "MinimalTransformerConfig":
+        """The family the lab scans: heads of 32 (or head_dim), feed-forward 2 x width. No width: the default shape
+        (192 wide, 4 deep), as a trial that names no size trains."""
+        if not width:
+            return MinimalTransformerConfig(**kwargs)
         return MinimalTransformerConfig(
             width=width, n_layer=n_layer, n_head=width // head_dim, ff_width=2 * width, **kwargs
         )

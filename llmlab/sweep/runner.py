@@ -224,12 +224,17 @@ def warmup_scale(cfg: SweepConfig, steps: int) -> float:
     return steps / FULL_NOMINAL_STEPS if cfg.scale_warmup else 1.0
 
 
+def as_run(cfg: SweepConfig, trial: dict) -> dict:
+    """A design point with the sweep-wide settings that override its levels (an lr scan's --clip applies to every
+    point), so the design written to design.md shows what the trial trains with."""
+    if cfg.grid == "lr_bs" and cfg.clip is not None:
+        return {**trial, "clip": parse_clip(cfg.clip)}
+    return trial
+
+
 def trial_hparams(cfg: SweepConfig, trial: dict) -> Hparams:
     """The levels one trial trains with: its design values, then the sweep-wide defaults (llmlab.sweep.factors)."""
-    levels = resolve(cfg, trial)
-    if cfg.grid == "lr_bs" and cfg.clip is not None:  # an lr scan's --clip applies to every point
-        levels["clip"] = parse_clip(cfg.clip)
-    return Hparams(**levels)
+    return Hparams(**resolve(cfg, as_run(cfg, trial)))
 
 
 # A multi-size scan may grow: sizes after the ones it ran, and the held-out check of the last one with its design,
@@ -364,6 +369,7 @@ def _run_trials(
 
     def run_design(design: list[dict], announce: bool = False) -> list[dict]:
         """Write the design, run its pending trials, return every finished result."""
+        design = [as_run(cfg, trial) for trial in design]
         if announce:
             print(f"design ({cfg.grid}, {len(design)} trials):\n{design_table(design)}", flush=True)
         atomic_write_text(out_dir / "design.md", design_table(design) + "\n")
@@ -465,12 +471,8 @@ def _print_parameters(cfg: SweepConfig) -> None:
         embedding=cfg.embedding,
     )
     width, depth = default_shape(cfg)
-    model_cfg = (
-        MinimalTransformerConfig.of_size(width, depth, cfg.head_dim, **options)
-        if width
-        else MinimalTransformerConfig(**options)
-    )
-    table, trainable, frozen = parameter_table(MinimalTransformer(model_cfg))
+    model = MinimalTransformer(MinimalTransformerConfig.of_size(width, depth, cfg.head_dim, **options))
+    table, trainable, frozen = parameter_table(model)
     print(
         f"minimal Transformer ({cfg.position_encoding} positions, {cfg.embedding} embedding): {trainable:,} "
         f"trainable, {frozen:,} frozen parameters\n{table}",

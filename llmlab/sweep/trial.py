@@ -60,12 +60,7 @@ def build_trial_model(spec: TrialSpec, hp: Hparams) -> torch.nn.Module:
             mup_base_width=spec.mup_base_width,
             gradient_checkpointing=spec.gradient_checkpointing,
         )
-        cfg = (
-            MinimalTransformerConfig.of_size(width, depth, spec.head_dim, **options)
-            if width
-            else MinimalTransformerConfig(**options)
-        )
-        return MinimalTransformer(cfg)
+        return MinimalTransformer(MinimalTransformerConfig.of_size(width, depth, spec.head_dim, **options))
     shape = {"n_embd": width, "n_layer": depth, "n_head": width // 64} if width else {}
     model = build_gpt2_model(spec.model, vocab_size=50257, n_positions=spec.block_size, **shape)
     if spec.gradient_checkpointing:

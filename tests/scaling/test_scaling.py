@@ -611,6 +611,8 @@ def test_smoke_multi_size_scan_end_to_end_plans_grids_and_resumes(tmp_path):
         "lr_bs",
         "--budget",
         "smoke",
+        "--clip",
+        "2.0",
         "--sizes",
         "32x1",
         "64x1",
@@ -646,6 +648,10 @@ def test_smoke_multi_size_scan_end_to_end_plans_grids_and_resumes(tmp_path):
     assert [c["seeds"] for c in plan["cells"]] == [2, 2, 3]  # two seeds per lr, the held-out size's own count
     planned = sum(len(c["lrs"]) * c["seeds"] for c in plan["cells"])
     assert len(fits["trials"]) == planned and transfer["noise"]["df"] > 0
+    # the scan's --clip is what every trial trains with, and what its design.md says
+    design = json.loads((out / "design.json").read_text())
+    assert {t["clip"] for t in design} == {2.0} and "| 2.0 |" in (out / "design.md").read_text()
+    assert {json.loads(p.read_text())["hparams"]["clip"] for p in out.glob("trials/*/result.json")} == {2.0}
     here = plan["machines"][0]["label"]
     assert plan["machines"] == [{"label": here, "numerics": here, "replay": None}]
     assert all(t["cpu"] == here for t in fits["trials"])  # every trial records the machine it ran on
