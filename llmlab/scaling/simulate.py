@@ -50,6 +50,9 @@ class Truth:
     lr_at: tuple[float, float] = (1.65e-3, 410400.0)  # (lr_opt, N) through which the law passes
     centring_sd: float = 0.3  # ln-lr error of the running forecast a fit size's grid is centred on
     noise_lr_slope: float = 0.0  # d ln sigma^2 / d ln lr about each size's optimum
+    # SD of each size's true ln lr_opt about the power law (its lack of fit, tau): a real family is not an exact
+    # line, and a forecast is judged against the held-out size's own optimum, off the line by as much
+    law_scatter_sd: float = 0.0
     extra: dict = field(default_factory=dict)
 
     def ln_lr_opt(self, size: str) -> float:
@@ -101,8 +104,12 @@ def _measure_size(
 def simulate_once(rng, truth: Truth, design: Design, miss: float) -> dict:
     """One whole scan; its verdict and ln R (None when the held-out size was not a measurement)."""
     rows: list[dict] = []
+    sizes = (*design.fit_sizes, design.held_out)
+    # drawn only when planted, so a world without scatter replays the same scans as before it existed
+    scatter = dict(zip(sizes, rng.normal(0.0, truth.law_scatter_sd, len(sizes)))) if truth.law_scatter_sd else {}
+    scatter = {s: float(scatter.get(s, 0.0)) for s in sizes}
     for size in design.fit_sizes:
-        ln_opt = truth.ln_lr_opt(size)
+        ln_opt = truth.ln_lr_opt(size) + scatter[size]
         centre = math.exp(ln_opt + rng.normal(0.0, truth.centring_sd))
         rows += _measure_size(rng, truth, design, size, centre, ln_opt, design.fit_lrs, design.fit_seeds)
     fit_points = [p for p in size_points(rows, seed_noise(rows)) if p["status"] == "measured"]
@@ -111,7 +118,7 @@ def simulate_once(rng, truth: Truth, design: Design, miss: float) -> dict:
         return {"verdict": "no law", "ln_r": None}
     forecast = predict(law, truth.n_params[design.held_out], 4.0)
     # forecast / measured = miss: the held-out optimum sits 1/miss off the true law, the grid on the forecast
-    ln_held = truth.ln_lr_opt(design.held_out) - math.log(miss)
+    ln_held = truth.ln_lr_opt(design.held_out) + scatter[design.held_out] - math.log(miss)
     held_rows = _measure_size(
         rng, truth, design, design.held_out, forecast["lr"], ln_held, design.held_lrs, design.held_seeds
     )

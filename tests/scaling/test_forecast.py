@@ -122,6 +122,29 @@ def test_simulated_error_rates_separate_an_exact_forecast_from_a_2x_miss():
     assert oc["2x"]["failed"] >= 0.5 and oc["2x"]["within"] == 0
 
 
+def test_planted_scatter_about_the_law_spreads_the_forecasts_error_by_as_much():
+    from dataclasses import replace
+
+    from llmlab.scaling.simulate import simulate_once
+
+    sizes = {f"{w}x2": 24.0 * w**2 for w in (32, 64, 96, 128, 160, 320)}
+    exact_line = Truth(
+        n_params=sizes,
+        curvature={s: 0.2 for s in sizes},
+        sigma={s: 0.005 for s in sizes},
+        lr_at=(3e-3, sizes["160x2"]),
+        centring_sd=0.1,
+    )
+    design = Design(tuple(list(sizes)[:-1]), "320x2", fit_lrs=5, fit_seeds=2, held_lrs=5, held_seeds=2)
+    spread = {}
+    for scatter in (0.0, 0.3):
+        rng = np.random.default_rng(3)
+        truth = replace(exact_line, law_scatter_sd=scatter)
+        spread[scatter] = np.std([simulate_once(rng, truth, design, 1.0)["ln_r"] for _ in range(12)])
+    # without scatter only the seed noise moves ln R; with it the held-out size's own 0.3 and the fit's error do
+    assert spread[0.0] < 0.05 and spread[0.3] > 0.2, spread
+
+
 def machine_blocked_bowl(seed: int, offset: float, sigma: float = 0.03) -> list[dict]:
     """The registered forecast's held-out cell as it ran: machine A ran the 4 lowest of 7 lrs x 6 seeds, machine B
     the rest of the registered grid and 3 complete blocks of its own; B's losses sit `offset` nats higher."""
@@ -200,7 +223,7 @@ def test_the_power_simulation_takes_its_world_from_the_fit_cells_noise_and_recov
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    truths, facts = bench.scan_worlds(tmp_path, sizes, "224x7", head_dim=32)
+    truths, facts = bench.scan_worlds(tmp_path, sizes, "224x7", head_dim=32, law_scatter=0.06)
     world = truths["as measured"]
     low, high = facts["shape"]["alpha_ci"]
     assert low <= alpha <= high and abs(world.alpha - alpha) < 0.15
@@ -211,3 +234,14 @@ def test_the_power_simulation_takes_its_world_from_the_fit_cells_noise_and_recov
     assert world.sigma["224x7"] == pytest.approx(facts["held_out_sigma_extrapolated"])
     cautious = truths["sigma flat beyond the largest fit size"].sigma
     assert cautious["224x7"] == world.sigma["160x5"] and cautious["64x2"] == world.sigma["64x2"]
+    # the plateau world: the fit cells' pooled sigma at every size, held-out included; every world plants the scatter
+    pooled = facts["pooled_sigma"]["sigma"]
+    plateau = truths[f"sigma {pooled:.3f} (pooled) at every size"].sigma
+    assert set(plateau.values()) == {pooled} and min(world.sigma.values()) < pooled < max(world.sigma.values())
+    assert {t.law_scatter_sd for t in truths.values()} == {0.06}
+    # larger designs follow the fit sizes' own rule: the depth dial here, more widths at one depth for a muP scan
+    assert bench.larger_families(sizes)[0] == (bench.rule_sizes(2, 7), "288x9")
+    assert bench.larger_families(("64x4", "96x4", "128x4"))[0] == (
+        ("64x4", "96x4", "128x4", "160x4", "192x4", "224x4"),
+        "288x4",
+    )
