@@ -535,6 +535,35 @@ def forecast_noise(name: str = "lr-forecast-sp") -> str:
     )
 
 
+def forecast_recheck(name: str = "lr-forecast-sp") -> str:
+    """The registered design replayed through the design simulation with the noise its fit cells then showed (6
+    seeds, extended lrs), with and without the law's measured scatter, against the power its verdict realised."""
+    folder = FINDINGS / name
+    row = json.loads((folder / "scaling_fits.json").read_text())["transfer"]["holdout"]["rows"][0]
+    lines = [
+        "| simulated world | P(within \\| exact) | P(95 % CI excludes 1 \\| 1.5x miss) | P(failed \\| 2x miss) |",
+        "|---|---|---|---|",
+    ]
+    for file, planted in (("design_recheck_no_scatter.json", "no scatter"), ("design_recheck.json", "")):
+        recheck = json.loads((folder / file).read_text())
+        tau = recheck["facts"]["law_scatter_sd"]
+        for world in recheck["facts"]["judged_on"]:
+            rates = recheck["designs"][recheck["chosen"]][world]
+            lines.append(
+                f"| {world}, {planted or f'scatter τ = {tau:.3f}'} | {rates['P(within | exact)']:.0%} | "
+                f"{rates['power: P(95 % CI excludes 1 | 1.5x miss)']:.0%} | {rates['P(failed | 2x miss)']:.0%} |"
+            )
+    power = row["power"]
+    lines.append(
+        f"| realised (the verdict's own SE {row['se_ln']:.3f}, {row['df']} df) | {power['within_at_exact']:.0%} | "
+        f"{power['detect_1.5x_miss']:.0%} | {power['failed_at_2x']:.0%} |"
+    )
+    return "\n".join(lines) + (
+        f"\n\n{recheck['reps']} simulated scans per world and miss, of the registered design "
+        f"({recheck['chosen']}); the worlds' σ comes from the fit cells alone, never the held-out size's."
+    )
+
+
 def _ratio_text(row: dict) -> str:
     return (
         f"forecast / measured = **{row['ratio']:.2f}** (90 % CI [{row['ci90'][0]:.2f}, {row['ci90'][1]:.2f}], "
@@ -759,6 +788,7 @@ BLOCKS = {
     "lr-forecast-sp-design": lambda: forecast_design("lr-forecast-sp", "chosen"),
     "lr-forecast-sp": lambda: lr_summary("lr-forecast-sp", "Second forecast, standard parametrisation"),
     "lr-forecast-sp-noise": forecast_noise,
+    "lr-forecast-sp-recheck": forecast_recheck,
     "lr-forecast-power": realised_power,
     "lr-forecast-machines": forecast_machines,
 }

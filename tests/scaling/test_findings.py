@@ -163,3 +163,20 @@ def test_the_forecast_machine_term_equals_an_independent_least_squares_fit():
     low, high = fit.conf_int().loc[name]
     stated = f"= {fit.params[name]:+.4f} nats [{low:+.4f}, {high:+.4f}] ({int(fit.df_resid)} df"
     assert stated in (REPO / "docs" / "findings" / "README.md").read_text(), stated
+
+
+def test_the_design_recheck_plants_the_fit_cells_own_noise():
+    """The replayed design's worlds: 224x7's seed SD is the pooled within-lr SD of its own trials (by hand), and the
+    flat world holds that value at the held-out 288x9, whose trials it never read."""
+    import json
+
+    folder = REPO / "docs" / "findings" / "lr-forecast-sp"
+    by_lr: dict = {}
+    for path in folder.glob("trials/224x7_*/result.json"):
+        r = json.loads(path.read_text())
+        by_lr.setdefault(r["hparams"]["lr"], []).append(r["final_loss"])
+    squares = sum(sum((x - sum(v) / len(v)) ** 2 for x in v) for v in by_lr.values())
+    sigma = math.sqrt(squares / sum(len(v) - 1 for v in by_lr.values()))
+    world = json.loads((folder / "design_recheck.json").read_text())["world"]
+    assert math.isclose(world["as measured"]["sigma"]["224x7"], sigma, rel_tol=1e-9)
+    assert world["sigma flat beyond the largest fit size"]["sigma"]["288x9"] == world["as measured"]["sigma"]["224x7"]
