@@ -184,8 +184,9 @@ def larger_families(fit_sizes: tuple[str, ...]) -> list[tuple[tuple[str, ...], s
     depths = {d for _, d in shapes}
     if len(depths) > 1:
         return [(rule_sizes(2, 7), "288x9"), (rule_sizes(2, 9), "352x11")]
-    depth, first = depths.pop(), shapes[0][0]
+    depth, first, last = depths.pop(), shapes[0][0], shapes[-1][0]
     return [
+        (width_sizes(first, last + 32, depth), f"{last + 64}x{depth}"),
         (width_sizes(first, 224, depth), f"288x{depth}"),
         (width_sizes(first, 320, depth), f"416x{depth}"),
     ]

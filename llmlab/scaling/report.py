@@ -137,6 +137,15 @@ def verdict_markdown(holdout: dict, registration: Optional[dict] = None) -> list
         )
     lines.append("")
     for row in holdout["rows"]:
+        flat = row.get("flat")
+        if flat:
+            lines += [
+                f"**muP's flat prediction: {flat['verdict']}** -- the fit sizes' mean lr_opt {flat['predicted']:.3g} "
+                f"/ measured = {flat['ratio']:.2f}, 90 % CI {_interval(flat['ci90'])}, 95 % CI "
+                f"{_interval(flat['ci95'])} ({flat['df']} df; P(95 % CI excludes 1 | 1.5x miss) at this SE "
+                f"{flat['power']['detect_1.5x_miss']:.0%}).",
+                "",
+            ]
         if row.get("power"):
             p = row["power"]
             lines.append(

@@ -247,6 +247,37 @@ def power(se: float, df: int) -> dict:
     }
 
 
+FLAT_RULE = (
+    "muP's own prediction: the held-out lr_opt equals the geometric mean of the fit sizes' measured lr_opt; its SE "
+    "is their spread across sizes / sqrt(k) on k - 1 df (it carries their estimation error, any scatter about flat "
+    "and any trend the prediction denies), judged by the same verdict rule as the law's forecast"
+)
+
+
+def flat_forecast(fit_points: list[dict]) -> dict:
+    """muP's prediction that the optimal lr does not move with width (FLAT_RULE), from the fit sizes' vertices."""
+    measured = [p for p in fit_points if p["status"] == "measured"]
+    if len(measured) < 2:
+        return {"status": "unavailable", "reason": f"{len(measured)} measured fit sizes: the mean needs >= 2"}
+    ln = np.array([p["ln_lr_opt"] for p in measured])
+    return {
+        "status": "ok",
+        "lr": float(math.exp(ln.mean())),
+        "ln_lr": float(ln.mean()),
+        "se_mean": float(ln.std(ddof=1) / math.sqrt(len(ln))),
+        "df": len(ln) - 1,
+        "sizes": [p["size"] for p in measured],
+        "rule": FLAT_RULE,
+    }
+
+
+def flat_verdict(flat: dict, held: dict) -> dict:
+    """The flat prediction against the held-out size's measured optimum: R = predicted / measured, VERDICT_RULE."""
+    ln_r = flat["ln_lr"] - held["ln_lr_opt"]
+    se = math.sqrt(flat["se_mean"] ** 2 + held["var_ln"])
+    return {**decide(ln_r, se, flat["df"]), "predicted": flat["lr"], "power": power(se, flat["df"])}
+
+
 def registered_forecast(registration: Optional[dict], size: str, batch: float) -> Optional[dict]:
     """The pre-registered forecast of (size, batch) as predict() returns one, or None when none was registered."""
     if not registration or registration.get("held_out") != size or float(registration.get("batch_size", -1)) != batch:
@@ -316,6 +347,9 @@ def holdout_verdict(points: list[dict], confidence: float = 0.95, registration: 
             row.update(decide(ln_r, se, df), power=power(se, df))
             if row["verdict"] == "undecided":
                 row["decided_by"] = what_decides(fit_points, law, held, ln_r)
+            flat = (registration or {}).get("flat_forecast") or {}
+            if forecast["registered"] and flat.get("status") == "ok":
+                row["flat"] = flat_verdict(flat, held)
         rows.append(row)
     judged = [r for r in rows if "ratio" in r]
     worst = max(judged, key=lambda r: abs(math.log(r["ratio"]))) if judged else None

@@ -28,7 +28,7 @@ from llmlab.scaling.fits import ScalingOptions, feasible_region
 from llmlab.scaling.law import fit_law, predict
 from llmlab.scaling.machines import machine_adjust
 from llmlab.scaling.optimum import ESTIMATOR, cell_optimum, finite, grid_extension
-from llmlab.scaling.transfer import BAND, VERDICT_RULE, seed_noise, sigma_model, size_points
+from llmlab.scaling.transfer import BAND, VERDICT_RULE, flat_forecast, seed_noise, sigma_model, size_points
 from llmlab.sweep.design import CONTROL, in_blocks, parse_size, replicate
 from llmlab.sweep.factors import REGISTRY
 from llmlab.sweep.report import flat_row
@@ -459,6 +459,7 @@ def preregister(cfg, out_dir: Path, plan: dict, cell: dict, rows: list[dict]) ->
         except (OSError, ValueError) as err:
             raise UserError(f"--design_rationale {cfg.design_rationale}: not a readable JSON file ({err})") from None
     held_rows = [r for r in rows if str(r.get("size")) == cell["size"]]
+    fit = _feasible([r for r in rows if str(r.get("size")) != cell["size"]], plan)
     atomic_write_json(
         path,
         {
@@ -473,6 +474,8 @@ def preregister(cfg, out_dir: Path, plan: dict, cell: dict, rows: list[dict]) ->
                 "alpha": cell.get("alpha"),
                 "law": cell.get("law"),
             },
+            # muP claims the optimum does not move with width: that prediction is registered beside the law's
+            "flat_forecast": flat_forecast(size_points(fit, seed_noise(fit))) if cfg.parametrization == "mup" else None,
             "estimator": ESTIMATOR,
             "verdict_rule": VERDICT_RULE,
             "band": BAND,

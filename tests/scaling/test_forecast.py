@@ -241,7 +241,60 @@ def test_the_power_simulation_takes_its_world_from_the_fit_cells_noise_and_recov
     assert {t.law_scatter_sd for t in truths.values()} == {0.06}
     # larger designs follow the fit sizes' own rule: the depth dial here, more widths at one depth for a muP scan
     assert bench.larger_families(sizes)[0] == (bench.rule_sizes(2, 7), "288x9")
-    assert bench.larger_families(("64x4", "96x4", "128x4"))[0] == (
-        ("64x4", "96x4", "128x4", "160x4", "192x4", "224x4"),
-        "288x4",
-    )
+    assert bench.larger_families(("64x4", "96x4", "128x4"))[:2] == [
+        (("64x4", "96x4", "128x4", "160x4"), "192x4"),
+        (("64x4", "96x4", "128x4", "160x4", "192x4", "224x4"), "288x4"),
+    ]
+
+
+def sized_bowl(size: str, n_params: float, centre: float, seed: int) -> list[dict]:
+    return [
+        {**r, "size": size, "n_params": n_params, "status": "ok", "trial_id": f"{size}_{r['trial_id']}"}
+        for r in bowl(GRID, centre=centre, sigma=0.01, seeds=3, seed=seed)
+    ]
+
+
+def test_a_mup_scan_registers_its_flat_prediction_and_the_verdict_judges_it(tmp_path):
+    """muP's own claim (the optimum does not move with width) is registered beside the law's forecast, from the
+    fit sizes alone, and judged against the held-out optimum by the same rule: within at a flat truth, failed at 2x."""
+    import json
+    from types import SimpleNamespace
+
+    from llmlab.scaling.law import fit_law, predict
+    from llmlab.scaling.report import verdict_markdown
+    from llmlab.sweep.scan import preregister
+
+    fit_sizes = {"64x4": 131648.0, "96x4": 295776.0, "128x4": 525440.0}
+    rows = [r for k, (s, n) in enumerate(fit_sizes.items()) for r in sized_bowl(s, n, 3e-3, k)]
+    cell = {"size": "224x4", "batch_size": 4, "centre": 3e-3, "source": "law", "lrs": GRID, "seeds": 3}
+    plan = {"cells": [], "machines": [], "n_params": {**fit_sizes, "224x4": 1605632.0}}
+    registered = {}
+    for parametrization in ("standard", "mup"):
+        cfg = SimpleNamespace(
+            parametrization=parametrization, model="minimal", blind_to=[], design_rationale=None, lr_step=2**0.5,
+            max_lr_extensions=3, budget="cpu", steps=300, head_dim=32,
+        )  # fmt: skip
+        preregister(cfg, tmp_path / parametrization, plan, cell, rows)
+        registered[parametrization] = json.loads((tmp_path / parametrization / "preregistration.json").read_text())
+    assert registered["standard"]["flat_forecast"] is None
+    flat = registered["mup"]["flat_forecast"]
+    assert flat["status"] == "ok" and flat["sizes"] == list(fit_sizes) and flat["df"] == 2
+    fit_points = size_points(rows, seed_noise(rows))
+    assert flat["ln_lr"] == pytest.approx(np.mean([p["ln_lr_opt"] for p in fit_points]))
+    assert flat["lr"] == pytest.approx(3e-3, rel=0.15)
+    law = fit_law(fit_points, with_batch=False)
+    forecast = predict(law, 1605632.0, 4.0)
+    registration = {
+        **registered["mup"],
+        "forecast": {"law": {k: forecast[k] for k in ("ln_lr", "se_mean", "se_pred")} | {"df": law["df"]}},
+        "design": {"held_out_lrs": GRID, "held_out_seeds": 3},
+    }
+    verdicts = {}
+    for truth in (3e-3, 6e-3):
+        held = sized_bowl("224x4", 1605632.0, truth, 7)
+        points = size_points(rows + held, seed_noise(rows + held))
+        verdicts[truth] = holdout_verdict(points, registration=registration)
+    assert verdicts[3e-3]["rows"][0]["flat"]["verdict"] == "within 1.5x"
+    assert verdicts[6e-3]["rows"][0]["flat"]["verdict"] == "failed"
+    assert verdicts[6e-3]["rows"][0]["flat"]["ratio"] == pytest.approx(0.5, rel=0.15)
+    assert "**muP's flat prediction: failed**" in "\n".join(verdict_markdown(verdicts[6e-3]))
