@@ -25,9 +25,11 @@ import math
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llmlab.core.runinfo import machine_label  # noqa: E402
@@ -164,7 +166,14 @@ def scan_worlds(
         f"sigma {noise['sigma']:.3f} (pooled) at every size": plateau,
     }
     facts["judged_on"] = list(worlds)[:2]
+    if parametrization(folder) == "mup":  # its own prediction: the optimum does not move with width
+        worlds["muP holds: alpha 0"] = replace(as_measured, alpha=0.0)
     return worlds, facts
+
+
+def parametrization(folder: Path) -> str:
+    config = folder / "config.yaml"
+    return (yaml.safe_load(config.read_text()) or {}).get("parametrization", "standard") if config.is_file() else ""
 
 
 def rule_sizes(first_depth: int, last_depth: int, per_depth: int = 32) -> tuple[str, ...]:
@@ -318,14 +327,15 @@ def main(argv=None) -> int:
     worst = {n: min(r[w][key] for w in judged) for n, r in table.items()}
     passing = [n for n in table if worst[n] >= args.target]
     chosen = min(passing, key=lambda n: table[n]["trials"]) if passing else max(table, key=worst.get)
-    print(f"| design | trials | world | {' | '.join(next(iter(table.values()))['as measured'])} |")
-    print("|---|---|---|" + "---|" * len(next(iter(table.values()))["as measured"]))
+    columns = list(dict.fromkeys(k for row in table.values() for w in truths for k in row[w]))
+    print(f"| design | trials | world | {' | '.join(columns)} |")
+    print("|---|---|---|" + "---|" * len(columns))
     table = {name: table[name] for name in designs}
     for name, row in table.items():
         for world in truths:
             print(
                 f"| {name}{' **(chosen)**' if name == chosen else ''} | {row['trials']} | {world} | "
-                + " | ".join(f"{v:.0%}" for v in row[world].values())
+                + " | ".join(f"{row[world][k]:.0%}" if k in row[world] else "-" for k in columns)
                 + " |"
             )
     out = {

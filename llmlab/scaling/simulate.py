@@ -18,7 +18,7 @@ import numpy as np
 
 from llmlab.scaling.law import fit_law, predict
 from llmlab.scaling.optimum import cell_optimum, grid_extension
-from llmlab.scaling.transfer import BAND, decide, seed_noise, sigma_model, size_points
+from llmlab.scaling.transfer import BAND, decide, flat_forecast, flat_verdict, seed_noise, sigma_model, size_points
 
 MISSES = {"exact": 1.0, "1.5x": 1.5, "2x": 2.0}
 
@@ -126,7 +126,12 @@ def simulate_once(rng, truth: Truth, design: Design, miss: float) -> dict:
     if held["status"] != "measured":
         return {"verdict": "undecided", "ln_r": None, "held_status": held["status"]}
     ln_r = forecast["ln_lr"] - held["ln_lr_opt"]
-    return {**decide(ln_r, math.sqrt(forecast["se_mean"] ** 2 + held["var_ln"]), law["df"]), "ln_r": ln_r}
+    flat = flat_forecast(fit_points)
+    return {
+        **decide(ln_r, math.sqrt(forecast["se_mean"] ** 2 + held["var_ln"]), law["df"]),
+        "ln_r": ln_r,
+        "flat": flat_verdict(flat, held) if flat["status"] == "ok" else None,
+    }
 
 
 def operating_characteristics(truth: Truth, design: Design, reps: int = 200, seed: int = 0) -> dict:
@@ -135,19 +140,25 @@ def operating_characteristics(truth: Truth, design: Design, reps: int = 200, see
     out: dict = {"design": asdict(design), "trials": design.trials(), "reps": reps}
     within = f"within {BAND:g}x"
     for name, miss in MISSES.items():
-        verdicts, detected = [], 0
+        verdicts, detected, flat_verdicts, flat_detected = [], 0, [], 0
         for rep in range(reps):
             factor = miss if rep % 2 == 0 else 1 / miss
             result = simulate_once(rng, truth, design, factor)
             verdicts.append(result["verdict"])
             ci = result.get("ci95")
             detected += bool(ci and (ci[0] > 1 or ci[1] < 1))
+            # muP's flat prediction, judged on the same scans (its misses are the planted ones where alpha is 0)
+            flat = result.get("flat") or {}
+            flat_verdicts.append(flat.get("verdict"))
+            flat_detected += bool(flat and (flat["ci95"][0] > 1 or flat["ci95"][1] < 1))
         out[name] = {
             "within": verdicts.count(within) / reps,
             "failed": verdicts.count("failed") / reps,
             "undecided": verdicts.count("undecided") / reps,
             "ci_excludes_1": detected / reps,
             "no_law": verdicts.count("no law") / reps,
+            "flat_within": flat_verdicts.count(within) / reps,
+            "flat_ci_excludes_1": flat_detected / reps,
         }
     out["summary"] = {
         "P(within | exact)": out["exact"]["within"],
@@ -157,4 +168,9 @@ def operating_characteristics(truth: Truth, design: Design, reps: int = 200, see
         "power: P(95 % CI excludes 1 | 1.5x miss)": out["1.5x"]["ci_excludes_1"],
         "P(within | 1.5x miss)": out["1.5x"]["within"],
     }
+    if truth.alpha == 0:  # only where the world is flat is the flat prediction's miss the planted one
+        out["summary"] |= {
+            "flat: P(within | exact)": out["exact"]["flat_within"],
+            "flat: P(95 % CI excludes 1 | 1.5x miss)": out["1.5x"]["flat_ci_excludes_1"],
+        }
     return out

@@ -4,6 +4,7 @@ come from simulating the whole pipeline, and the pre-registered forecast the ver
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -122,9 +123,25 @@ def test_simulated_error_rates_separate_an_exact_forecast_from_a_2x_miss():
     assert oc["2x"]["failed"] >= 0.5 and oc["2x"]["within"] == 0
 
 
-def test_planted_scatter_about_the_law_spreads_the_forecasts_error_by_as_much():
-    from dataclasses import replace
+def test_where_the_optimum_is_flat_the_simulation_judges_mups_flat_prediction_too():
+    sizes = {f"{w}x4": 24.0 * w**2 for w in (64, 96, 128, 160, 224)}
+    truth = Truth(
+        n_params=sizes,
+        curvature={s: 0.2 for s in sizes},
+        sigma={s: 0.01 for s in sizes},
+        alpha=0.0,
+        lr_at=(3e-3, sizes["128x4"]),
+        centring_sd=0.1,
+    )
+    design = Design(tuple(list(sizes)[:-1]), "224x4", fit_lrs=5, fit_seeds=2, held_lrs=5, held_seeds=2)
+    oc = operating_characteristics(truth, design, reps=6, seed=2)
+    assert oc["summary"]["flat: P(within | exact)"] >= 0.5 and oc["exact"]["flat_ci_excludes_1"] <= 1 / 6
+    assert oc["2x"]["flat_ci_excludes_1"] >= 0.5
+    sloped = operating_characteristics(replace(truth, alpha=-0.3), design, reps=2, seed=2)
+    assert not any(k.startswith("flat") for k in sloped["summary"])  # its misses are not the planted ones
 
+
+def test_planted_scatter_about_the_law_spreads_the_forecasts_error_by_as_much():
     from llmlab.scaling.simulate import simulate_once
 
     sizes = {f"{w}x2": 24.0 * w**2 for w in (32, 64, 96, 128, 160, 320)}
