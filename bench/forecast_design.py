@@ -122,6 +122,7 @@ def scan_worlds(
     head_dim: int,
     more_sizes: tuple[str, ...] = (),
     law_scatter: float = 0.0,
+    sigma_plateau: float | None = None,
 ) -> tuple[dict, dict]:
     """The world of a scan whose fit sizes have run and whose held-out size has not: every number from its own fit
     cells. sigma per fit size is their pure error (seeds at the same lr), extrapolated log-linearly in N to the
@@ -130,8 +131,10 @@ def scan_worlds(
     sigma flat beyond the largest fit size (the plateau the standard scan's noise reached from 128x4 on, where its
     trend had promised less). Every world plants `law_scatter`, each size's true optimum off the line by that SD in
     ln lr. A design is judged on those two worlds: replayed on the standard scan's own fit cells they bracket the
-    power its verdict realised (docs/findings/lr-forecast-sp/design_recheck.json). A third, reported only, puts the
-    fit cells' pooled sigma at every size, which the smallest sizes' larger noise dominates."""
+    power its verdict realised (docs/findings/lr-forecast-sp/design_recheck.json). With `sigma_plateau`, a third
+    judged world keeps sigma at least that beyond the largest fit size (a plateau measured elsewhere, for fit cells
+    too few to show their own). Reported only: the fit cells' pooled sigma at every size, which the smallest
+    sizes' larger noise dominates."""
     rows = [r for r in rows_of(folder) if r["size"] in fit_sizes]
     noise, shape = seed_noise(rows), scan_shape(folder, exclude=(held_out,))
     n_of = {s: float(size_parameters(s, "minimal", head_dim)) for s in (*fit_sizes, held_out, *more_sizes)}
@@ -166,6 +169,11 @@ def scan_worlds(
         f"sigma {noise['sigma']:.3f} (pooled) at every size": plateau,
     }
     facts["judged_on"] = list(worlds)[:2]
+    if sigma_plateau:
+        floor = {s: max(flat[s], sigma_plateau) if n > n_of[largest] else flat[s] for s, n in n_of.items()}
+        name = f"sigma at least {sigma_plateau:g} beyond the largest fit size"
+        worlds[name] = Truth(**common, sigma=floor)
+        facts["judged_on"].append(name)
     if parametrization(folder) == "mup":  # its own prediction: the optimum does not move with width
         worlds["muP holds: alpha 0"] = replace(as_measured, alpha=0.0)
     return worlds, facts
@@ -252,7 +260,16 @@ def main(argv=None) -> int:
     parser.add_argument("--target", type=float, default=0.8, help="power the chosen design must reach")
     parser.add_argument("--workers", type=int, default=2, help="processes")
     parser.add_argument("--output", type=Path, required=True, help="JSON: every design's rates and the choice")
-    parser.add_argument("--reuse", type=Path, help="an earlier --output: designs it holds (same reps) are not rerun")
+    parser.add_argument(
+        "--reuse", type=Path, help="an earlier --output: the designs and worlds it holds (same reps) are not rerun"
+    )
+    parser.add_argument(
+        "--sigma_plateau",
+        type=float,
+        default=None,
+        help="with --fit_sizes: a seed SD the noise may stop shrinking at (the standard forecast's was 0.04 nats from "
+        "128x4 on); adds a judged world with sigma at least this beyond the largest fit size",
+    )
     parser.add_argument(
         "--exclude_size",
         action="append",
@@ -297,7 +314,9 @@ def main(argv=None) -> int:
         fit = tuple(args.fit_sizes)
         designs = scan_candidates(fit, args.held_out, args.fit_lrs)
         more = tuple(sorted({s for d in designs.values() for s in (*d.fit_sizes, d.held_out)} - {*fit, args.held_out}))
-        truths, facts = scan_worlds(args.sigma_from, fit, args.held_out, args.head_dim, more, law_scatter(args))
+        truths, facts = scan_worlds(
+            args.sigma_from, fit, args.held_out, args.head_dim, more, law_scatter(args), args.sigma_plateau
+        )
     else:
         truths, facts = worlds(args.sigma_from, args.head_dim, tuple(args.exclude_size), args.shape_from)
         designs = candidates()
@@ -314,7 +333,7 @@ def main(argv=None) -> int:
         (name, world, truth, design, args.reps, i)
         for i, (name, design) in enumerate(designs.items())
         for world, truth in truths.items()
-        if name not in table
+        if world not in table.get(name, {})
     ]
     with ProcessPoolExecutor(args.workers) as pool:
         results = list(pool.map(_run, jobs))

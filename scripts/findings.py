@@ -481,13 +481,14 @@ def forecast_design(name: str = "lr-forecast", label: str = "registered") -> str
     if not path.is_file():
         return "_bench/forecast_design.py has not run yet_"
     data = json.loads(path.read_text())
-    keys = list(data["summary"])
-    lines = ["| design | trials | world | " + " | ".join(keys) + " |", "|---|---|---|" + "---|" * len(keys)]
+    keys = list(dict.fromkeys(k for row in data["designs"].values() for w in data["world"] for k in row[w]))
+    header = " | ".join(k.replace("|", "\\|") for k in keys)  # a bare | inside a cell splits it
+    lines = ["| design | trials | world | " + header + " |", "|---|---|---|" + "---|" * len(keys)]
     for name, row in data["designs"].items():
         for world in data["world"]:
             lines.append(
                 f"| {name}{f' **({label})**' if name == data['chosen'] else ''} | {row['trials']} | {world} | "
-                + " | ".join(f"{row[world][k]:.0%}" for k in keys)
+                + " | ".join(f"{row[world][k]:.0%}" if k in row[world] else "-" for k in keys)
                 + " |"
             )
     pinned = ", ".join(f"{size} {v['sigma']:.4f} ({v['df']} df)" for size, v in data["facts"]["pinned"].items())
@@ -789,6 +790,7 @@ BLOCKS = {
     "lr-forecast-sp": lambda: lr_summary("lr-forecast-sp", "Second forecast, standard parametrisation"),
     "lr-forecast-sp-noise": forecast_noise,
     "lr-forecast-sp-recheck": forecast_recheck,
+    "lr-forecast-mup-design": lambda: forecast_design("lr-forecast-mup", "chosen"),
     "lr-forecast-power": realised_power,
     "lr-forecast-machines": forecast_machines,
 }

@@ -344,7 +344,7 @@ def run_sweep(cfg: SweepConfig) -> list[dict]:
         else:
             rows = _run_trials(cfg, design, out_dir, fingerprint, precision)
             design = scan_design(cfg, out_dir) if is_size_scan(cfg) else design
-        report.write_report(out_dir, design, rows, cfg)
+        report.write_report(out_dir, [as_run(cfg, trial) for trial in design], rows, cfg)
         if cfg.grid == "lr_bs":
             _scaling_hook(out_dir, rows, cfg.holdout)
         return rows

@@ -256,6 +256,12 @@ def test_the_power_simulation_takes_its_world_from_the_fit_cells_noise_and_recov
     plateau = truths[f"sigma {pooled:.3f} (pooled) at every size"].sigma
     assert set(plateau.values()) == {pooled} and min(world.sigma.values()) < pooled < max(world.sigma.values())
     assert {t.law_scatter_sd for t in truths.values()} == {0.06}
+    assert facts["judged_on"] == ["as measured", "sigma flat beyond the largest fit size"]
+    # a plateau measured elsewhere: a third judged world, sigma at least that past the largest fit size only
+    floored, facts = bench.scan_worlds(tmp_path, sizes, "224x7", head_dim=32, sigma_plateau=0.5)
+    name = "sigma at least 0.5 beyond the largest fit size"
+    assert facts["judged_on"][-1] == name and floored[name].sigma["224x7"] == 0.5
+    assert floored[name].sigma["160x5"] == world.sigma["160x5"]
     # larger designs follow the fit sizes' own rule: the depth dial here, more widths at one depth for a muP scan
     assert bench.larger_families(sizes)[0] == (bench.rule_sizes(2, 7), "288x9")
     assert bench.larger_families(("64x4", "96x4", "128x4"))[:2] == [
