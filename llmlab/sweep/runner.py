@@ -218,6 +218,18 @@ def trial_steps(cfg: SweepConfig, data_info: dict) -> Optional[int]:
     return cfg.steps or (200 if cfg.grid == "lr_bs" and cfg.budget != "smoke" else cfg.budget_spec.steps)
 
 
+def warmup_note(specs: list[TrialSpec]) -> str:
+    """What a design table's warmup column means when the budget scales it (a reader would take it for steps)."""
+    scaled = next((s for s in specs if s.warmup_scale != 1.0), None)
+    if scaled is None:
+        return ""
+    return (
+        f"\n\nWarmup levels are steps of the full protocol ({FULL_NOMINAL_STEPS} steps); these trials train "
+        f"{scaled.steps}, so each level scales by {scaled.warmup_scale:.3g} (a level of 500 warms up for "
+        f"{round(500 * scaled.warmup_scale)} steps)."
+    )
+
+
 def warmup_scale(cfg: SweepConfig, steps: int) -> float:
     """Warmup levels are steps of the full protocol (FULL_NOMINAL_STEPS); a run of other length scales them so
     warmup keeps its share of training. --no-scale_warmup keeps them as steps."""
@@ -372,9 +384,9 @@ def _run_trials(
         design = [as_run(cfg, trial) for trial in design]
         if announce:
             print(f"design ({cfg.grid}, {len(design)} trials):\n{design_table(design)}", flush=True)
-        atomic_write_text(out_dir / "design.md", design_table(design) + "\n")
-        atomic_write_json(out_dir / "design.json", design)
         specs = trial_specs(cfg, run_order(design), data_info, out_dir, precision)
+        atomic_write_text(out_dir / "design.md", design_table(design) + warmup_note(specs) + "\n")
+        atomic_write_json(out_dir / "design.json", design)
         done = {
             r["trial_id"]: r
             for r in load_results(out_dir, design)

@@ -651,6 +651,7 @@ def test_smoke_multi_size_scan_end_to_end_plans_grids_and_resumes(tmp_path):
     # the scan's --clip is what every trial trains with, and what its design.md says
     design = json.loads((out / "design.json").read_text())
     assert {t["clip"] for t in design} == {2.0} and "| 2.0 |" in (out / "design.md").read_text()
+    assert "a level of 500 warms up for 2 steps" in (out / "design.md").read_text()  # 8 of the full 1,800 steps
     assert "| 2.0 |" in (out / "report.md").read_text() and "| 1.0 |" not in (out / "report.md").read_text()
     assert {json.loads(p.read_text())["hparams"]["clip"] for p in out.glob("trials/*/result.json")} == {2.0}
     here = plan["machines"][0]["label"]
