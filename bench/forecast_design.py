@@ -32,6 +32,7 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from llmlab.core.io import atomic_write_text  # noqa: E402
 from llmlab.core.runinfo import machine_label  # noqa: E402
 from llmlab.scaling.law import predict  # noqa: E402
 from llmlab.scaling.simulate import Design, Truth, operating_characteristics  # noqa: E402
@@ -42,6 +43,7 @@ from llmlab.sweep.scan import size_parameters  # noqa: E402
 SHIPPED = Path(__file__).resolve().parents[1] / "docs" / "findings" / "lr-sizes-std"
 FIT_FINE = tuple(f"{w}x2" for w in range(32, 161, 16))
 FIT_COARSE = tuple(f"{w}x2" for w in range(32, 161, 32))
+WORLD_FIELDS = ("sigma", "curvature", "n_params", "noise_lr_slope", "alpha", "centring_sd", "law_scatter_sd")
 
 
 def rows_of(folder: Path) -> list[dict]:
@@ -252,7 +254,7 @@ def _run(job):
     return name, world, operating_characteristics(truth, design, reps, seed)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sigma_from", type=Path, required=True, help="calibration sweep folder (results.csv)")
     parser.add_argument("--head_dim", type=int, default=16, help="the scan's --head_dim (16: widths 48, 80, ...)")
@@ -306,8 +308,11 @@ def main(argv=None) -> int:
         help="with --fit_sizes: a finished scan whose law's lack of fit (tau, in ln lr) every world plants as each "
         "size's scatter about the line (e.g. docs/findings/lr-forecast-sp); default: none",
     )
-    args = parser.parse_args(argv)
-    started = time.time()
+    return parser
+
+
+def setup(args, parser) -> tuple[dict, dict, dict]:
+    """The candidate designs and the worlds they are simulated in, with the facts those worlds came from."""
     if bool(args.fit_sizes) != bool(args.held_out):
         parser.error("--fit_sizes and --held_out go together")
     if args.fit_sizes:
@@ -323,7 +328,11 @@ def main(argv=None) -> int:
     unknown = [name for name in args.design if name not in designs]
     if unknown:
         parser.error(f"--design {unknown[0]!r} is not a candidate; choose from: {'; '.join(designs)}")
-    designs = {name: d for name, d in designs.items() if not args.design or name in args.design}
+    return {name: d for name, d in designs.items() if not args.design or name in args.design}, truths, facts
+
+
+def simulate(designs: dict, truths: dict, args) -> dict:
+    """Every design's operating characteristics in every world, reusing those an earlier --output holds."""
     table = {}
     if args.reuse:
         earlier = json.loads(args.reuse.read_text())
@@ -339,6 +348,28 @@ def main(argv=None) -> int:
         results = list(pool.map(_run, jobs))
     for name, world, oc in results:
         table.setdefault(name, {"trials": oc["trials"], "design": oc["design"]})[world] = oc["summary"]
+    return {name: table[name] for name in designs}
+
+
+def print_table(table: dict, worlds_: list[str], chosen: str) -> None:
+    columns = list(dict.fromkeys(k for row in table.values() for w in worlds_ for k in row[w]))
+    print(f"| design | trials | world | {' | '.join(columns)} |")
+    print("|---|---|---|" + "---|" * len(columns))
+    for name, row in table.items():
+        for world in worlds_:
+            print(
+                f"| {name}{' **(chosen)**' if name == chosen else ''} | {row['trials']} | {world} | "
+                + " | ".join(f"{row[world][k]:.0%}" if k in row[world] else "-" for k in columns)
+                + " |"
+            )
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    started = time.time()
+    designs, truths, facts = setup(args, parser)
+    table = simulate(designs, truths, args)
     key = "power: P(95 % CI excludes 1 | 1.5x miss)"
     # a scan's design must hold its power in each world its fit cells leave plausible: the standard forecast was
     # chosen on a world whose noise kept shrinking, and realised 44 % of its registered 100 %
@@ -346,17 +377,7 @@ def main(argv=None) -> int:
     worst = {n: min(r[w][key] for w in judged) for n, r in table.items()}
     passing = [n for n in table if worst[n] >= args.target]
     chosen = min(passing, key=lambda n: table[n]["trials"]) if passing else max(table, key=worst.get)
-    columns = list(dict.fromkeys(k for row in table.values() for w in truths for k in row[w]))
-    print(f"| design | trials | world | {' | '.join(columns)} |")
-    print("|---|---|---|" + "---|" * len(columns))
-    table = {name: table[name] for name in designs}
-    for name, row in table.items():
-        for world in truths:
-            print(
-                f"| {name}{' **(chosen)**' if name == chosen else ''} | {row['trials']} | {world} | "
-                + " | ".join(f"{row[world][k]:.0%}" if k in row[world] else "-" for k in columns)
-                + " |"
-            )
+    print_table(table, list(truths), chosen)
     out = {
         "chosen": chosen,
         "reached_target": bool(passing),
@@ -367,21 +388,11 @@ def main(argv=None) -> int:
         "worst_power": worst[chosen],
         "design": table[chosen]["design"],
         "designs": table,
-        "world": {
-            w: {
-                "sigma": t.sigma,
-                "curvature": t.curvature,
-                "n_params": t.n_params,
-                "noise_lr_slope": t.noise_lr_slope,
-                "alpha": t.alpha,
-                "centring_sd": t.centring_sd,
-            }
-            for w, t in truths.items()
-        },
+        "world": {w: {k: getattr(t, k) for k in WORLD_FIELDS} for w, t in truths.items()},
         "facts": facts,
         "seconds": round(time.time() - started),
     }
-    args.output.write_text(json.dumps(out, indent=1, default=str))
+    atomic_write_text(args.output, json.dumps(out, indent=1, default=str))
     print(
         f"chosen: {chosen} ({'reaches' if passing else 'misses'} {args.target:.0%}); wrote {args.output} "
         f"in {out['seconds']} s",
