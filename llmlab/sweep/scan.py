@@ -439,6 +439,15 @@ def held_out_trials(size: str, model: str, folders: list[Path]) -> list[Path]:
     return found
 
 
+def _design_rationale(cfg) -> Optional[dict]:
+    if not cfg.design_rationale:
+        return None
+    try:
+        return json.loads(Path(cfg.design_rationale).read_text())
+    except (OSError, ValueError) as err:
+        raise UserError(f"--design_rationale {cfg.design_rationale}: not a readable JSON file ({err})") from None
+
+
 def preregister(cfg, out_dir: Path, plan: dict, cell: dict, rows: list[dict]) -> None:
     """Before the held-out size's first trial: its forecast and prediction interval, the estimator, the verdict rule
     and the design, in one file whose sha256 the report prints. The verdict is judged against this forecast."""
@@ -452,12 +461,7 @@ def preregister(cfg, out_dir: Path, plan: dict, cell: dict, rows: list[dict]) ->
             f"exist ({seen[0]}), so it would not be blind; hold out a size no trial has run (or take those "
             "folders out of --blind_to if they are another model)"
         )
-    rationale = None
-    if cfg.design_rationale:
-        try:
-            rationale = json.loads(Path(cfg.design_rationale).read_text())
-        except (OSError, ValueError) as err:
-            raise UserError(f"--design_rationale {cfg.design_rationale}: not a readable JSON file ({err})") from None
+    rationale = _design_rationale(cfg)
     held_rows = [r for r in rows if str(r.get("size")) == cell["size"]]
     fit = _feasible([r for r in rows if str(r.get("size")) != cell["size"]], plan)
     atomic_write_json(
