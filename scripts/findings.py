@@ -195,13 +195,20 @@ def lr_summary(name: str, label: str) -> str:
         if "ratio" in row
         else row.get("reason", "")
     )
-    fit = holdout["fit"]
+    fit, flat = holdout["fit"], row.get("flat")
+    flat_text = (
+        f" **muP's flat prediction: {flat['verdict']}** — the fit sizes' mean lr_opt {flat['predicted']:.3g} / "
+        f"measured = {flat['ratio']:.2f} (90 % CI [{flat['ci90'][0]:.2f}, {flat['ci90'][1]:.2f}], 95 % CI "
+        f"[{flat['ci95'][0]:.2f}, {flat['ci95'][1]:.2f}], {flat['df']} df)."
+        if flat
+        else ""
+    )
     return (
         head + f" **held-out: {holdout['verdict']}** — fitted on {', '.join(holdout['fitted_on'])} (α = "
         f"{fit['alpha']:.3f} [{fit['alpha_ci'][0]:.3f}, {fit['alpha_ci'][1]:.3f}], {fit['df']} df), the law "
         f"forecast {holdout['size']} ({holdout['extrapolation']:.1f}× beyond in N): {ratio}. All measured sizes: "
         f"α = {law['alpha']:.3f} [{law['alpha_ci'][0]:.3f}, {law['alpha_ci'][1]:.3f}] ({law['df']} df); lack of "
-        f"fit τ = {law['tau']:.3f} in ln lr."
+        f"fit τ = {law['tau']:.3f} in ln lr." + flat_text
     )
 
 
@@ -791,6 +798,7 @@ BLOCKS = {
     "lr-forecast-sp-noise": forecast_noise,
     "lr-forecast-sp-recheck": forecast_recheck,
     "lr-forecast-mup-design": lambda: forecast_design("lr-forecast-mup", "chosen"),
+    "lr-forecast-mup": lambda: lr_summary("lr-forecast-mup", "Second forecast, muP"),
     "lr-forecast-power": realised_power,
     "lr-forecast-machines": forecast_machines,
 }
