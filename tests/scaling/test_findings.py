@@ -180,3 +180,25 @@ def test_the_design_recheck_plants_the_fit_cells_own_noise():
     world = json.loads((folder / "design_recheck.json").read_text())["world"]
     assert math.isclose(world["as measured"]["sigma"]["224x7"], sigma, rel_tol=1e-9)
     assert world["sigma flat beyond the largest fit size"]["sigma"]["288x9"] == world["as measured"]["sigma"]["224x7"]
+
+
+def test_a_scan_summary_states_mups_flat_verdict_where_its_held_out_row_has_one(monkeypatch):
+    """The muP summary's flat-prediction sentence, on the shipped standard scan's verdict row with a flat verdict
+    computed by llmlab for the same held-out vertex (a muP scan's registration adds one)."""
+    import importlib.util
+    import json
+
+    from llmlab.scaling.transfer import flat_forecast, flat_verdict
+
+    spec = importlib.util.spec_from_file_location("findings", REPO / "scripts" / "findings.py")
+    findings = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(findings)
+    transfer = json.loads((REPO / "docs/findings/lr-forecast-sp/scaling_fits.json").read_text())["transfer"]
+    held = next(p for p in transfer["points"] if p["size"] == transfer["holdout"]["size"])
+    flat = flat_verdict(flat_forecast([p for p in transfer["points"] if p is not held]), held)
+    transfer["holdout"]["rows"][0]["flat"] = flat
+    monkeypatch.setattr(findings, "lr_scan", lambda name: transfer)
+    text = findings.lr_summary("any", "label")
+    # the standard scan's optimum falls with N, so a flat prediction from its smaller sizes overshoots 288x9
+    assert flat["ratio"] > 1.5 and f"**muP's flat prediction: {flat['verdict']}**" in text
+    assert f"/ measured = {flat['ratio']:.2f}" in text and f"{flat['df']} df)." in text
