@@ -212,6 +212,23 @@ def lr_summary(name: str, label: str) -> str:
     )
 
 
+def flat_control(name: str = "lr-forecast-sp") -> str:
+    """muP's flat-prediction test applied to the standard scan, whose optimum moves: the test's positive control."""
+    from llmlab.scaling.transfer import flat_forecast, flat_verdict
+
+    transfer = lr_scan(name)
+    held = next(p for p in transfer["points"] if p["size"] == transfer["holdout"]["size"])
+    forecast = flat_forecast([p for p in transfer["points"] if p is not held])
+    flat = flat_verdict(forecast, held)
+    return (
+        f"Applied to the standard scan, whose optimum falls with N, the same test **{flat['verdict']}**: the mean "
+        f"lr_opt of {forecast['sizes'][0]}-{forecast['sizes'][-1]}, {flat['predicted']:.3g}, against "
+        f"{held['size']}'s measured {held['lr_opt']:.3g} gives R = {flat['ratio']:.2f} (95 % CI "
+        f"[{flat['ci95'][0]:.2f}, {flat['ci95'][1]:.2f}], {flat['df']} df). So the test can tell a moving optimum "
+        "from a flat one at this scan's noise."
+    )
+
+
 def mup_vs_std() -> str:
     std, mup = lr_scan("lr-sizes-std"), lr_scan("lr-sizes-mup")
     if std is None or mup is None:
@@ -799,6 +816,7 @@ BLOCKS = {
     "lr-forecast-sp-recheck": forecast_recheck,
     "lr-forecast-mup-design": lambda: forecast_design("lr-forecast-mup", "chosen"),
     "lr-forecast-mup": lambda: lr_summary("lr-forecast-mup", "Second forecast, muP"),
+    "lr-forecast-flat-control": flat_control,
     "lr-forecast-power": realised_power,
     "lr-forecast-machines": forecast_machines,
 }
