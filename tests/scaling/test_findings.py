@@ -127,19 +127,26 @@ def test_the_second_forecasts_regime_row_equals_a_recomputation():
     assert clipped_all < 0.5 and loss < unigram - 0.3  # the regime the design asked for
 
 
+def pooled_seed_sd(folder, size: str) -> tuple[float, int]:
+    """The pooled within-lr SD of one size's final losses, and its df, by hand from the trials' result.json."""
+    import json
+
+    by_lr: dict = {}
+    for path in folder.glob(f"trials/{size}_*/result.json"):
+        r = json.loads(path.read_text())
+        by_lr.setdefault(r["hparams"]["lr"], []).append(r["final_loss"])
+    squares = sum(sum((x - sum(v) / len(v)) ** 2 for x in v) for v in by_lr.values())
+    df = sum(len(v) - 1 for v in by_lr.values())
+    return math.sqrt(squares / df), df
+
+
 def test_the_second_forecasts_held_out_noise_equals_a_recomputation():
     """The held-out size's seed SD in the noise table: the pooled within-lr SD of its trials, by hand."""
     import json
 
     folder = REPO / "docs" / "findings" / "lr-forecast-sp"
-    by_lr: dict = {}
-    for path in folder.glob("trials/288x9_*/result.json"):
-        r = json.loads(path.read_text())
-        by_lr.setdefault(r["hparams"]["lr"], []).append(r["final_loss"])
-    squares = sum(sum((x - sum(v) / len(v)) ** 2 for x in v) for v in by_lr.values())
-    df = sum(len(v) - 1 for v in by_lr.values())
+    sigma, df = pooled_seed_sd(folder, "288x9")
     planned = json.loads((folder / "design_rationale.json").read_text())["world"]["as measured"]["sigma"]["288x9"]
-    sigma = math.sqrt(squares / df)
     row = next(
         line
         for line in (REPO / "docs" / "findings" / "README.md").read_text().splitlines()
@@ -171,12 +178,7 @@ def test_the_design_recheck_plants_the_fit_cells_own_noise():
     import json
 
     folder = REPO / "docs" / "findings" / "lr-forecast-sp"
-    by_lr: dict = {}
-    for path in folder.glob("trials/224x7_*/result.json"):
-        r = json.loads(path.read_text())
-        by_lr.setdefault(r["hparams"]["lr"], []).append(r["final_loss"])
-    squares = sum(sum((x - sum(v) / len(v)) ** 2 for x in v) for v in by_lr.values())
-    sigma = math.sqrt(squares / sum(len(v) - 1 for v in by_lr.values()))
+    sigma, _ = pooled_seed_sd(folder, "224x7")
     world = json.loads((folder / "design_recheck.json").read_text())["world"]
     assert math.isclose(world["as measured"]["sigma"]["224x7"], sigma, rel_tol=1e-9)
     assert world["sigma flat beyond the largest fit size"]["sigma"]["288x9"] == world["as measured"]["sigma"]["224x7"]

@@ -107,16 +107,24 @@ def test_the_registered_forecast_is_the_one_judged():
     assert judged["ratio"] == pytest.approx(2 * refit["ratio"])
 
 
-def test_simulated_error_rates_separate_an_exact_forecast_from_a_2x_miss():
-    sizes = {f"{w}x2": 24.0 * w**2 for w in (32, 64, 96, 128, 160, 320)}
-    truth = Truth(
+def small_world(widths, depth: int, sigma: float = 0.01, **truth) -> tuple[Truth, Design]:
+    """A sharp, quiet world (N = 24 w^2, the law through 3e-3 at the middle width) and a 5 x 2 design that holds the
+    largest width out."""
+    sizes = {f"{w}x{depth}": 24.0 * w**2 for w in widths}
+    names = list(sizes)
+    world = Truth(
         n_params=sizes,
         curvature={s: 0.2 for s in sizes},
-        sigma={s: 0.01 for s in sizes},
-        lr_at=(3e-3, sizes["160x2"]),
+        sigma={s: sigma for s in sizes},
+        lr_at=(3e-3, sizes[names[len(names) // 2]]),
         centring_sd=0.1,
+        **truth,
     )
-    design = Design(tuple(list(sizes)[:-1]), "320x2", fit_lrs=5, fit_seeds=2, held_lrs=5, held_seeds=2)
+    return world, Design(tuple(names[:-1]), names[-1], fit_lrs=5, fit_seeds=2, held_lrs=5, held_seeds=2)
+
+
+def test_simulated_error_rates_separate_an_exact_forecast_from_a_2x_miss():
+    truth, design = small_world((32, 64, 96, 128, 160, 320), depth=2)
     oc = operating_characteristics(truth, design, reps=6, seed=1)
     assert oc["trials"] == 5 * 5 * 2 + 5 * 2
     assert oc["exact"]["failed"] == 0 and oc["exact"]["within"] >= 0.5
@@ -124,16 +132,7 @@ def test_simulated_error_rates_separate_an_exact_forecast_from_a_2x_miss():
 
 
 def test_where_the_optimum_is_flat_the_simulation_judges_mups_flat_prediction_too():
-    sizes = {f"{w}x4": 24.0 * w**2 for w in (64, 96, 128, 160, 224)}
-    truth = Truth(
-        n_params=sizes,
-        curvature={s: 0.2 for s in sizes},
-        sigma={s: 0.01 for s in sizes},
-        alpha=0.0,
-        lr_at=(3e-3, sizes["128x4"]),
-        centring_sd=0.1,
-    )
-    design = Design(tuple(list(sizes)[:-1]), "224x4", fit_lrs=5, fit_seeds=2, held_lrs=5, held_seeds=2)
+    truth, design = small_world((64, 96, 128, 160, 224), depth=4, alpha=0.0)
     oc = operating_characteristics(truth, design, reps=6, seed=2)
     assert oc["summary"]["flat: P(within | exact)"] >= 0.5 and oc["exact"]["flat_ci_excludes_1"] <= 1 / 6
     assert oc["2x"]["flat_ci_excludes_1"] >= 0.5
@@ -144,15 +143,7 @@ def test_where_the_optimum_is_flat_the_simulation_judges_mups_flat_prediction_to
 def test_planted_scatter_about_the_law_spreads_the_forecasts_error_by_as_much():
     from llmlab.scaling.simulate import simulate_once
 
-    sizes = {f"{w}x2": 24.0 * w**2 for w in (32, 64, 96, 128, 160, 320)}
-    exact_line = Truth(
-        n_params=sizes,
-        curvature={s: 0.2 for s in sizes},
-        sigma={s: 0.005 for s in sizes},
-        lr_at=(3e-3, sizes["160x2"]),
-        centring_sd=0.1,
-    )
-    design = Design(tuple(list(sizes)[:-1]), "320x2", fit_lrs=5, fit_seeds=2, held_lrs=5, held_seeds=2)
+    exact_line, design = small_world((32, 64, 96, 128, 160, 320), depth=2, sigma=0.005)
     spread = {}
     for scatter in (0.0, 0.3):
         rng = np.random.default_rng(3)
