@@ -10,6 +10,8 @@ WORK=${1:-/tmp/llmlab_gpu_smoke}
 rm -rf "$WORK" && mkdir -p "$WORK"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false LLMLAB_CACHE="$WORK/cache"
 PY=${PYTHON:-python}
+# accelerate through the interpreter, so it is the one PYTHONPATH puts first (a lent machine's carried wheels)
+LAUNCH="$PY -m accelerate.commands.launch"
 RESULTS=()
 
 check() {  # check NAME TIMEOUT_S COMMAND... : run, time, record pass/fail with the last output line
@@ -32,17 +34,17 @@ print(torch.cuda.get_device_name(0), 'torch', torch.__version__, 'cuda', torch.v
       'bf16', torch.cuda.is_bf16_supported(), 'bnb', bitsandbytes.__version__, 'deepspeed', deepspeed.__version__)"
 
 TINY=(--max_documents 40 --eval_every 20 --save_every 20 --log_every 5)
-check pretrain_bf16 300 accelerate launch --config_file accelerate_configs/one_gpu.yaml train_pretrain.py \
+check pretrain_bf16 300 $LAUNCH --config_file accelerate_configs/one_gpu.yaml train_pretrain.py \
   "${TINY[@]}" --max_steps 40 --mixed_precision bf16 --output_dir "$WORK/pre_bf16"
-check pretrain_fp16_scale 300 bash -c "accelerate launch --config_file accelerate_configs/one_gpu.yaml \
+check pretrain_fp16_scale 300 bash -c "$LAUNCH --config_file accelerate_configs/one_gpu.yaml \
   train_pretrain.py ${TINY[*]} --max_steps 20 --mixed_precision fp16 --output_dir $WORK/pre_fp16 &&
   grep -q 'train/loss_scale' $WORK/pre_fp16/metrics.jsonl && echo 'fp16 loss scale logged'"
-check zero2_offload_bf16 420 accelerate launch --config_file accelerate_configs/one_gpu_zero2_offload.yaml \
+check zero2_offload_bf16 420 $LAUNCH --config_file accelerate_configs/one_gpu_zero2_offload.yaml \
   train_pretrain.py "${TINY[@]}" --max_steps 20 --mixed_precision bf16 --output_dir "$WORK/pre_ds"
-check zero2_offload_resume 420 accelerate launch --config_file accelerate_configs/one_gpu_zero2_offload.yaml \
+check zero2_offload_resume 420 $LAUNCH --config_file accelerate_configs/one_gpu_zero2_offload.yaml \
   train_pretrain.py "${TINY[@]}" --max_steps 30 --mixed_precision bf16 --output_dir "$WORK/pre_ds" \
   --resume_from_checkpoint latest
-check lora_bf16 300 accelerate launch --num_processes 1 --mixed_precision bf16 train_lora.py \
+check lora_bf16 300 $LAUNCH --num_processes 1 --mixed_precision bf16 train_lora.py \
   --base_model "$WORK/pre_bf16/final" --output_dir "$WORK/lora" --max_steps 20 --max_examples 400 \
   --eval_examples 16 --eval_every 10
 check merge_fp16 180 $PY merge_and_infer.py merge --base_model "$WORK/pre_bf16/final" \

@@ -31,3 +31,34 @@ def test_the_gpu_throughput_bench_runs_on_cpu_with_a_tiny_model(tmp_path):
     table = proc.stdout
     assert "| H200 | 989.0 |" in table and "| nanogpt |" in table and "1.00x" in table  # peaks first, ratios after
     assert all(f"| {name} |" in table and "%" in table for name in rows)
+
+
+def test_a_trainer_that_fails_is_a_row_of_the_table_not_the_end_of_it(tmp_path, monkeypatch, capsys):
+    """On a lent GPU (minutes, once) one failed trainer must not cost the other rows: its row says why, the others
+    keep their numbers and ratios, and the exit status is still a failure."""
+    import importlib.util
+    import subprocess
+    from types import SimpleNamespace
+
+    from tests.conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("gpu_throughput", REPO / "bench" / "gpu_throughput.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def fake_run(command, **_):
+        name = command[-1]
+        if name == "trainer":
+            return SimpleNamespace(returncode=1, stdout="", stderr="Traceback ...\nImportError: no module named x")
+        speed = {"nanogpt": 1000.0, "llmlab": 1250.0}[name]
+        return SimpleNamespace(returncode=0, stdout=json.dumps({"tokens_per_sec": speed, "loss": 7.0}), stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(bench, "flops_per_token_of", lambda args: 1e6)
+    monkeypatch.setattr(bench, "_cuda", lambda: False)
+    out = tmp_path / "rows.json"
+    assert bench.main(["--output", str(out)]) == 1
+    table = capsys.readouterr().out
+    assert "| trainer | failed: ImportError: no module named x |" in table
+    assert "| llmlab | 1,250 | 1.25x |" in table and "| nanogpt | 1,000 | 1.00x |" in table
+    assert json.loads(out.read_text())["rows"]["trainer"]["failed"].startswith("ImportError")
