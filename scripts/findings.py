@@ -499,9 +499,9 @@ def minhash_speed() -> str:
     )
 
 
-def forecast_design(name: str = "lr-forecast", label: str = "registered") -> str:
+def forecast_design(name: str = "lr-forecast", label: str = "registered", file: str = "design_rationale.json") -> str:
     """A registered design's simulated error rates against the other candidates (bench/forecast_design.py)."""
-    path = FINDINGS / name / "design_rationale.json"
+    path = FINDINGS / name / file
     if not path.is_file():
         return "_bench/forecast_design.py has not run yet_"
     data = json.loads(path.read_text())
@@ -726,6 +726,27 @@ def trial_results(folder: Path) -> list[dict]:
     return [r for r in rows if r.get("status") == "ok"]
 
 
+def scan_cost(name: str) -> str:
+    """Wall time per size from the trials' own result.json (median per trial and trial-hours), and the CPUs they ran
+    on: trials of one scan ran two at a time, one core each."""
+    rows = trial_results(FINDINGS / name)
+    sizes = sorted({r["hparams"]["size"] for r in rows}, key=lambda s: [int(x) for x in s.split("x")])
+    lines = ["| size | trials | median s per trial | trial-hours |", "|---|---|---|---|"]
+    for size in sizes:
+        times = sorted(r["wall_time_s"] for r in rows if r["hparams"]["size"] == size)
+        median = (times[(len(times) - 1) // 2] + times[len(times) // 2]) / 2
+        lines.append(f"| {size} | {len(times)} | {median:.0f} | {sum(times) / 3600:.1f} |")
+    cpus = {}
+    for r in rows:
+        cpus[r["cpu"]] = cpus.get(r["cpu"], 0) + 1
+    total = sum(r["wall_time_s"] for r in rows) / 3600
+    return "\n".join(lines) + (
+        f"\n\n{len(rows)} trials, {total:.1f} trial-hours (about {total / 2:.1f} hours of two cores); CPUs: "
+        + "; ".join(f"{cpu} ({n} trials)" for cpu, n in sorted(cpus.items()))
+        + "."
+    )
+
+
 def regime_rows(folder: Path) -> list[dict]:
     """Per size, the regime its probes trained in: parameters with and without the embedding, tokens per
     parameter, the best lr's mean final loss, the share of clipped steps (at that lr and over every lr), warmup."""
@@ -810,13 +831,17 @@ BLOCKS = {
     "lr-forecast": lr_forecast,
     "lr-forecast-regime": lambda: regime("lr-forecast"),
     "lr-forecast-sp-regime": lambda: regime("lr-forecast-sp"),
+    "lr-forecast-mup-regime": lambda: regime("lr-forecast-mup"),
     "lr-forecast-sp-design": lambda: forecast_design("lr-forecast-sp", "chosen"),
     "lr-forecast-sp": lambda: lr_summary("lr-forecast-sp", "Second forecast, standard parametrisation"),
     "lr-forecast-sp-noise": forecast_noise,
     "lr-forecast-sp-recheck": forecast_recheck,
     "lr-forecast-mup-design": lambda: forecast_design("lr-forecast-mup", "chosen"),
+    "lr-forecast-mup-design-check": lambda: forecast_design("lr-forecast-mup", "chosen", "design_check_120.json"),
     "lr-forecast-mup": lambda: lr_summary("lr-forecast-mup", "Second forecast, muP"),
     "lr-forecast-flat-control": flat_control,
+    "lr-forecast-sp-cost": lambda: scan_cost("lr-forecast-sp"),
+    "lr-forecast-mup-cost": lambda: scan_cost("lr-forecast-mup"),
     "lr-forecast-power": realised_power,
     "lr-forecast-machines": forecast_machines,
 }
