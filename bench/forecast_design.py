@@ -154,7 +154,7 @@ def scan_worlds(
     as_measured = Truth(**common, sigma={s: anchors.get(s) or sigma(n) for s, n in n_of.items()})
     largest = max(anchors, key=lambda s: n_of[s])
     flat = {s: anchors.get(s) or (anchors[largest] if n > n_of[largest] else sigma(n)) for s, n in n_of.items()}
-    plateau = Truth(**common, sigma={s: noise["sigma"] for s in n_of})
+    pooled = Truth(**common, sigma={s: noise["sigma"] for s in n_of})
     facts = {
         "pinned": {s: {"sigma": v["sigma"], "df": v["df"]} for s, v in noise["per_size"].items()},
         "pooled_sigma": {"sigma": noise["sigma"], "df": noise["df"]},
@@ -168,7 +168,7 @@ def scan_worlds(
     worlds = {
         "as measured": as_measured,
         "sigma flat beyond the largest fit size": Truth(**common, sigma=flat),
-        f"sigma {noise['sigma']:.3f} (pooled) at every size": plateau,
+        f"sigma {noise['sigma']:.3f} (pooled) at every size": pooled,
     }
     facts["judged_on"] = list(worlds)[:2]
     if sigma_plateau:
@@ -183,7 +183,8 @@ def scan_worlds(
 
 def parametrization(folder: Path) -> str:
     config = folder / "config.yaml"
-    return (yaml.safe_load(config.read_text()) or {}).get("parametrization", "standard") if config.is_file() else ""
+    settings = yaml.safe_load(config.read_text()) if config.is_file() else None
+    return (settings or {}).get("parametrization", "standard")
 
 
 def rule_sizes(first_depth: int, last_depth: int, per_depth: int = 32) -> tuple[str, ...]:

@@ -16,7 +16,9 @@ import csv
 import json
 import math
 import re
+import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,6 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from llmlab.core.identity import file_sha256  # noqa: E402
 from llmlab.scaling.optimum import cell_optimum, pure_error  # noqa: E402
+from llmlab.scaling.transfer import flat_forecast, flat_verdict  # noqa: E402
 from llmlab.sweep import stats  # noqa: E402
 from llmlab.sweep.design import CONTROL, FACTORS  # noqa: E402
 from llmlab.train.components import OPTIMIZERS  # noqa: E402
@@ -214,8 +217,6 @@ def lr_summary(name: str, label: str) -> str:
 
 def flat_control(name: str = "lr-forecast-sp") -> str:
     """muP's flat-prediction test applied to the standard scan, whose optimum moves: the test's positive control."""
-    from llmlab.scaling.transfer import flat_forecast, flat_verdict
-
     transfer = lr_scan(name)
     held = next(p for p in transfer["points"] if p["size"] == transfer["holdout"]["size"])
     forecast = flat_forecast([p for p in transfer["points"] if p is not held])
@@ -733,12 +734,9 @@ def scan_cost(name: str) -> str:
     sizes = sorted({r["hparams"]["size"] for r in rows}, key=lambda s: [int(x) for x in s.split("x")])
     lines = ["| size | trials | median s per trial | trial-hours |", "|---|---|---|---|"]
     for size in sizes:
-        times = sorted(r["wall_time_s"] for r in rows if r["hparams"]["size"] == size)
-        median = (times[(len(times) - 1) // 2] + times[len(times) // 2]) / 2
-        lines.append(f"| {size} | {len(times)} | {median:.0f} | {sum(times) / 3600:.1f} |")
-    cpus = {}
-    for r in rows:
-        cpus[r["cpu"]] = cpus.get(r["cpu"], 0) + 1
+        times = [r["wall_time_s"] for r in rows if r["hparams"]["size"] == size]
+        lines.append(f"| {size} | {len(times)} | {statistics.median(times):.0f} | {sum(times) / 3600:.1f} |")
+    cpus = Counter(r["cpu"] for r in rows)
     total = sum(r["wall_time_s"] for r in rows) / 3600
     return "\n".join(lines) + (
         f"\n\n{len(rows)} trials, {total:.1f} trial-hours (about {total / 2:.1f} hours of two cores); CPUs: "

@@ -106,8 +106,8 @@ def simulate_once(rng, truth: Truth, design: Design, miss: float) -> dict:
     rows: list[dict] = []
     sizes = (*design.fit_sizes, design.held_out)
     # drawn only when planted, so a world without scatter replays the same scans as before it existed
-    scatter = dict(zip(sizes, rng.normal(0.0, truth.law_scatter_sd, len(sizes)))) if truth.law_scatter_sd else {}
-    scatter = {s: float(scatter.get(s, 0.0)) for s in sizes}
+    offsets = rng.normal(0.0, truth.law_scatter_sd, len(sizes)) if truth.law_scatter_sd else np.zeros(len(sizes))
+    scatter = dict(zip(sizes, offsets.tolist()))
     for size in design.fit_sizes:
         ln_opt = truth.ln_lr_opt(size) + scatter[size]
         centre = math.exp(ln_opt + rng.normal(0.0, truth.centring_sd))
