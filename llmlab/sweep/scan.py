@@ -463,7 +463,8 @@ def preregister(cfg, out_dir: Path, plan: dict, cell: dict, rows: list[dict]) ->
         )
     rationale = _design_rationale(cfg)
     held_rows = [r for r in rows if str(r.get("size")) == cell["size"]]
-    fit = _feasible([r for r in rows if str(r.get("size")) != cell["size"]], plan)
+    same_batch = [r for r in rows if float(r["batch_size"]) == cell["batch_size"]]  # the law's forecast is per batch
+    fit = _feasible([r for r in same_batch if str(r.get("size")) != cell["size"]], plan)
     atomic_write_json(
         path,
         {

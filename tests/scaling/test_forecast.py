@@ -280,6 +280,10 @@ def test_a_mup_scan_registers_its_flat_prediction_and_the_verdict_judges_it(tmp_
 
     fit_sizes = {"64x4": 131648.0, "96x4": 295776.0, "128x4": 525440.0}
     rows = [r for k, (s, n) in enumerate(fit_sizes.items()) for r in sized_bowl(s, n, 3e-3, k)]
+    # another batch size's cells, optimum elsewhere: the registered forecasts are the held-out cell's batch's
+    other_batch = [
+        {**r, "batch_size": 8.0} for k, (s, n) in enumerate(fit_sizes.items()) for r in sized_bowl(s, n, 5e-3, k)
+    ]
     cell = {"size": "224x4", "batch_size": 4, "centre": 3e-3, "source": "law", "lrs": GRID, "seeds": 3}
     plan = {"cells": [], "machines": [], "n_params": {**fit_sizes, "224x4": 1605632.0}}
     registered = {}
@@ -288,7 +292,7 @@ def test_a_mup_scan_registers_its_flat_prediction_and_the_verdict_judges_it(tmp_
             parametrization=parametrization, model="minimal", blind_to=[], design_rationale=None, lr_step=2**0.5,
             max_lr_extensions=3, budget="cpu", steps=300, head_dim=32,
         )  # fmt: skip
-        preregister(cfg, tmp_path / parametrization, plan, cell, rows)
+        preregister(cfg, tmp_path / parametrization, plan, cell, rows + other_batch)
         registered[parametrization] = json.loads((tmp_path / parametrization / "preregistration.json").read_text())
     assert registered["standard"]["flat_forecast"] is None
     flat = registered["mup"]["flat_forecast"]
