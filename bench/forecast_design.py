@@ -316,6 +316,12 @@ def setup(args, parser) -> tuple[dict, dict, dict]:
     """The candidate designs and the worlds they are simulated in, with the facts those worlds came from."""
     if bool(args.fit_sizes) != bool(args.held_out):
         parser.error("--fit_sizes and --held_out go together")
+    if args.sigma_plateau is not None and not 0 < args.sigma_plateau < math.inf:
+        parser.error(
+            f"--sigma_plateau {args.sigma_plateau} is not a seed SD: give a positive number of nats, e.g. 0.04"
+        )
+    if args.law_scatter_from and not (args.law_scatter_from / "scaling_fits.json").is_file():
+        parser.error(f"--law_scatter_from {args.law_scatter_from} has no scaling_fits.json: name a finished lr scan")
     if args.fit_sizes:
         fit = tuple(args.fit_sizes)
         designs = scan_candidates(fit, args.held_out, args.fit_lrs)

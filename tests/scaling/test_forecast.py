@@ -202,7 +202,7 @@ def test_a_planted_machine_offset_moves_the_blocked_vertex_by_no_more_than_its_s
     assert abs(np.mean(errors)) < 2 * np.std(errors) / math.sqrt(len(errors)) + 0.02  # no bias from the offset
 
 
-def test_the_power_simulation_takes_its_world_from_the_fit_cells_noise_and_recovers_a_planted_law(tmp_path):
+def test_the_power_simulation_takes_its_world_from_the_fit_cells_noise_and_recovers_a_planted_law(tmp_path, capsys):
     """bench/forecast_design.py --fit_sizes: sigma per size and its growth with lr come from the fit cells' pure error
     (seeds at the same lr), the law from their vertices; planted values are recovered within their stated error."""
     import csv
@@ -253,6 +253,26 @@ def test_the_power_simulation_takes_its_world_from_the_fit_cells_noise_and_recov
     name = "sigma at least 0.5 beyond the largest fit size"
     assert facts["judged_on"][-1] == name and floored[name].sigma["224x7"] == 0.5
     assert floored[name].sigma["160x5"] == world.sigma["160x5"]
+    for flag, value, needle in (
+        ("--sigma_plateau", "-0.04", "not a seed SD"),
+        ("--law_scatter_from", str(tmp_path), "no scaling_fits.json"),
+    ):
+        with pytest.raises(SystemExit):
+            bench.main(
+                [
+                    "--sigma_from",
+                    str(tmp_path),
+                    "--fit_sizes",
+                    *sizes,
+                    "--held_out",
+                    "224x7",
+                    flag,
+                    value,
+                    "--output",
+                    str(tmp_path / "o.json"),
+                ]
+            )
+        assert needle in capsys.readouterr().err and not (tmp_path / "o.json").exists()
     # larger designs follow the fit sizes' own rule: the depth dial here, more widths at one depth for a muP scan
     assert bench.larger_families(sizes)[0] == (bench.rule_sizes(2, 7), "288x9")
     assert bench.larger_families(("64x4", "96x4", "128x4"))[:2] == [
