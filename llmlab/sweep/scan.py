@@ -251,9 +251,19 @@ def admit_machine(
 ) -> None:
     """A machine the scan has not seen first replays one finished trial (the quickest). Bit-identical (same final
     loss and loss curve): it shares the numerics and the scan simply goes on. Otherwise it is a new machine: every
-    cell it finds part-done gets --new_machine_blocks complete blocks, and the analysis fits a machine term."""
+    cell it finds part-done gets --new_machine_blocks complete blocks, and the analysis fits a machine term. A new
+    machine that finds no cell part-done (it joined between sizes) gets them at the last fit size that ran: a bridge,
+    without which its offset and tilt would be confounded with the sizes it runs alone."""
     machines, here = _known_machines(plan, out_dir), machine_label()
-    if any(m["label"] == here for m in machines):
+    known = next((m for m in machines if m["label"] == here), None)
+    if known is not None:
+        if known["numerics"] == here and machine_order(plan)[0] != here and not _has_blocks(plan, here):
+            # admitted between sizes by a scan from before bridges: give it its bridge now
+            design = design_for(plan, seeds, cfg.seed)
+            done = {r["trial_id"] for r in finished(design) if r.get("status") == "ok"}
+            added = _bridge(plan, design, done, seeds, cfg.new_machine_blocks, here)
+            if added:
+                print(f"scan: {here} ran no cell beside another machine; bridge blocks at {added[0]}", flush=True)
         return
     design = design_for(plan, seeds, cfg.seed)
     done = [r for r in finished(design) if r.get("status") == "ok" and r.get("cpu")]
@@ -287,27 +297,45 @@ def admit_machine(
     if identical:
         print(f"scan: the replay is bit-identical; {here} shares the numerics of {reference['cpu']}", flush=True)
         return
-    added = _add_blocks(plan, design, {r["trial_id"] for r in done}, seeds, cfg.new_machine_blocks, here)
+    finished_ids = {r["trial_id"] for r in done}
+    part_done = [c for c in plan["cells"] if 0 < len(_cell_ids(design, c) & finished_ids) < len(_cell_ids(design, c))]
+    added = _add_blocks(part_done, seeds, cfg.new_machine_blocks, here)
+    where = f"{cfg.new_machine_blocks} per part-done size: {', '.join(added)}"
+    if not added:
+        added = _bridge(plan, design, finished_ids, seeds, cfg.new_machine_blocks, here)
+        where = f"{cfg.new_machine_blocks} at {', '.join(added)}, a bridge: no size was part-done"
     print(
         f"scan: the replay differs (final loss {reference.get('final_loss')} -> {again.get('final_loss')}): "
-        f"{here} starts new blocks"
-        + (f" ({cfg.new_machine_blocks} per part-done size: {', '.join(added)})" if added else "")
-        + "; the analysis fits a machine term",
+        f"{here} starts new blocks" + (f" ({where})" if added else "") + "; the analysis fits a machine term",
         flush=True,
     )
 
 
-def _add_blocks(plan: dict, design: list[dict], finished: set, seeds: int, blocks: int, machine: str) -> list[str]:
-    """Give every part-done cell `blocks` more complete blocks (new seeds) for `machine`; the sizes that got them."""
-    added = []
-    for cell in plan["cells"]:
-        ids = {t["trial_id"] for t in design if t["size"] == cell["size"] and t["batch_size"] == cell["batch_size"]}
-        if ids & finished and ids - finished:
-            first = cell.get("seeds", seeds)
-            cell["seeds"] = first + blocks
-            cell.setdefault("machine_blocks", []).append({"machine": machine, "replicates": [first, cell["seeds"] - 1]})
-            added.append(cell["size"])
-    return added
+def _cell_ids(design: list[dict], cell: dict) -> set:
+    return {t["trial_id"] for t in design if t["size"] == cell["size"] and t["batch_size"] == cell["batch_size"]}
+
+
+def _has_blocks(plan: dict, machine: str) -> bool:
+    return any(b["machine"] == machine for c in plan["cells"] for b in c.get("machine_blocks", []))
+
+
+def _bridge(plan: dict, design: list[dict], finished: set, seeds: int, blocks: int, machine: str) -> list[str]:
+    """Blocks for `machine` at the last fit size (not the held-out one) with finished trials, every batch of it."""
+    ran = [c for c in plan["cells"] if c["size"] != plan.get("held_out") and _cell_ids(design, c) & finished]
+    if not ran:
+        return []
+    order = {size: i for i, size in enumerate(plan.get("sizes", []))}
+    last = max(order.get(c["size"], -1) for c in ran)
+    return _add_blocks([c for c in ran if order.get(c["size"], -1) == last], seeds, blocks, machine)
+
+
+def _add_blocks(cells: list[dict], seeds: int, blocks: int, machine: str) -> list[str]:
+    """Give each cell `blocks` more complete blocks (new seeds) for `machine`; the sizes that got them."""
+    for cell in cells:
+        first = cell.get("seeds", seeds)
+        cell["seeds"] = first + blocks
+        cell.setdefault("machine_blocks", []).append({"machine": machine, "replicates": [first, cell["seeds"] - 1]})
+    return list(dict.fromkeys(cell["size"] for cell in cells))
 
 
 def _slug(label: str) -> str:

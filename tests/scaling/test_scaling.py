@@ -750,6 +750,57 @@ def test_a_bf16_scan_on_a_cpu_without_bf16_units_is_refused_in_one_line(tmp_path
     assert not out.exists() or not any(out.iterdir())  # nothing written
 
 
+def test_a_machine_that_joins_between_sizes_gets_bridge_blocks_at_the_last_fit_size(tmp_path, monkeypatch):
+    """No cell part-done when a new machine's replay differs: without a bridge its trials would share no cell with
+    the reference machine, and its offset and tilt would ride on the sizes it runs alone. The last fit size that
+    ran (never the held-out one) gets --new_machine_blocks blocks; a scan that admitted the machine without one
+    (before bridges) gets it on its next run there, once."""
+    from types import SimpleNamespace
+
+    from llmlab.sweep.scan import admit_machine, design_for
+
+    lrs = [1e-3, 2e-3, 4e-3]
+    plan = {
+        "sizes": ["32x1", "64x1", "96x1", "128x1"],
+        "held_out": "128x1",
+        "order_seed": 0,
+        "machines": [{"label": "machine A", "numerics": "machine A", "replay": None}],
+        "cells": [{"size": size, "batch_size": 2, "lrs": lrs, "seeds": 2} for size in ("32x1", "64x1", "96x1")],
+    }
+    plan["cells"][2]["seeds"] = 2  # 96x1: planned, none of it ran
+
+    def finished(design):
+        return [
+            {**t, "status": "ok", "cpu": "machine A", "final_loss": 6.0, "wall_time_s": 1.0, "curves": {"loss": [7]}}
+            for t in design
+            if t["size"] in ("32x1", "64x1")
+        ]
+
+    replayed = []
+
+    def replay(trial, folder):
+        replayed.append(trial["trial_id"])
+        return {"status": "ok", "final_loss": 6.01, "curves": {"loss": [7.001]}}
+
+    cfg = SimpleNamespace(new_machine_blocks=2, seed=0)
+    monkeypatch.setenv("LLMLAB_MACHINE_LABEL", "machine B")
+    admit_machine(cfg, plan, tmp_path, 2, finished, replay)
+    assert len(replayed) == 1 and not plan["machines"][1]["replay"]["identical"]
+    assert [c["seeds"] for c in plan["cells"]] == [2, 4, 2]
+    assert plan["cells"][1]["machine_blocks"] == [{"machine": "machine B", "replicates": [2, 3]}]
+    bridge = [t for t in design_for(plan, 2, 0) if t["size"] == "64x1" and t["replicate"] >= 2]
+    assert len(bridge) == 2 * len(lrs)  # two complete blocks: every lr of the grid, new seeds
+
+    del plan["cells"][1]["machine_blocks"]  # as admitted by a scan from before bridges
+    plan["cells"][1]["seeds"] = 2
+    admit_machine(cfg, plan, tmp_path, 2, finished, replay)
+    admit_machine(cfg, plan, tmp_path, 2, finished, replay)  # once only
+    assert len(replayed) == 1 and [c["seeds"] for c in plan["cells"]] == [2, 4, 2]
+    monkeypatch.setenv("LLMLAB_MACHINE_LABEL", "machine A")  # the reference machine never needs one
+    admit_machine(cfg, plan, tmp_path, 2, finished, replay)
+    assert [c["seeds"] for c in plan["cells"]] == [2, 4, 2]
+
+
 def test_the_run_order_is_balanced_blocks_reproducible_from_the_order_seed():
     from llmlab.sweep.design import run_order
     from llmlab.sweep.scan import design_for
