@@ -259,9 +259,13 @@ def admit_machine(
     if known is not None:
         if known["numerics"] == here and machine_order(plan)[0] != here and not _has_blocks(plan, here):
             # admitted between sizes by a scan from before bridges: give it its bridge now
-            design = design_for(plan, seeds, cfg.seed)
-            done = {r["trial_id"] for r in finished(design) if r.get("status") == "ok"}
-            added = _bridge(plan, design, done, seeds, cfg.new_machine_blocks, here)
+            design, groups = design_for(plan, seeds, cfg.seed), machine_groups(plan)
+            by_others = {
+                r["trial_id"]
+                for r in finished(design)
+                if r.get("status") == "ok" and groups.get(str(r.get("cpu")), r.get("cpu")) != here
+            }
+            added = _bridge(plan, design, by_others, seeds, cfg.new_machine_blocks, here)
             if added:
                 print(f"scan: {here} ran no cell beside another machine; bridge blocks at {added[0]}", flush=True)
         return
@@ -320,7 +324,8 @@ def _has_blocks(plan: dict, machine: str) -> bool:
 
 
 def _bridge(plan: dict, design: list[dict], finished: set, seeds: int, blocks: int, machine: str) -> list[str]:
-    """Blocks for `machine` at the last fit size (not the held-out one) with finished trials, every batch of it."""
+    """Blocks for `machine` at the last fit size (not the held-out one) where other machines finished trials
+    (`finished`: their ids), every batch of it."""
     ran = [c for c in plan["cells"] if c["size"] != plan.get("held_out") and _cell_ids(design, c) & finished]
     if not ran:
         return []

@@ -769,18 +769,20 @@ def test_a_machine_that_joins_between_sizes_gets_bridge_blocks_at_the_last_fit_s
     }
     plan["cells"][2]["seeds"] = 2  # 96x1: planned, none of it ran
 
+    ran_on = {"32x1": "machine A", "64x1": "machine A"}
+
     def finished(design):
         return [
-            {**t, "status": "ok", "cpu": "machine A", "final_loss": 6.0, "wall_time_s": 1.0, "curves": {"loss": [7]}}
+            {**t, "status": "ok", "cpu": ran_on[t["size"]], "final_loss": 6.0, "wall_time_s": 1.0, "curves": {}}
             for t in design
-            if t["size"] in ("32x1", "64x1")
+            if t["size"] in ran_on
         ]
 
     replayed = []
 
     def replay(trial, folder):
         replayed.append(trial["trial_id"])
-        return {"status": "ok", "final_loss": 6.01, "curves": {"loss": [7.001]}}
+        return {"status": "ok", "final_loss": 6.01, "curves": {"loss": [7.0]}}
 
     cfg = SimpleNamespace(new_machine_blocks=2, seed=0)
     monkeypatch.setenv("LLMLAB_MACHINE_LABEL", "machine B")
@@ -791,8 +793,9 @@ def test_a_machine_that_joins_between_sizes_gets_bridge_blocks_at_the_last_fit_s
     bridge = [t for t in design_for(plan, 2, 0) if t["size"] == "64x1" and t["replicate"] >= 2]
     assert len(bridge) == 2 * len(lrs)  # two complete blocks: every lr of the grid, new seeds
 
-    del plan["cells"][1]["machine_blocks"]  # as admitted by a scan from before bridges
+    del plan["cells"][1]["machine_blocks"]  # as admitted by a scan from before bridges, which went on to 96x1
     plan["cells"][1]["seeds"] = 2
+    ran_on["96x1"] = "machine B"  # its own trials are no bridge: the bridge goes where machine A ran
     admit_machine(cfg, plan, tmp_path, 2, finished, replay)
     admit_machine(cfg, plan, tmp_path, 2, finished, replay)  # once only
     assert len(replayed) == 1 and [c["seeds"] for c in plan["cells"]] == [2, 4, 2]
