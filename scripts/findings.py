@@ -40,6 +40,7 @@ DOCUMENTS = (
     FINDINGS / "README.md",
     *(REPO / "docs" / f"{name}.md" for name in ("usage", "data", "lab")),
     FINDINGS / "lr-forecast-sp" / "forecast_design.md",
+    FINDINGS / "lr-forecast-mup" / "forecast_design.md",
 )
 LABELS = {"adamw": "AdamW", "lion": "Lion", "adafactor": "Adafactor"}
 
@@ -523,6 +524,40 @@ def forecast_design(name: str = "lr-forecast", label: str = "registered", file: 
     )
 
 
+POWER = "power: P(95 % CI excludes 1 | 1.5x miss)"
+
+
+def worst_judged_power(row: dict, judged: list[str]) -> tuple[float, str]:
+    """A design's power in its least favourable judged world, and that world."""
+    return min((row[world][POWER], world) for world in judged)
+
+
+def forecast_design_power(name: str = "lr-forecast-mup") -> str:
+    """The design's case in one list: each number of fit sizes' best power in its least favourable judged world,
+    the chosen design's, and the chosen design's on the larger recheck."""
+    data = json.loads((FINDINGS / name / "design_rationale.json").read_text())
+    judged, best = data["judged_on"], {}
+    for label, row in data["designs"].items():
+        k = len(row["design"]["fit_sizes"])
+        power, world = worst_judged_power(row, judged)
+        if k not in best or power > best[k][0]:
+            best[k] = (power, world, label)
+    lines = [
+        f"- {k} fit sizes: {power:.0%} at best ({label}; least favourable world: {world})"
+        + (" **(chosen)**" if label == data["chosen"] else "")
+        for k, (power, world, label) in sorted(best.items())
+    ]
+    check = FINDINGS / name / "design_check_120.json"
+    if check.is_file():
+        again = json.loads(check.read_text())
+        power, world = worst_judged_power(again["designs"][again["chosen"]], again["judged_on"])
+        lines.append(f"- the chosen design rerun with {again['reps']} new simulated scans: {power:.0%} ({world})")
+    return (
+        f"Power to catch a 1.5x miss (95 % CI excludes 1), target {data['target']:.0%}, from "
+        f"{data['reps']} simulated scans per design, world and miss:\n" + "\n".join(lines)
+    )
+
+
 def forecast_noise(name: str = "lr-forecast-sp") -> str:
     """The noise a registered design was simulated with against the noise its scan then showed, size by size, and
     what the verdict's interval was made of."""
@@ -835,6 +870,7 @@ BLOCKS = {
     "lr-forecast-sp-noise": forecast_noise,
     "lr-forecast-sp-recheck": forecast_recheck,
     "lr-forecast-mup-design": lambda: forecast_design("lr-forecast-mup", "chosen"),
+    "lr-forecast-mup-design-power": forecast_design_power,
     "lr-forecast-mup-design-check": lambda: forecast_design("lr-forecast-mup", "chosen", "design_check_120.json"),
     "lr-forecast-mup": lambda: lr_summary("lr-forecast-mup", "Second forecast, muP"),
     "lr-forecast-flat-control": flat_control,

@@ -184,6 +184,24 @@ def test_the_design_recheck_plants_the_fit_cells_own_noise():
     assert world["sigma flat beyond the largest fit size"]["sigma"]["288x9"] == world["as measured"]["sigma"]["224x7"]
 
 
+def test_the_mup_designs_stated_power_is_the_least_favourable_judged_world_of_the_rationale():
+    """The chosen muP design's power as the findings and its design note state it: recomputed by hand as the
+    smallest power over the worlds the rationale says it was judged on (never the pooled world, reported only)."""
+    import json
+
+    folder = REPO / "docs" / "findings" / "lr-forecast-mup"
+    data = json.loads((folder / "design_rationale.json").read_text())
+    chosen = data["designs"][data["chosen"]]
+    key = next(k for k in chosen["as measured"] if k.startswith("power"))
+    powers = {world: chosen[world][key] for world in data["judged_on"]}
+    assert "sigma 0.069 (pooled) at every size" not in powers and len(powers) == 3
+    worst = min(powers, key=powers.get)
+    line = f"- 9 fit sizes: {powers[worst]:.0%} at best ({data['chosen']}; least favourable world: {worst})"
+    assert line in (folder / "forecast_design.md").read_text()
+    assert line in (REPO / "docs" / "findings" / "README.md").read_text()
+    assert powers[worst] >= data["target"] and data["reached_target"]
+
+
 def test_a_scan_summary_states_mups_flat_verdict_where_its_held_out_row_has_one(monkeypatch):
     """The muP summary's flat-prediction sentence, on the shipped standard scan's verdict row with a flat verdict
     computed by llmlab for the same held-out vertex (a muP scan's registration adds one)."""
