@@ -763,19 +763,22 @@ def trial_results(folder: Path) -> list[dict]:
 
 
 def scan_cost(name: str) -> str:
-    """Wall time per size from the trials' own result.json (median per trial and trial-hours), and the CPUs they ran
-    on: trials of one scan ran two at a time, one core each."""
+    """Wall time per size and CPU from the trials' own result.json (median per trial and trial-hours): trials of one
+    scan ran two at a time, one core each, and a CPU's times compare only with its own."""
     rows = trial_results(FINDINGS / name)
-    sizes = sorted({r["hparams"]["size"] for r in rows}, key=lambda s: [int(x) for x in s.split("x")])
-    lines = ["| size | trials | median s per trial | trial-hours |", "|---|---|---|---|"]
-    for size in sizes:
-        times = [r["wall_time_s"] for r in rows if r["hparams"]["size"] == size]
-        lines.append(f"| {size} | {len(times)} | {statistics.median(times):.0f} | {sum(times) / 3600:.1f} |")
     cpus = Counter(r["cpu"] for r in rows)
+    letter = {cpu: chr(ord("A") + i) for i, cpu in enumerate(sorted(cpus))}
+    cells: dict[tuple, list[float]] = {}
+    for r in rows:
+        size = r["hparams"]["size"]
+        cells.setdefault((tuple(int(x) for x in size.split("x")), size, letter[r["cpu"]]), []).append(r["wall_time_s"])
+    lines = ["| size | CPU | trials | median s per trial | trial-hours |", "|---|---|---|---|---|"]
+    for (_, size, cpu), times in sorted(cells.items()):
+        lines.append(f"| {size} | {cpu} | {len(times)} | {statistics.median(times):.0f} | {sum(times) / 3600:.1f} |")
     total = sum(r["wall_time_s"] for r in rows) / 3600
     return "\n".join(lines) + (
         f"\n\n{len(rows)} trials, {total:.1f} trial-hours (about {total / 2:.1f} hours of two cores); CPUs: "
-        + "; ".join(f"{cpu} ({n} trials)" for cpu, n in sorted(cpus.items()))
+        + "; ".join(f"{letter[cpu]} {cpu} ({n} trials)" for cpu, n in sorted(cpus.items()))
         + "."
     )
 
