@@ -204,7 +204,8 @@ class SweepConfig:
         1,
         "multi-size scan resumed on a machine whose replay of a finished trial is not "
         "bit-identical: complete blocks (one seed of a size's whole lr grid) it adds to "
-        "each size it finds part-done, so its machine term is estimable",
+        "each size it finds part-done (none part-done: to the last fit size that ran, a "
+        "bridge), so its machine term is estimable",
         outcome=False,
     )
     launcher: str = opt(
