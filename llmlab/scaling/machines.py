@@ -23,6 +23,15 @@ from typing import Optional
 import numpy as np
 from scipy import stats
 
+# what a pre-registration states about trials from several machines (llmlab.sweep.scan.preregister): registered, the
+# blocked verdict is the registered one and the pooled verdict a sensitivity, not the other way round
+MACHINE_RULE = (
+    "per (size, batch) cell whose trials ran on machines with different numerics: final_loss ~ lr (one mean per "
+    "lr) + machine (additive; the first machine the scan met is the reference), by least squares; each offset is "
+    "removed before the vertex, and each lr's seed weight counts the offsets' uncertainty; a machine sharing no lr "
+    "with the reference is left out of that cell"
+)
+
 
 def machine_of(row: dict) -> str:
     """The numerics a trial ran with: the scan's group (machines that replay bit-identically share one), else

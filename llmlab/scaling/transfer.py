@@ -411,7 +411,8 @@ def analyse_sizes(
 ) -> dict:
     """Noise, per-cell optima, the law on every measured cell, its RANSAC sensitivity and the held-out verdict.
     Trials from several machines (numerics that differ) are pooled with a machine term (llmlab.scaling.machines);
-    a registered verdict is then also given as registered, without it, beside the blocked one."""
+    a registered verdict is then also given without it, beside the blocked one (as registered, where the
+    registration predates the machine term; a sensitivity, where it registered the term)."""
     machines = sorted({machine_of(r) for r in feasible})
     adjusted, machine_terms = machine_adjust(feasible, machine_order)
     lost_df: dict[str, int] = {}
@@ -430,10 +431,13 @@ def analyse_sizes(
         verdict = holdout_verdict(points, confidence, registration)
         if machine_terms:
             verdict["machine_term"] = True
-            if registration:  # the registered analysis had no machine term: apply it as registered too
+            if registration:
                 registered = registered_rows(feasible, registration)
                 raw = size_points(registered, seed_noise(registered), confidence)
-                verdict["as_registered"] = holdout_verdict(raw, confidence, registration)
+                # a registration that states the machine term makes the blocked verdict the registered one and the
+                # pooled one a sensitivity; one from before that had no machine term, so the pooled one is as registered
+                key = "without_machine_term" if registration.get("machine_term") else "as_registered"
+                verdict[key] = holdout_verdict(raw, confidence, registration)
     return {
         "sizes": sorted(
             {p["size"] for p in points}, key=lambda s: next(p["n_params"] for p in points if p["size"] == s)

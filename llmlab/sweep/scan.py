@@ -26,7 +26,7 @@ from llmlab.core.io import atomic_write_json
 from llmlab.core.runinfo import machine_label
 from llmlab.scaling.fits import ScalingOptions, feasible_region
 from llmlab.scaling.law import fit_law, predict
-from llmlab.scaling.machines import machine_adjust
+from llmlab.scaling.machines import MACHINE_RULE, machine_adjust
 from llmlab.scaling.optimum import ESTIMATOR, cell_optimum, finite, grid_extension
 from llmlab.scaling.transfer import BAND, VERDICT_RULE, flat_forecast, seed_noise, sigma_model, size_points
 from llmlab.sweep.design import CONTROL, in_blocks, parse_size, replicate
@@ -453,7 +453,8 @@ def read_preregistration(out_dir: Path) -> Optional[dict]:
         **registration,
         "sha256": file_sha256(path),
         "file": PREREGISTRATION,
-        "estimator_unchanged": registration.get("estimator") == ESTIMATOR,
+        "estimator_unchanged": registration.get("estimator") == ESTIMATOR
+        and registration.get("machine_term") in (None, MACHINE_RULE),
         "rule_unchanged": registration.get("verdict_rule") == VERDICT_RULE,
     }
 
@@ -515,6 +516,7 @@ def preregister(cfg, out_dir: Path, plan: dict, cell: dict, rows: list[dict]) ->
             # muP claims the optimum does not move with width: that prediction is registered beside the law's
             "flat_forecast": flat_forecast(size_points(fit, seed_noise(fit))) if cfg.parametrization == "mup" else None,
             "estimator": ESTIMATOR,
+            "machine_term": MACHINE_RULE,  # the held-out size may well run on several machines: say how, now
             "verdict_rule": VERDICT_RULE,
             "band": BAND,
             "design": {

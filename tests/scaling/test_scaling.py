@@ -722,8 +722,25 @@ def _resume_on_other_machines(args: list[str], out: Path, plan: dict) -> None:
     assert terms[0]["offsets"][0]["machine"] == f"machine C {suffix}"
     feasible_on_c = [t for t in ran_on_c if t["status"] == "ok" and t["final_loss"] < math.log(50257)]
     assert terms[0]["offsets"][0]["trials"] == len(feasible_on_c) > 0
-    assert fits["transfer"]["holdout"]["machine_term"] and "as_registered" in fits["transfer"]["holdout"]
-    assert "machine term" in (out / "scaling_report.md").read_text()
+    # the registration stated the machine term, so the blocked verdict is the registered one, the pooled a sensitivity
+    assert json.loads((out / "preregistration.json").read_text())["machine_term"].startswith("per (size, batch)")
+    holdout = fits["transfer"]["holdout"]
+    assert holdout["machine_term"] and "without_machine_term" in holdout and "as_registered" not in holdout
+    report = (out / "scaling_report.md").read_text()
+    assert "machine term" in report and "declared deviation" not in report
+
+
+@pytest.mark.parametrize("key", ["as_registered", "without_machine_term"])
+def test_the_pooled_verdict_is_the_registered_one_only_where_the_registration_predates_the_machine_term(key):
+    from llmlab.scaling.report import as_registered_markdown
+
+    row = {"ratio": 1.2, "ci90": [0.9, 1.6], "ci95": [0.85, 1.7], "df": 6}
+    text = " ".join(as_registered_markdown({key: {"status": "ok", "verdict": "undecided", "rows": [row]}}))
+    assert "R = 1.20, 90 % CI [0.9, 1.6], 95 % CI [0.85, 1.7], 6 df" in text
+    if key == "as_registered":  # the older registration: the blocked verdict is the deviation
+        assert "As registered, without a machine term: undecided" in text and "declared deviation" in text
+    else:
+        assert text.startswith("Sensitivity, the machines pooled") and "is the registered one" in text
 
 
 def test_a_bf16_scan_on_a_cpu_without_bf16_units_is_refused_in_one_line(tmp_path):
