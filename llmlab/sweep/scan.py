@@ -258,16 +258,7 @@ def admit_machine(
     known = next((m for m in machines if m["label"] == here), None)
     if known is not None:
         if known["numerics"] == here and machine_order(plan)[0] != here and not _has_blocks(plan, here):
-            # admitted between sizes by a scan from before bridges: give it its bridge now
-            design, groups = design_for(plan, seeds, cfg.seed), machine_groups(plan)
-            by_others = {
-                r["trial_id"]
-                for r in finished(design)
-                if r.get("status") == "ok" and groups.get(str(r.get("cpu")), r.get("cpu")) != here
-            }
-            added = _bridge(plan, design, by_others, seeds, cfg.new_machine_blocks, here)
-            if added:
-                print(f"scan: {here} ran no cell beside another machine; bridge blocks at {added[0]}", flush=True)
+            _late_bridge(cfg, plan, seeds, finished, here)  # admitted between sizes by a scan from before bridges
         return
     design = design_for(plan, seeds, cfg.seed)
     done = [r for r in finished(design) if r.get("status") == "ok" and r.get("cpu")]
@@ -301,18 +292,34 @@ def admit_machine(
     if identical:
         print(f"scan: the replay is bit-identical; {here} shares the numerics of {reference['cpu']}", flush=True)
         return
-    finished_ids = {r["trial_id"] for r in done}
-    part_done = [c for c in plan["cells"] if 0 < len(_cell_ids(design, c) & finished_ids) < len(_cell_ids(design, c))]
-    added = _add_blocks(part_done, seeds, cfg.new_machine_blocks, here)
-    where = f"{cfg.new_machine_blocks} per part-done size: {', '.join(added)}"
-    if not added:
-        added = _bridge(plan, design, finished_ids, seeds, cfg.new_machine_blocks, here)
-        where = f"{cfg.new_machine_blocks} at {', '.join(added)}, a bridge: no size was part-done"
+    where = _new_machine_blocks(plan, design, {r["trial_id"] for r in done}, seeds, cfg.new_machine_blocks, here)
     print(
         f"scan: the replay differs (final loss {reference.get('final_loss')} -> {again.get('final_loss')}): "
-        f"{here} starts new blocks" + (f" ({where})" if added else "") + "; the analysis fits a machine term",
+        f"{here} starts new blocks{where}; the analysis fits a machine term",
         flush=True,
     )
+
+
+def _new_machine_blocks(plan: dict, design: list[dict], finished: set, seeds: int, blocks: int, here: str) -> str:
+    """Blocks for a machine with new numerics: in every part-done cell, else a bridge; where, for the log."""
+    part_done = [c for c in plan["cells"] if 0 < len(_cell_ids(design, c) & finished) < len(_cell_ids(design, c))]
+    added = _add_blocks(part_done, seeds, blocks, here)
+    if added:
+        return f" ({blocks} per part-done size: {', '.join(added)})"
+    added = _bridge(plan, design, finished, seeds, blocks, here)
+    return f" ({blocks} at {', '.join(added)}, a bridge: no size was part-done)" if added else ""
+
+
+def _late_bridge(cfg, plan: dict, seeds: int, finished: Callable[[list[dict]], list[dict]], here: str) -> None:
+    design, groups = design_for(plan, seeds, cfg.seed), machine_groups(plan)
+    by_others = {
+        r["trial_id"]
+        for r in finished(design)
+        if r.get("status") == "ok" and groups.get(str(r.get("cpu")), r.get("cpu")) != here
+    }
+    added = _bridge(plan, design, by_others, seeds, cfg.new_machine_blocks, here)
+    if added:
+        print(f"scan: {here} ran no cell beside another machine; bridge blocks at {added[0]}", flush=True)
 
 
 def _cell_ids(design: list[dict], cell: dict) -> set:
