@@ -25,25 +25,6 @@ if "torch" in sys.modules:
     sys.modules["torch"].set_num_threads(1)
 
 
-# The longest files first. `--dist loadfile` hands whole files to whichever worker is free, in collection order
-# (pytest.ini turns off xdist's own reorder, which puts files with many tests first): the ZeRO-2 and Ray files, few
-# tests but minutes long, came last and ran alone while the other worker sat idle. Longest first, measured in a
-# `--durations=0` run, is the usual greedy schedule; the rest keep their order.
-LONGEST_FILES = (
-    "tests/train/test_pretrain_deepspeed.py",
-    "tests/scaling/test_scaling.py",
-    "tests/sweep/test_sweep.py",
-    "tests/sweep/test_ray.py",
-    "tests/train/test_lora.py",
-    "tests/train/test_reliability.py",
-)
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {path: i for i, path in enumerate(LONGEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: same order within a file
-
-
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
