@@ -311,12 +311,9 @@ def _new_machine_blocks(plan: dict, design: list[dict], finished: set, seeds: in
 
 
 def _late_bridge(cfg, plan: dict, seeds: int, finished: Callable[[list[dict]], list[dict]], here: str) -> None:
-    design, groups = design_for(plan, seeds, cfg.seed), machine_groups(plan)
-    by_others = {
-        r["trial_id"]
-        for r in finished(design)
-        if r.get("status") == "ok" and groups.get(str(r.get("cpu")), r.get("cpu")) != here
-    }
+    design = design_for(plan, seeds, cfg.seed)
+    rows = with_machines(finished(design), plan)
+    by_others = {r["trial_id"] for r in rows if r.get("status") == "ok" and r["machine"] != here}
     added = _bridge(plan, design, by_others, seeds, cfg.new_machine_blocks, here)
     if added:
         print(f"scan: {here} ran no cell beside another machine; bridge blocks at {added[0]}", flush=True)
