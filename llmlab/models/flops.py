@@ -3,13 +3,16 @@
 GPU peaks come from a table (dense tensor-core TFLOP/s with fp32 accumulation for bf16/fp16, plain fp32 otherwise;
 llm.c-style). A CPU has no such datasheet number that holds on a shared machine, so its peak is measured: the
 best of a few matmuls of up to 2048 x 2048 in the training precision on the threads the run uses (bench/cpu_peak.py
-prints it; 158 GFLOP/s fp32 and 366 bf16 on two threads of this project's EPYC). Unlisted GPUs get no MFU
-rather than one
-against a guess.
+prints it; 158 GFLOP/s fp32 and 366 bf16 on two threads of this project's EPYC), once per machine, torch version,
+thread count and precision: the trainers read it from llmlab's cache (`cpu-peak.json`; delete it to measure again),
+so every run on one machine divides by the same number, and a run's start skips 1-2 s of matmuls (bench/startup.py).
+Unlisted GPUs get no MFU rather than one against a guess.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import time
 
 # name fragment (matched against torch.cuda.get_device_name, longest first) -> {precision: peak TFLOP/s}
@@ -29,7 +32,7 @@ def peak_flops(device_name: str | None, mixed_precision: str) -> float | None:
     GPU, None for an unlisted GPU."""
     precision = "fp32" if mixed_precision in (None, "no") else "bf16"
     if not device_name:
-        return measure_cpu_peak_flops(precision)
+        return cached_cpu_peak_flops(precision)
     for fragment in sorted(PEAK_TFLOPS, key=len, reverse=True):
         if fragment.lower() in device_name.lower():
             return PEAK_TFLOPS[fragment][precision] * 1e12
@@ -60,6 +63,36 @@ def measure_cpu_peak_flops(precision: str = "fp32", size: int = 2048, repeats: i
             side = min(2 * side, size)
         _CPU_PEAKS[key] = 2 * side**3 / best
     return _CPU_PEAKS[key]
+
+
+def cached_cpu_peak_flops(precision: str) -> float:
+    """measure_cpu_peak_flops, measured once per machine (runinfo.machine_label), torch version and thread count and
+    then read from llmlab's cache. A missing or unreadable cache is measured again and rewritten atomically."""
+    import torch
+
+    from llmlab.core.io import atomic_write_bytes, llmlab_cache
+    from llmlab.core.runinfo import machine_label
+
+    path = llmlab_cache("cpu-peak.json")
+    key = f"{machine_label()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {precision}"
+    known = _read_peaks(path)
+    peak = known.get(key)
+    if isinstance(peak, (int, float)) and math.isfinite(peak) and peak > 0:
+        return float(peak)
+    known[key] = measure_cpu_peak_flops(precision)
+    try:
+        atomic_write_bytes(path, json.dumps(known, indent=1, sort_keys=True).encode())
+    except OSError:  # a read-only or full cache disk costs the next run a measurement, not this run
+        pass
+    return known[key]
+
+
+def _read_peaks(path) -> dict:
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
 
 
 def _timed(fn, clock) -> float:

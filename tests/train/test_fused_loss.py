@@ -1,5 +1,7 @@
 """The chunked output layer + cross-entropy (issue 15): the same loss and gradients as the full logits."""
 
+import json
+
 import pytest
 import torch
 
@@ -55,6 +57,28 @@ def test_measuring_the_cpu_peak_leaves_the_global_rng_alone():
     torch.manual_seed(0)
     assert flops.measure_cpu_peak_flops("fp32", size=64, repeats=1) > 0
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_the_trainers_measure_the_cpu_peak_once_per_machine_and_threads(tmp_path, monkeypatch):
+    """A run's start reads the peak another run on this machine measured; another thread count, another machine
+    label or a damaged cache file is measured (again) and the file rewritten whole."""
+    from llmlab.models import flops
+
+    monkeypatch.setenv("LLMLAB_CACHE", str(tmp_path))
+    measured = []
+    monkeypatch.setattr(flops, "measure_cpu_peak_flops", lambda p: measured.append(p) or 1e9 * (len(measured) + 1))
+    threads = torch.get_num_threads()
+    try:
+        assert flops.peak_flops(None, "no") == 2e9 and flops.peak_flops(None, "no") == 2e9
+        assert flops.peak_flops(None, "bf16") == 3e9 and measured == ["fp32", "bf16"]
+        torch.set_num_threads(threads + 1)
+        assert flops.peak_flops(None, "no") == 4e9
+    finally:
+        torch.set_num_threads(threads)
+    monkeypatch.setenv("LLMLAB_MACHINE_LABEL", "another CPU +bf16")
+    assert flops.peak_flops(None, "no") == 5e9 and len(json.loads((tmp_path / "cpu-peak.json").read_text())) == 4
+    (tmp_path / "cpu-peak.json").write_text('{"truncated')
+    assert flops.peak_flops(None, "no") == 6e9 and len(json.loads((tmp_path / "cpu-peak.json").read_text())) == 1
 
 
 def test_measuring_the_cpu_peak_keeps_to_its_time_budget_in_every_precision():
