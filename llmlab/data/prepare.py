@@ -80,7 +80,11 @@ class DataConfig:
         "MinHash Jaccard similarity at or above which a document counts as a "
         "near-duplicate of an earlier one and is dropped; 0 disables",
     )
-    num_proc: int = opt(0, "worker processes for cleaning, MinHash and tokenisation (0: one per available core)")
+    num_proc: int = opt(
+        0,
+        "worker processes for cleaning, MinHash and tokenisation (0: one per available core, and one for a "
+        f"--max_documents of {BATCH_DOCUMENTS} or fewer)",
+    )
     val_fraction: float = opt(0.05, "share of tokens held out for validation (whole documents, seeded); 0 = none")
     data_seed: int = opt(1234, "seed of the document shuffle behind the train/validation split")
     cache_dir: str = opt(default_data_cache(), "folder for prepared (packed, tokenised) datasets")
@@ -261,7 +265,12 @@ def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, c
 
 
 def _workers(cfg: DataConfig) -> int:
-    return cfg.num_proc or available_cores()
+    """--num_proc, or one process per core but no more than there are batches of --max_documents: a pool for a
+    corpus of one batch only adds its start (every worker builds the BPE; 3 s of a 5-document preparation)."""
+    if cfg.num_proc:
+        return cfg.num_proc
+    batches = -(-cfg.max_documents // BATCH_DOCUMENTS) if cfg.max_documents else available_cores()
+    return max(1, min(available_cores(), batches))
 
 
 def _read_state(stage: Path) -> dict:

@@ -671,3 +671,13 @@ def test_preparation_workers_end_on_sigterm_whatever_their_parent_catches(tmp_pa
         [sys.executable, "-c", POOL_WORKER_SCRIPT], cwd=repo_root, capture_output=True, text=True, timeout=120
     )
     assert "worker exit -15 parent keeps its handler True" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
+def test_a_corpus_of_one_batch_is_prepared_without_a_pool(monkeypatch):
+    """A pool's workers each build the BPE before their first batch, and one batch keeps one busy: a quick run's
+    few documents are prepared in the process itself unless --num_proc asks for a pool."""
+    monkeypatch.setattr(data_mod, "available_cores", lambda: 4)
+    assert data_mod._workers(DataConfig(max_documents=data_mod.BATCH_DOCUMENTS)) == 1
+    assert data_mod._workers(DataConfig(max_documents=2 * data_mod.BATCH_DOCUMENTS + 1)) == 3
+    assert data_mod._workers(DataConfig(max_documents=10**6)) == data_mod._workers(DataConfig()) == 4
+    assert data_mod._workers(DataConfig(max_documents=5, num_proc=2)) == 2
