@@ -15,6 +15,9 @@ import json
 import math
 import time
 
+from llmlab.core.io import atomic_write_bytes, llmlab_cache
+from llmlab.core.runinfo import machine_label
+
 # name fragment (matched against torch.cuda.get_device_name, longest first) -> {precision: peak TFLOP/s}
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "H200": {"bf16": 989.0, "fp32": 67.0},
@@ -69,9 +72,6 @@ def cached_cpu_peak_flops(precision: str) -> float:
     """measure_cpu_peak_flops, measured once per machine (runinfo.machine_label), torch version and thread count and
     then read from llmlab's cache. A missing or unreadable cache is measured again and rewritten atomically."""
     import torch
-
-    from llmlab.core.io import atomic_write_bytes, llmlab_cache
-    from llmlab.core.runinfo import machine_label
 
     path = llmlab_cache("cpu-peak.json")
     key = f"{machine_label()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {precision}"
