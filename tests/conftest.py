@@ -25,6 +25,44 @@ if "torch" in sys.modules:
     sys.modules["torch"].set_num_threads(1)
 
 
+ZERO_OFFLOAD_TESTS = "tests/train/test_pretrain_deepspeed.py::test_zero2_"
+_PREBUILD: list = []
+
+
+def pytest_collection_finish(session):
+    """DeepSpeed JIT-compiles its CPU Adam the first time a ZeRO-offload run starts: about 100 s of C++ on these
+    cores, inside the first ZeRO test. The suite leaves about a quarter of two cores idle (its tests wait on
+    processes, sockets and timeouts; a third worker measured no gain, docs/usage.md), so when the ZeRO tests are
+    selected, the first worker starts the build as soon as it has collected, at the lowest priority, and it uses
+    that idle time. A ZeRO test that starts before the build ends waits on torch's build lock, as a second run
+    would."""
+    worker = getattr(session.config, "workerinput", {}).get("workerid", "gw0")
+    if worker != "gw0" or session.config.option.collectonly:
+        return
+    if not any(item.nodeid.startswith(ZERO_OFFLOAD_TESTS) for item in session.items):
+        return
+    import importlib.util
+    import subprocess
+
+    if importlib.util.find_spec("deepspeed") is None:
+        return
+    build = "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()"
+    _PREBUILD.append(
+        subprocess.Popen(
+            [sys.executable, "-c", build],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C on the suite lets it finish: a build killed halfway leaves torch's
+            preexec_fn=lambda: os.nice(19),  # lock behind, and the next ZeRO run would wait on it for ever
+        )
+    )
+
+
+def pytest_sessionfinish(session):
+    for proc in _PREBUILD:  # the ZeRO tests waited for it; a run stopped early waits here, never kills it
+        proc.wait()
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
