@@ -266,7 +266,8 @@ def _build(cfg: DataConfig, tokenizer, tokenizer_label: str, key_inputs: dict, c
 
 def _workers(cfg: DataConfig) -> int:
     """--num_proc, or one process per core but no more than there are batches of --max_documents: a pool for a
-    corpus of one batch only adds its start (every worker builds the BPE; 3 s of a 5-document preparation)."""
+    corpus of one batch only adds its start (every worker builds the BPE): 0.8 s of a 5-document --prepare_only's 8.6 s
+    (bench/startup.py)."""
     if cfg.num_proc:
         return cfg.num_proc
     batches = -(-cfg.max_documents // BATCH_DOCUMENTS) if cfg.max_documents else available_cores()
