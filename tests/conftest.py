@@ -47,13 +47,14 @@ def pytest_collection_finish(session):
     if importlib.util.find_spec("deepspeed") is None:
         return
     build = "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()"
+    # its own session: Ctrl-C on the suite lets it finish (a build killed halfway leaves torch's lock behind, and the
+    # next ZeRO run would wait on it for ever); `nice`, not a preexec_fn, which is unsafe in a worker with threads
     _PREBUILD.append(
         subprocess.Popen(
-            [sys.executable, "-c", build],
+            ["nice", "-n", "19", sys.executable, "-c", build],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            start_new_session=True,  # Ctrl-C on the suite lets it finish: a build killed halfway leaves torch's
-            preexec_fn=lambda: os.nice(19),  # lock behind, and the next ZeRO run would wait on it for ever
+            start_new_session=True,
         )
     )
 
