@@ -270,8 +270,8 @@ def _workers(cfg: DataConfig) -> int:
     (bench/startup.py)."""
     if cfg.num_proc:
         return cfg.num_proc
-    batches = -(-cfg.max_documents // BATCH_DOCUMENTS) if cfg.max_documents else available_cores()
-    return max(1, min(available_cores(), batches))
+    cores = available_cores()
+    return min(cores, math.ceil(cfg.max_documents / BATCH_DOCUMENTS)) if cfg.max_documents else cores
 
 
 def _read_state(stage: Path) -> dict:

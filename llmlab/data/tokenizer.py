@@ -88,13 +88,12 @@ def fast_gpt2_encoder():
     import tiktoken
     from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
-    folder = _builtin_gpt2_dir()
     data = _package_data()
     ranks = data_gym_to_mergeable_bpe_ranks(
         vocab_bpe_file=str(data / "vocab.bpe"), encoder_json_file=str(data / "encoder.json")
     )
     if len(ranks) + 1 != GPT2_VOCAB_SIZE:
-        raise RuntimeError(f"GPT-2 BPE from {folder} has {len(ranks)} ranks, expected {GPT2_VOCAB_SIZE - 1}")
+        raise RuntimeError(f"GPT-2 BPE from {data} has {len(ranks)} ranks, expected {GPT2_VOCAB_SIZE - 1}")
     return tiktoken.Encoding(
         name="gpt2-offline",
         pat_str=GPT2_PATTERN,
