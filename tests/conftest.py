@@ -98,6 +98,42 @@ def tiny_gpt2_dir(tmp_path_factory, gpt2_tokenizer) -> Path:
     return path
 
 
+def tiny_pretrain_args(**options) -> list[str]:
+    """train_pretrain.py's options for a 1-layer, 32-wide GPT-2 with the real vocabulary on a few documents of the
+    built-in Wikipedia sample, the smallest run that exercises every piece; keyword arguments override or add
+    options (`learning_rate="1e-2"` is `--learning_rate 1e-2`)."""
+    options = {
+        "n_layer": 1,
+        "n_embd": 32,
+        "n_head": 2,
+        "block_size": 32,
+        "batch_size": 2,
+        "effective_batch_size": 2,
+        "max_documents": 5,
+        "eval_batches": 2,
+        **options,
+    }
+    return [arg for name, value in options.items() for arg in (f"--{name}", str(value))]
+
+
+def sweep_args(out, cache, *extra: str, grid=None) -> list[str]:
+    """sweep.py at the smoke budget into `out`, its data cache in `cache`, a YAML `grid` if given. One CPU thread per
+    trial: on a shared 2-core box, 2 threads per tiny trial measured ~8x slower."""
+    return [
+        "sweep.py",
+        "--budget",
+        "smoke",
+        "--output_dir",
+        str(out),
+        "--data_cache_dir",
+        str(cache),
+        "--threads_per_worker",
+        "1",
+        *(["--grid", str(grid)] if grid is not None else []),
+        *extra,
+    ]
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on (for a launch's rendezvous)."""
     with socket.socket() as s:

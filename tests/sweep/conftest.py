@@ -5,28 +5,12 @@ import csv
 
 import pytest
 
-from tests.conftest import run_script
+from tests.conftest import run_script, sweep_args
 
 
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("sweep_data_cache")
-
-
-def sweep_args(out, cache, *extra):
-    # one CPU thread per trial: on a shared 2-core box, 2 threads per tiny trial measured ~8x slower
-    return [
-        "sweep.py",
-        "--budget",
-        "smoke",
-        "--output_dir",
-        str(out),
-        "--data_cache_dir",
-        str(cache),
-        "--threads_per_worker",
-        "1",
-        *extra,
-    ]
 
 
 def read_csv(path):

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, run_script
-from tests.sweep.conftest import read_csv, sweep_args
+from tests.conftest import REPO, run_script, sweep_args
+from tests.sweep.conftest import read_csv
 
 # Ray binds the machine's external address unless told otherwise (../shared/platform-facts.md): loopback only.
 LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}

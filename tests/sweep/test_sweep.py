@@ -24,8 +24,8 @@ from llmlab.sweep.design import (
     level_counts,
     lr_bs_design,
 )
-from tests.conftest import REPO, run_script
-from tests.sweep.conftest import read_csv, sweep_args
+from tests.conftest import REPO, run_script, sweep_args
+from tests.sweep.conftest import read_csv
 
 
 def write_grid(path: Path, text: str) -> str:

@@ -8,29 +8,12 @@ import pytest
 
 from llmlab.sweep import stats
 from llmlab.sweep.design import CONTROL, FACTORS, doe20_design, replicate
-from tests.conftest import run_script
+from tests.conftest import run_script, sweep_args
 
 
 def read_csv(path):
     with open(path) as f:
         return list(csv.DictReader(f))
-
-
-def smoke_args(out, cache, grid, *extra):
-    return [
-        "sweep.py",
-        "--budget",
-        "smoke",
-        "--output_dir",
-        str(out),
-        "--data_cache_dir",
-        str(cache),
-        "--threads_per_worker",
-        "1",
-        "--grid",
-        str(grid),
-        *extra,
-    ]
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +156,7 @@ def lab_grid_run(tmp_path_factory, data_cache):
     grid = folder / "grid.yaml"
     grid.write_text(GRID)
     out = folder / "out"
-    proc = run_script(smoke_args(out, data_cache, grid, "--workers", "2"), timeout=900)
+    proc = run_script(sweep_args(out, data_cache, "--workers", "2", grid=grid), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return folder, grid, out, proc
 
@@ -222,13 +205,13 @@ def test_finished_trial_has_eval_scalars_in_tensorboard(lab_grid_run):
 def test_resume_with_more_replicates_runs_only_the_new_seeds(lab_grid_run, data_cache):
     folder, grid, out, _ = lab_grid_run
     before = {p.parent.name: p.stat().st_mtime_ns for p in (out / "trials").glob("*/result.json")}
-    proc = run_script(smoke_args(out, data_cache, grid, "--replicates", "3"), timeout=600)
+    proc = run_script(sweep_args(out, data_cache, "--replicates", "3", grid=grid), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resuming: 9 finished trial(s) skipped" in proc.stdout and "; 1 to run" in proc.stdout
     after = {p.parent.name: p.stat().st_mtime_ns for p in (out / "trials").glob("*/result.json")}
     assert set(after) - set(before) == {"control-r2"}
     assert all(after[t] == mtime for t, mtime in before.items())  # nothing ran twice
-    again = run_script(smoke_args(out, data_cache, grid, "--replicates", "3"), timeout=600)
+    again = run_script(sweep_args(out, data_cache, "--replicates", "3", grid=grid), timeout=600)
     assert again.returncode == 0 and "; 0 to run" in again.stdout
 
 
@@ -241,7 +224,7 @@ def test_bad_replication_settings_are_one_line_errors(tmp_path, data_cache):
     ):
         grid = tmp_path / "bad.yaml"
         grid.write_text(text)
-        proc = run_script(smoke_args(tmp_path / "out", data_cache, grid))
+        proc = run_script(sweep_args(tmp_path / "out", data_cache, grid=grid))
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr[-2000:]
 

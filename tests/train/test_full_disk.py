@@ -11,29 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_script
+from tests.conftest import run_script, tiny_pretrain_args
 from tests.train.test_lora import TINY_RUN
 
-SMALL = [
-    "--n_layer",
-    "1",
-    "--n_embd",
-    "32",
-    "--n_head",
-    "2",
-    "--block_size",
-    "32",
-    "--batch_size",
-    "2",
-    "--effective_batch_size",
-    "2",
-    "--max_documents",
-    "3",
-    "--eval_batches",
-    "2",
-    "--sample_tokens",
-    "0",
-]
+SMALL = tiny_pretrain_args(max_documents=3, sample_tokens=0)
 
 
 @pytest.fixture()

@@ -10,29 +10,10 @@ import stat
 
 import pytest
 
-from tests.conftest import run_script
+from tests.conftest import run_script, tiny_pretrain_args
 from tests.train.test_lora import TINY_RUN
 
-SMALL = [
-    "--n_layer",
-    "1",
-    "--n_embd",
-    "32",
-    "--n_head",
-    "2",
-    "--block_size",
-    "32",
-    "--batch_size",
-    "2",
-    "--effective_batch_size",
-    "2",
-    "--max_documents",
-    "5",
-    "--eval_batches",
-    "2",
-    "--sample_tokens",
-    "0",
-]
+SMALL = tiny_pretrain_args(sample_tokens=0)
 
 
 def tree(folder) -> dict:

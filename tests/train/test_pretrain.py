@@ -10,31 +10,10 @@ import pytest
 
 from llmlab.core.errors import UserError
 from llmlab.core.io import read_jsonl
-from tests.conftest import kill_when_ready, run_script
+from tests.conftest import kill_when_ready, run_script, tiny_pretrain_args
 
 # A 1-layer, 32-wide GPT-2 with the real vocabulary, on 5 documents of the built-in Wikipedia sample.
-SMALL = [
-    "--n_layer",
-    "1",
-    "--n_embd",
-    "32",
-    "--n_head",
-    "2",
-    "--block_size",
-    "32",
-    "--batch_size",
-    "2",
-    "--effective_batch_size",
-    "4",
-    "--max_documents",
-    "5",
-    "--learning_rate",
-    "1e-2",
-    "--eval_batches",
-    "2",
-    "--dropout",
-    "0.1",
-]
+SMALL = tiny_pretrain_args(effective_batch_size=4, learning_rate="1e-2", dropout=0.1)
 STEPS = 24
 
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from llmlab.core.io import read_jsonl
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, free_port, tiny_pretrain_args
 
 ACCELERATE_CONFIGS = sorted((REPO / "accelerate_configs").glob("*.yaml"))
 DS_CONFIGS = sorted((REPO / "ds_configs").glob("*.json"))
@@ -78,36 +78,17 @@ def launch_args(out: Path, cache: Path, *extra: str, precision: str = "bf16") ->
         "--main_process_port",
         str(free_port()),
         "train_pretrain.py",
-        "--n_layer",
-        "1",
-        "--n_embd",
-        "32",
-        "--n_head",
-        "2",
-        "--block_size",
-        "32",
-        "--batch_size",
-        "2",
-        "--effective_batch_size",
-        "4",
-        "--max_documents",
-        "2",
-        "--learning_rate",
-        "1e-2",
-        "--eval_batches",
-        "2",
-        "--eval_every",
-        "2",
-        "--save_every",
-        "2",
-        "--mixed_precision",
-        precision,
-        "--sample_tokens",
-        "0",
-        "--cache_dir",
-        str(cache),
-        "--output_dir",
-        str(out),
+        *tiny_pretrain_args(
+            effective_batch_size=4,
+            max_documents=2,
+            learning_rate="1e-2",
+            eval_every=2,
+            save_every=2,
+            mixed_precision=precision,
+            sample_tokens=0,
+            cache_dir=cache,
+            output_dir=out,
+        ),
         *extra,
     ]
 

@@ -16,7 +16,7 @@ import pytest
 
 from llmlab.core.errors import UserError
 from llmlab.core.io import read_jsonl
-from tests.conftest import REPO, run_script
+from tests.conftest import REPO, run_script, sweep_args
 from tests.train.test_pretrain import SMALL, assert_one_line_error
 
 
@@ -328,23 +328,6 @@ def test_merge_never_deletes_a_folder_it_did_not_write(tmp_path, tiny_gpt2_dir):
 
 
 # ------------------------------------------------------------------ the sweep: owned folder, trials die with it
-def sweep_args(out: Path, cache: Path, grid: Path, *extra: str) -> list[str]:
-    return [
-        "sweep.py",
-        "--budget",
-        "smoke",
-        "--output_dir",
-        str(out),
-        "--data_cache_dir",
-        str(cache),
-        "--threads_per_worker",
-        "1",
-        "--grid",
-        str(grid),
-        *extra,
-    ]
-
-
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
@@ -358,12 +341,12 @@ def test_killed_sweep_driver_takes_its_trials_with_it(tmp_path):
     grid.write_text("trials:\n  - {optimizer: adamw}\n  - {optimizer: lion}\n")
     out, cache = tmp_path / "out", tmp_path / "cache"
     # a generous timeout: on a loaded machine the pre-check would otherwise fail both trials and the sweep would end
-    driver = start(sweep_args(out, cache, grid, "--workers", "2", "--steps", "400", "--trial_timeout", "3600"))
+    driver = start(sweep_args(out, cache, "--workers", "2", "--steps", "400", "--trial_timeout", "3600", grid=grid))
     pids = []
     for trial in ("g01", "g02"):
         wait_for(out / "trials" / trial / "metrics.jsonl", driver)
         pids.append(int((out / "trials" / trial / "pid").read_text()))
-    busy = run_script(sweep_args(out, cache, grid, "--workers", "2", "--steps", "400", "--trial_timeout", "3600"))
+    busy = run_script(sweep_args(out, cache, "--workers", "2", "--steps", "400", "--trial_timeout", "3600", grid=grid))
     assert_one_line_error(busy, "is in use by another sweep")
     driver.send_signal(signal.SIGKILL)
     driver.wait()
@@ -378,19 +361,19 @@ def test_damaged_sweep_files_rerun_or_explain(tmp_path):
     grid = tmp_path / "g.yaml"
     grid.write_text("trials:\n  - {optimizer: adamw}\n  - {optimizer: lion}\n")
     out, cache = tmp_path / "out", tmp_path / "cache"
-    assert run_script(sweep_args(out, cache, grid, "--workers", "2")).returncode == 0
+    assert run_script(sweep_args(out, cache, "--workers", "2", grid=grid)).returncode == 0
     result = out / "trials" / "g02" / "result.json"
     result.write_text(result.read_text()[:50])
     train = out / "data" / "train.npy"
     train.write_bytes(train.read_bytes()[:1000])
-    rerun = run_script(sweep_args(out, cache, grid))
+    rerun = run_script(sweep_args(out, cache, grid=grid))
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert "g02/result.json is damaged" in rerun.stdout and "prepared data" in rerun.stdout
     assert "1 finished trial(s) skipped (g01); 1 to run" in rerun.stdout
     rows = {r["trial_id"]: r for r in map(json.loads, [p.read_text() for p in (out / "trials").glob("*/result.json")])}
     assert {r["status"] for r in rows.values()} == {"ok"}
     (out / "sweep.json").write_text("{")
-    assert_one_line_error(run_script(sweep_args(out, cache, grid)), "sweep.json is damaged")
+    assert_one_line_error(run_script(sweep_args(out, cache, grid=grid)), "sweep.json is damaged")
     assert not math.isnan(rows["g02"]["final_loss"])
 
 
