@@ -134,6 +134,40 @@ def sweep_args(out, cache, *extra: str, grid=None) -> list[str]:
     ]
 
 
+def tiny_trial(tmp: Path, trial_id: str, **levels):
+    """One lab trial to run in-process with train_attempt: the control's levels with `levels` on top (batch 4), two
+    steps of 16-token blocks logged every step, one eval batch, and random tokens (64 training rows, 8 validation).
+    Returns (hparams, spec, data); `dataclasses.replace` the spec for more steps."""
+    import numpy as np
+
+    from llmlab.core.config import parse_config
+    from llmlab.sweep.config import SweepConfig
+    from llmlab.sweep.factors import CONTROL, resolve
+    from llmlab.sweep.spec import Hparams, TrialSpec
+
+    rng = np.random.default_rng(0)
+    data = {
+        "train": rng.integers(0, 50257, (64, 16)).astype(np.uint16),
+        "validation": rng.integers(0, 50257, (8, 16)).astype(np.uint16),
+    }
+    hp = Hparams(**resolve(parse_config(SweepConfig, []), {**CONTROL, "batch_size": 4, **levels}))
+    spec = TrialSpec(
+        trial_id=trial_id,
+        trial_dir=str(tmp),
+        data_dir=str(tmp),
+        hparams=hp,
+        seed=42,
+        steps=2,
+        block_size=16,
+        log_every=1,
+        precheck_steps=2,
+        timeout_s=600,
+        eval_batches=1,
+        eval_batch_size=4,
+    )
+    return hp, spec, data
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on (for a launch's rendezvous)."""
     with socket.socket() as s:

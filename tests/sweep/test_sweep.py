@@ -24,7 +24,7 @@ from llmlab.sweep.design import (
     level_counts,
     lr_bs_design,
 )
-from tests.conftest import REPO, run_script, sweep_args
+from tests.conftest import REPO, run_script, sweep_args, tiny_trial
 from tests.sweep.conftest import read_csv
 
 
@@ -314,43 +314,14 @@ def test_help_lists_every_option():
 
 def test_gradient_accumulation_matches_one_big_batch(tmp_path):
     """lr_bs batches beyond --micro_batch_size accumulate: same loss curve and grad norms as one pass."""
+    from dataclasses import replace
+
     import numpy as np
+    import torch
 
     from llmlab.sweep.trial import train_attempt
 
-    rng = np.random.default_rng(0)
-    data = {
-        "train": rng.integers(0, 50257, (64, 16)).astype(np.uint16),
-        "validation": rng.integers(0, 50257, (8, 16)).astype(np.uint16),
-    }
-    from dataclasses import replace
-
-    from llmlab.core.config import parse_config
-    from llmlab.sweep.config import SweepConfig
-    from llmlab.sweep.factors import resolve
-    from llmlab.sweep.spec import Hparams, TrialSpec
-
-    hp = Hparams(
-        **resolve(
-            parse_config(SweepConfig, []),
-            {**CONTROL, "warmup": 0, "lr": 1e-3, "batch_size": 4, "position_encoding": "sinusoidal"},
-        )
-    )
-    spec = TrialSpec(
-        trial_id="acc",
-        trial_dir=str(tmp_path),
-        data_dir=str(tmp_path),
-        hparams=hp,
-        seed=42,
-        steps=2,
-        block_size=16,
-        log_every=1,
-        precheck_steps=2,
-        timeout_s=600,
-        eval_batches=1,
-        eval_batch_size=4,
-    )
-    import torch
+    hp, spec, data = tiny_trial(tmp_path, "acc", warmup=0, lr=1e-3, position_encoding="sinusoidal")
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matmuls: one thread is faster on a shared 2-core box

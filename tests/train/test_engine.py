@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from llmlab.core.runinfo import machine_label
-from tests.conftest import REPO
+from tests.conftest import REPO, tiny_trial
 from tests.train.test_pretrain import SMALL
 
 GOLDEN = Path(__file__).with_name("engine_golden.json")
@@ -26,37 +26,11 @@ TRIALS = {
 
 
 def trial_curves(name: str, tmp: Path) -> dict:
-    from llmlab.core.config import parse_config
-    from llmlab.sweep.config import SweepConfig
-    from llmlab.sweep.factors import CONTROL, resolve
-    from llmlab.sweep.spec import Hparams, TrialSpec
     from llmlab.sweep.trial import train_attempt
 
-    rng = np.random.default_rng(0)
-    data = {
-        "train": rng.integers(0, 50257, (64, 16)).astype(np.uint16),
-        "validation": rng.integers(0, 50257, (8, 16)).astype(np.uint16),
-    }
-    hp = Hparams(
-        **resolve(
-            parse_config(SweepConfig, []),
-            {**CONTROL, "warmup": 2, "lr": 3e-3, "batch_size": 4, "position_encoding": "rope", **TRIALS[name]},
-        )
-    )
-    spec = TrialSpec(
-        trial_id=name,
-        trial_dir=str(tmp),
-        data_dir=str(tmp),
-        hparams=hp,
-        seed=42,
-        steps=6,
-        block_size=16,
-        log_every=2,
-        precheck_steps=2,
-        timeout_s=600,
-        eval_batches=1,
-        eval_batch_size=4,
-    )
+    levels = {"warmup": 2, "lr": 3e-3, "position_encoding": "rope", **TRIALS[name]}
+    hp, spec, data = tiny_trial(tmp, name, **levels)
+    spec = replace(spec, steps=6, log_every=2)
     if name == "adamw_bf16_compiled":
         spec = replace(spec, compile=True, precision="bf16")
     run = train_attempt(spec, hp, data, torch.device("cpu"), tmp / "log", time.time())
