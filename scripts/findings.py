@@ -648,6 +648,42 @@ def sigma_study_before_registration() -> str:
     )
 
 
+def registration(name: str) -> str:
+    """What a scan registered before its held-out size's first trial, with the file's sha256: the law's forecast,
+    muP's flat prediction where the scan registered one, the rules, and the held-out design the verdict waits for."""
+    path = FINDINGS / name / "preregistration.json"
+    if not path.is_file():
+        return f"_`{name}/` has registered nothing yet: it is still running its fit sizes._"
+    reg = json.loads(path.read_text())
+    forecast, design = reg["forecast"], reg["design"]
+    law, held = forecast["law"], reg["held_out"]
+    machines = "1 machine" if len(reg["machines"]) == 1 else f"{len(reg['machines'])} machines"
+    written = (
+        f"before any {held} trial existed"
+        if reg["written_before_held_out_trials"]
+        else f"**after {held} trials had run: not blind**"
+    )
+    text = (
+        f"Registered in `{name}/preregistration.json` (sha256 `{file_sha256(path)}`), {written}, from "
+        f"{reg['fit_trials']} fit trials on {machines}: the law fitted on "
+        f"{', '.join(law['sizes'])} (α = {forecast['alpha']:.3f}, SE {math.sqrt(law['cov'][1][1]):.3f}, "
+        f"{law['df']} df) forecasts lr_opt({held}) = **{forecast['lr']:.3g}** (95 % prediction interval "
+        f"[{forecast['prediction_interval'][0]:.3g}, {forecast['prediction_interval'][1]:.3g}])"
+    )
+    flat = reg.get("flat_forecast") or {}
+    if flat.get("status") == "ok":
+        text += (
+            f"; muP's flat prediction, the geometric mean of the {len(flat['sizes'])} fit sizes' lr_opt, is "
+            f"**{flat['lr']:.3g}** (SE {flat['se_mean']:.3f} in ln lr, {flat['df']} df)"
+        )
+    lrs = design["held_out_lrs"]
+    return text + (
+        f". Estimator `{reg['estimator']['name']}`; the registered held-out design: {len(lrs)} lrs ({lrs[0]:.3g} to "
+        f"{lrs[-1]:.3g}) × {design['held_out_seeds']} seeds at {held}, all of which the verdict waits for"
+        + ("; a machine term where its trials ran on CPUs with different numerics." if reg.get("machine_term") else ".")
+    )
+
+
 def lr_forecast() -> str:
     """The pre-registered forecast and its verdict, or how far the scan got."""
     folder = FINDINGS / "lr-forecast"
@@ -876,6 +912,8 @@ BLOCKS = {
     "lr-forecast-mup-design-power": forecast_design_power,
     "lr-forecast-mup-design-check": lambda: forecast_design("lr-forecast-mup", "chosen", "design_check_120.json"),
     "lr-forecast-mup": lambda: lr_summary("lr-forecast-mup", "Second forecast, muP"),
+    "lr-forecast-sp-registration": lambda: registration("lr-forecast-sp"),
+    "lr-forecast-mup-registration": lambda: registration("lr-forecast-mup"),
     "lr-forecast-flat-control": flat_control,
     "lr-forecast-sp-cost": lambda: scan_cost("lr-forecast-sp"),
     "lr-forecast-mup-cost": lambda: scan_cost("lr-forecast-mup"),

@@ -9,6 +9,16 @@ import statsmodels.formula.api as smf
 from tests.conftest import REPO, run_script
 
 
+def findings_script():
+    """scripts/findings.py as a module, to call one block's generator."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("findings", REPO / "scripts" / "findings.py")
+    findings = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(findings)
+    return findings
+
+
 def test_generated_findings_blocks_are_up_to_date():
     proc = run_script(["scripts/findings.py", "--check"], timeout=300)
     assert proc.returncode == 0, proc.stderr + proc.stdout
@@ -205,14 +215,11 @@ def test_the_mup_designs_stated_power_is_the_least_favourable_judged_world_of_th
 def test_a_scan_summary_states_mups_flat_verdict_where_its_held_out_row_has_one(monkeypatch):
     """The muP summary's flat-prediction sentence, on the shipped standard scan's verdict row with a flat verdict
     computed by llmlab for the same held-out vertex (a muP scan's registration adds one)."""
-    import importlib.util
     import json
 
     from llmlab.scaling.transfer import flat_forecast, flat_verdict
 
-    spec = importlib.util.spec_from_file_location("findings", REPO / "scripts" / "findings.py")
-    findings = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(findings)
+    findings = findings_script()
     transfer = json.loads((REPO / "docs/findings/lr-forecast-sp/scaling_fits.json").read_text())["transfer"]
     held = next(p for p in transfer["points"] if p["size"] == transfer["holdout"]["size"])
     flat = flat_verdict(flat_forecast([p for p in transfer["points"] if p is not held]), held)
@@ -222,3 +229,32 @@ def test_a_scan_summary_states_mups_flat_verdict_where_its_held_out_row_has_one(
     # the standard scan's optimum falls with N, so a flat prediction from its smaller sizes overshoots 288x9
     assert flat["ratio"] > 1.5 and f"**muP's flat prediction: {flat['verdict']}**" in text
     assert f"/ measured = {flat['ratio']:.2f}" in text and f"{flat['df']} df)." in text
+
+
+def test_a_registration_is_stated_with_the_files_sha256_and_its_interval_recomputed_by_hand(tmp_path, monkeypatch):
+    """The registered forecast as the findings state it: the file's own sha256 (hashlib), and the 95 % prediction
+    interval recomputed from the registered law (ln lr +- t(0.975, df) x its prediction SE). A registration with
+    muP's flat prediction states that too, and a scan that has registered nothing says so."""
+    import hashlib
+    import json
+
+    from scipy import stats
+
+    path = REPO / "docs" / "findings" / "lr-forecast-sp" / "preregistration.json"
+    registration = json.loads(path.read_text())
+    law = registration["forecast"]["law"]
+    half = stats.t.ppf(0.975, law["df"]) * law["se_pred"]
+    readme = (REPO / "docs" / "findings" / "README.md").read_text()
+    assert f"(sha256 `{hashlib.sha256(path.read_bytes()).hexdigest()}`), before any 288x9 trial existed" in readme
+    low, high = math.exp(law["ln_lr"] - half), math.exp(law["ln_lr"] + half)
+    assert f"= **{math.exp(law['ln_lr']):.3g}** (95 % prediction interval [{low:.3g}, {high:.3g}])" in readme
+
+    findings = findings_script()
+    monkeypatch.setattr(findings, "FINDINGS", tmp_path)
+    (tmp_path / "mup").mkdir()
+    sizes = ["64x4", "96x4", "128x4"]
+    flat = {"status": "ok", "lr": 0.0016, "ln_lr": math.log(0.0016), "se_mean": 0.05, "df": 2, "sizes": sizes}
+    (tmp_path / "mup" / "preregistration.json").write_text(json.dumps({**registration, "flat_forecast": flat}))
+    text = findings.registration("mup")
+    assert "muP's flat prediction, the geometric mean of the 3 fit sizes' lr_opt, is **0.0016** (SE 0.050" in text
+    assert "registered nothing yet" in findings.registration("not-yet")
