@@ -98,6 +98,17 @@ def tiny_gpt2_dir(tmp_path_factory, gpt2_tokenizer) -> Path:
     return path
 
 
+def load_script(path: str):
+    """A repo script that is not a package module (bench/*.py, scripts/*.py) imported as a module, to call one of
+    its functions in-process: `load_script("scripts/findings.py")`."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(Path(path).stem, REPO / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def tiny_pretrain_args(**options) -> list[str]:
     """train_pretrain.py's options for a 1-layer, 32-wide GPT-2 with the real vocabulary on a few documents of the
     built-in Wikipedia sample, the smallest run that exercises every piece; keyword arguments override or add

@@ -6,17 +6,7 @@ import math
 import pandas as pd
 import statsmodels.formula.api as smf
 
-from tests.conftest import REPO, run_script
-
-
-def findings_script():
-    """scripts/findings.py as a module, to call one block's generator."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("findings", REPO / "scripts" / "findings.py")
-    findings = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(findings)
-    return findings
+from tests.conftest import REPO, load_script, run_script
 
 
 def test_generated_findings_blocks_are_up_to_date():
@@ -46,15 +36,12 @@ def test_readme_adafactor_contrast_equals_an_independent_recomputation():
 def test_lora_defaults_are_the_benchmarked_recipe_the_findings_quote():
     """README quotes the lowest test loss of bench/lora_default.py as what `python train_lora.py` does: the defaults
     must be that candidate's flags plus the bench's common ones, or the quoted numbers are someone else's run."""
-    import importlib.util
     import json
 
     from llmlab.core.config import parse_config, to_dict
     from llmlab.train.lora.config import LoraTrainConfig
 
-    spec = importlib.util.spec_from_file_location("lora_default", REPO / "bench" / "lora_default.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench/lora_default.py")
     results = json.loads((REPO / "docs" / "findings" / "lora-default" / "results.json").read_text())
     best = min(results, key=lambda name: results[name]["report"]["after"]["test"]["loss"])
     benched = to_dict(parse_config(LoraTrainConfig, [*bench.COMMON, *results[best]["flags"]]))
@@ -219,7 +206,7 @@ def test_a_scan_summary_states_mups_flat_verdict_where_its_held_out_row_has_one(
 
     from llmlab.scaling.transfer import flat_forecast, flat_verdict
 
-    findings = findings_script()
+    findings = load_script("scripts/findings.py")
     transfer = json.loads((REPO / "docs/findings/lr-forecast-sp/scaling_fits.json").read_text())["transfer"]
     held = next(p for p in transfer["points"] if p["size"] == transfer["holdout"]["size"])
     flat = flat_verdict(flat_forecast([p for p in transfer["points"] if p is not held]), held)
@@ -249,7 +236,7 @@ def test_a_registration_is_stated_with_the_files_sha256_and_its_interval_recompu
     low, high = math.exp(law["ln_lr"] - half), math.exp(law["ln_lr"] + half)
     assert f"= **{math.exp(law['ln_lr']):.3g}** (95 % prediction interval [{low:.3g}, {high:.3g}])" in readme
 
-    findings = findings_script()
+    findings = load_script("scripts/findings.py")
     monkeypatch.setattr(findings, "FINDINGS", tmp_path)
     (tmp_path / "mup").mkdir()
     sizes = ["64x4", "96x4", "128x4"]

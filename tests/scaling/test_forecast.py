@@ -12,7 +12,6 @@ import pytest
 from llmlab.scaling.optimum import CENSOR_SHARE, cell_optimum, grid_extension
 from llmlab.scaling.simulate import Design, Truth, operating_characteristics
 from llmlab.scaling.transfer import decide, holdout_verdict, seed_noise, size_points
-from tests.conftest import REPO
 
 
 def bowl(lrs, curvature=0.2, centre=3e-3, sigma=0.02, seeds=3, seed=0, noise_slope=0.0):
@@ -206,13 +205,11 @@ def test_the_power_simulation_takes_its_world_from_the_fit_cells_noise_and_recov
     """bench/forecast_design.py --fit_sizes: sigma per size and its growth with lr come from the fit cells' pure error
     (seeds at the same lr), the law from their vertices; planted values are recovered within their stated error."""
     import csv
-    import importlib.util
 
     from llmlab.sweep.scan import size_parameters
+    from tests.conftest import load_script
 
-    spec = importlib.util.spec_from_file_location("forecast_design", REPO / "bench" / "forecast_design.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench/forecast_design.py")
     alpha, slope, sizes = -0.3, 1.0, ("64x2", "96x3", "128x4", "160x5")
     rng, rows = np.random.default_rng(3), []
     n_ref = size_parameters("64x2", "minimal", 32)

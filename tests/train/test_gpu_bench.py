@@ -36,15 +36,12 @@ def test_the_gpu_throughput_bench_runs_on_cpu_with_a_tiny_model(tmp_path):
 def test_a_trainer_that_fails_is_a_row_of_the_table_not_the_end_of_it(tmp_path, monkeypatch, capsys):
     """On a lent GPU (minutes, once) one failed trainer must not cost the other rows: its row says why, the others
     keep their numbers and ratios, and the exit status is still a failure."""
-    import importlib.util
     import subprocess
     from types import SimpleNamespace
 
-    from tests.conftest import REPO
+    from tests.conftest import load_script
 
-    spec = importlib.util.spec_from_file_location("gpu_throughput", REPO / "bench" / "gpu_throughput.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench/gpu_throughput.py")
 
     def fake_run(command, **_):
         name = command[-1]
