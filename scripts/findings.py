@@ -231,6 +231,39 @@ def flat_control(name: str = "lr-forecast-sp") -> str:
     )
 
 
+def _verdict_text(verdict: dict) -> str:
+    return (
+        f"**{verdict['verdict']}**, R = {verdict['ratio']:.2f} (90 % CI [{verdict['ci90'][0]:.2f}, "
+        f"{verdict['ci90'][1]:.2f}], 95 % CI [{verdict['ci95'][0]:.2f}, {verdict['ci95'][1]:.2f}], {verdict['df']} df)"
+    )
+
+
+def second_forecasts() -> str:
+    """The README's lines on the second forecasts (issue 33): each scan's registered verdicts, R = forecast /
+    measured lr_opt at the held-out size, or how far its held-out trials got."""
+    lines = []
+    for name, label in (("lr-forecast-sp", "Standard parametrisation"), ("lr-forecast-mup", "muP")):
+        registered = json.loads((FINDINGS / name / "preregistration.json").read_text())
+        held = registered["held_out"]
+        holdout = lr_scan(name)["holdout"]
+        row = holdout["rows"][0] if holdout.get("status") == "ok" and holdout.get("size") == held else {}
+        head = f"- {label} ([`{name}/`](docs/findings/{name}/forecast_design.md)), {held} held out: "
+        if "ratio" not in row:
+            done = sum(1 for r in trial_results(FINDINGS / name) if r["hparams"]["size"] == held)
+            planned = len(registered["design"]["held_out_lrs"]) * registered["design"]["held_out_seeds"]
+            lines.append(head + f"{done} of its {planned} registered held-out trials have run; no verdict yet.")
+            continue
+        flat = row.get("flat")
+        lines.append(
+            head
+            + ("the law's forecast " if flat else "")
+            + _verdict_text(row)
+            + (f"; muP's flat prediction {_verdict_text(flat)}" if flat else "")
+            + f". At the verdict's own SE, a 1.5x miss is caught {row['power']['detect_1.5x_miss']:.0%} of the time."
+        )
+    return "\n".join(lines)
+
+
 def mup_vs_std() -> str:
     std, mup = lr_scan("lr-sizes-std"), lr_scan("lr-sizes-mup")
     if std is None or mup is None:
@@ -915,6 +948,7 @@ BLOCKS = {
     "lr-forecast-sp-registration": lambda: registration("lr-forecast-sp"),
     "lr-forecast-mup-registration": lambda: registration("lr-forecast-mup"),
     "lr-forecast-flat-control": flat_control,
+    "lr-forecast-second": second_forecasts,
     "lr-forecast-sp-cost": lambda: scan_cost("lr-forecast-sp"),
     "lr-forecast-mup-cost": lambda: scan_cost("lr-forecast-mup"),
     "lr-forecast-power": realised_power,

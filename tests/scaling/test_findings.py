@@ -245,3 +245,29 @@ def test_a_registration_is_stated_with_the_files_sha256_and_its_interval_recompu
     text = findings.registration("mup")
     assert "muP's flat prediction, the geometric mean of the 3 fit sizes' lr_opt, is **0.0016** (SE 0.050" in text
     assert "registered nothing yet" in findings.registration("not-yet")
+
+
+def test_the_readmes_second_forecast_verdicts_equal_a_recomputation_from_the_registration():
+    """R = the registered forecast / the held-out size's measured lr_opt, and its 90 % CI R x exp(+-t(0.95, df) x SE),
+    SE^2 = the forecast's SE^2 + the vertex's bootstrap variance: recomputed from preregistration.json and the scan's
+    held-out cell, then found in the README. A scan whose held-out trials are still running is stated as such."""
+    import json
+
+    from scipy import stats
+
+    readme = (REPO / "README.md").read_text()
+    for name in ("lr-forecast-sp", "lr-forecast-mup"):
+        folder = REPO / "docs" / "findings" / name
+        registered = json.loads((folder / "preregistration.json").read_text())
+        transfer = json.loads((folder / "scaling_fits.json").read_text())["transfer"]
+        held = next((p for p in transfer["points"] if p["size"] == registered["held_out"]), None)
+        if held is None or "ratio" not in transfer["holdout"]["rows"][0]:
+            assert f"{registered['held_out']} held out: " in readme and "registered held-out trials have run" in readme
+            continue
+        law = registered["forecast"]["law"]
+        ln_r = law["ln_lr"] - held["ln_lr_opt"]
+        half = stats.t.ppf(0.95, law["df"]) * math.sqrt(law["se_mean"] ** 2 + held["var_ln"])
+        expected = (
+            f"R = {math.exp(ln_r):.2f} (90 % CI [{math.exp(ln_r - half):.2f}, {math.exp(ln_r + half):.2f}], 95 % CI"
+        )
+        assert expected in readme.split(f"{registered['held_out']} held out: ")[1].split("\n")[0]
