@@ -71,7 +71,9 @@ def registration_markdown(registration: Optional[dict]) -> list[str]:
             if registration.get("written_before_held_out_trials")
             else "**after held-out trials had run: not confirmatory**"
         )
-        + f" on {registration.get('machine') or registration['machines'][0]['label']}: forecast lr_opt "
+        # a registration from before it recorded its own machine names none: its scan's first machine need not be it
+        + (f" on {registration['machine']}" if registration.get("machine") else "")
+        + ": forecast lr_opt "
         f"{forecast['lr']:.3g}"
         + (f" {_interval(pi)} (95 % prediction interval)" if pi else "")
         + f", {forecast['source']}."
@@ -660,8 +662,11 @@ def _plot_transfer(plot_dir: Path, analysis: dict) -> Optional[str]:
         ax.fill_between(ns, [f["pi"][0] for f in lines], [f["pi"][1] for f in lines], color=colour, alpha=0.15)
         for p in (p for p in points if p["batch_size"] == batch):
             if p["status"] == "measured" and p.get("ci"):
-                err = [[p["lr_opt"] - p["ci"][0]], [p["ci"][1] - p["lr_opt"]]]
-                ax.errorbar(p["n_params"], p["lr_opt"], yerr=err, fmt="o", color=colour, mec="black", capsize=3)
+                # the interval is drawn apart from the point: the bootstrap's percentile interval is centred on the
+                # smoothed bowl's vertex, so the raw vertex can lie outside it (a negative yerr would not plot)
+                low, high = p["ci"]
+                ax.errorbar(p["n_params"], low, yerr=[[0], [high - low]], fmt="none", ecolor=colour, capsize=3)
+                ax.scatter(p["n_params"], p["lr_opt"], color=colour, edgecolor="black", zorder=3)
             elif p.get("lr_opt"):
                 ax.scatter(
                     p["n_params"],

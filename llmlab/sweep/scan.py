@@ -536,6 +536,7 @@ def preregister(cfg, out_dir: Path, plan: dict, cell: dict, rows: list[dict]) ->
                 "head_dim": cfg.head_dim,
                 "parametrization": cfg.parametrization,
             },
+            "machine": machine_label(),  # the one writing it; plan["machines"] lists every machine the scan met
             "machines": plan["machines"],
             "fit_trials": len(rows),
             "design_rationale": rationale,

@@ -659,10 +659,12 @@ def test_smoke_multi_size_scan_end_to_end_plans_grids_and_resumes(tmp_path):
     assert all(t["cpu"] == here for t in fits["trials"])  # every trial records the machine it ran on
     registration = json.loads((out / "preregistration.json").read_text())
     assert registration["written_before_held_out_trials"] and registration["held_out"] == "96x1"
+    assert registration["machine"] == here  # the machine that wrote it, which a report names
     assert registration["fit_trials"] == planned - len(plan["cells"][2]["lrs"]) * 3
     assert registration["estimator"]["name"] and registration["verdict_rule"]["failed"]
     report = (out / "scaling_report.md").read_text()
     assert "## Held-out check" in report and file_sha256(out / "preregistration.json") in report
+    assert f"before any held-out trial ran on {here}: forecast lr_opt" in report
     row = next(t for t in fits["trials"] if t["size"] == "96x1")
     assert row["compute_flops"] == pytest.approx(6 * 74016 * row["train_tokens"])
     _resume_on_other_machines(args, out, plan)
@@ -923,3 +925,16 @@ def test_doe20_runs_in_shuffled_blocks_too():
     assert [t["trial_id"] for t in run_order(build_design(parse_config(SweepConfig, ["--grid", "doe20"])))] == [
         t["trial_id"] for t in order
     ]
+
+
+def test_the_transfer_plot_draws_a_vertex_that_lies_outside_its_bootstrap_interval(tmp_path):
+    """The percentile interval is centred on the smoothed bowl's vertex, so the raw vertex can sit outside it, as
+    the muP scan's 416x4 did; the plot draws both instead of failing on a negative error bar."""
+    from llmlab.scaling.report import _plot_transfer
+    from llmlab.scaling.transfer import analyse_sizes
+
+    transfer = analyse_sizes(planted_scan(seed=2))
+    point = next(p for p in transfer["points"] if p["status"] == "measured" and p.get("ci"))
+    point["ci"] = [point["lr_opt"] * 1.05, point["lr_opt"] * 1.6]
+    path = _plot_transfer(tmp_path, {"transfer": transfer})
+    assert path and (tmp_path / "lr_transfer.png").stat().st_size > 10_000
