@@ -499,7 +499,6 @@ def preregister(cfg, out_dir: Path, plan: dict, cell: dict, rows: list[dict]) ->
             f"exist ({seen[0]}), so it would not be blind; hold out a size no trial has run (or take those "
             "folders out of --blind_to if they are another model)"
         )
-    rationale = _design_rationale(cfg)
     held_rows = [r for r in rows if str(r.get("size")) == cell["size"]]
     same_batch = [r for r in rows if float(r["batch_size"]) == cell["batch_size"]]  # the law's forecast is per batch
     fit = _feasible([r for r in same_batch if str(r.get("size")) != cell["size"]], plan)
@@ -539,7 +538,7 @@ def preregister(cfg, out_dir: Path, plan: dict, cell: dict, rows: list[dict]) ->
             "machine": machine_label(),  # the one writing it; plan["machines"] lists every machine the scan met
             "machines": plan["machines"],
             "fit_trials": len(rows),
-            "design_rationale": rationale,
+            "design_rationale": _design_rationale(cfg),
         },
     )
     print(
