@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from llmlab.core.identity import file_sha256  # noqa: E402
 from llmlab.scaling.optimum import cell_optimum, pure_error  # noqa: E402
-from llmlab.scaling.transfer import flat_forecast, flat_verdict  # noqa: E402
+from llmlab.scaling.transfer import flat_forecast, flat_verdict, registered_trials  # noqa: E402
 from llmlab.sweep import stats  # noqa: E402
 from llmlab.sweep.design import CONTROL, FACTORS  # noqa: E402
 from llmlab.train.components import OPTIMIZERS  # noqa: E402
@@ -202,8 +202,7 @@ def lr_summary(name: str, label: str) -> str:
     fit, flat = holdout["fit"], row.get("flat")
     flat_text = (
         f" **muP's flat prediction: {flat['verdict']}** — the fit sizes' mean lr_opt {flat['predicted']:.3g} / "
-        f"measured = {flat['ratio']:.2f} (90 % CI [{flat['ci90'][0]:.2f}, {flat['ci90'][1]:.2f}], 95 % CI "
-        f"[{flat['ci95'][0]:.2f}, {flat['ci95'][1]:.2f}], {flat['df']} df)."
+        f"measured = {flat['ratio']:.2f} {_ci_text(flat)}."
         if flat
         else ""
     )
@@ -231,11 +230,16 @@ def flat_control(name: str = "lr-forecast-sp") -> str:
     )
 
 
-def _verdict_text(verdict: dict) -> str:
+def _ci_text(verdict: dict) -> str:
+    """A verdict's intervals of R = forecast / measured, as every findings sentence states them."""
     return (
-        f"**{verdict['verdict']}**, R = {verdict['ratio']:.2f} (90 % CI [{verdict['ci90'][0]:.2f}, "
-        f"{verdict['ci90'][1]:.2f}], 95 % CI [{verdict['ci95'][0]:.2f}, {verdict['ci95'][1]:.2f}], {verdict['df']} df)"
+        f"(90 % CI [{verdict['ci90'][0]:.2f}, {verdict['ci90'][1]:.2f}], 95 % CI [{verdict['ci95'][0]:.2f}, "
+        f"{verdict['ci95'][1]:.2f}], {verdict['df']} df)"
     )
+
+
+def _verdict_text(verdict: dict) -> str:
+    return f"**{verdict['verdict']}**, R = {verdict['ratio']:.2f} {_ci_text(verdict)}"
 
 
 def second_forecasts() -> str:
@@ -250,7 +254,7 @@ def second_forecasts() -> str:
         head = f"- {label} ([`{name}/`](docs/findings/{name}/forecast_design.md)), {held} held out: "
         if "ratio" not in row:
             done = sum(1 for r in trial_results(FINDINGS / name) if r["hparams"]["size"] == held)
-            planned = len(registered["design"]["held_out_lrs"]) * registered["design"]["held_out_seeds"]
+            planned = registered_trials(registered, held)
             lines.append(head + f"{done} of its {planned} registered held-out trials have run; no verdict yet.")
             continue
         flat = row.get("flat")
@@ -660,8 +664,7 @@ def forecast_recheck(name: str = "lr-forecast-sp") -> str:
 
 def _ratio_text(row: dict) -> str:
     return (
-        f"forecast / measured = **{row['ratio']:.2f}** (90 % CI [{row['ci90'][0]:.2f}, {row['ci90'][1]:.2f}], "
-        f"95 % CI [{row['ci95'][0]:.2f}, {row['ci95'][1]:.2f}], {row['df']} df), measured lr_opt "
+        f"forecast / measured = **{row['ratio']:.2f}** {_ci_text(row)}, measured lr_opt "
         f"{row['measured']:.3g} [{row['measured_ci'][0]:.3g}, {row['measured_ci'][1]:.3g}]"
     )
 

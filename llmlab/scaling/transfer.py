@@ -296,7 +296,7 @@ def registered_forecast(registration: Optional[dict], size: str, batch: float) -
     }
 
 
-def _registered_trials(registration: Optional[dict], size: str) -> int:
+def registered_trials(registration: Optional[dict], size: str) -> int:
     """Held-out trials the pre-registered design planned (its grid x seeds; 0 without a registration)."""
     if not registration or registration.get("held_out") != size:
         return 0
@@ -331,7 +331,7 @@ def holdout_verdict(points: list[dict], confidence: float = 0.95, registration: 
             registered=forecast["registered"],
             refit_now=predict(law, held_n, held["batch_size"])["lr"],
         )
-        planned = _registered_trials(registration, held_size)
+        planned = registered_trials(registration, held_size)
         if forecast["registered"] and held.get("n_trials", 0) < planned:
             row.update(
                 verdict="undecided",
