@@ -1,6 +1,7 @@
 """Host syncs per optimizer step: how often the step reads a tensor's value back to Python (item, float, int, bool,
 tolist), each one a wait for the device on a GPU. Counted on CPU by wrapping those Tensor methods, for a sweep
-trial's step and the trainers' step (TrainingSession, 2 micro-batches), in whichever llmlab is on PYTHONPATH:
+trial's step and train_pretrain.py's loop (2 micro-batches, logging every 5th step), in whichever llmlab is on
+PYTHONPATH:
 
     python bench/host_syncs.py                                  # this tree
     git worktree add /tmp/before 3c9b97c && PYTHONPATH=/tmp/before python bench/host_syncs.py   # before the engine
@@ -13,7 +14,6 @@ import json
 import sys
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +25,7 @@ if importlib.util.find_spec("llmlab") is None:  # PYTHONPATH picks the tree to c
 SYNCS = ("item", "__float__", "__int__", "__bool__", "tolist")
 COUNTS: Counter = Counter()
 COUNTING = [False]
+CHARGE = [None]  # while the trainer runs: charges each sync to the step the run is at
 
 
 def wrap_syncs() -> None:
@@ -34,6 +35,8 @@ def wrap_syncs() -> None:
         def counted(self, *args, _original=original, _name=name, **kwargs):
             if COUNTING[0]:
                 COUNTS[_name] += 1
+            if CHARGE[0] is not None:
+                CHARGE[0](_name)
             return _original(self, *args, **kwargs)
 
         setattr(torch.Tensor, name, counted)
@@ -83,45 +86,56 @@ def trial_step(tmp: Path, clip_mode: str, measure: bool):
     return lambda step: train_step(setup, ids, ids, step, measure)
 
 
-@dataclass
-class Cfg:
-    output_dir: str = ""
-    overwrite_output_dir: bool = False
-    resume_from_checkpoint: str = None
-    report_to: list = field(default_factory=lambda: ["none"])
-    seed: int = 42
-    cpu_threads: int = 0
+def pretrain_steps(tmp: Path, steps: int, log_every: int, accumulation: int) -> dict:
+    """The real train_pretrain.py loop in this process (a 1-layer GPT-2 on the built-in Wikipedia sample, fused
+    AdamW, clipping at 1.0), its syncs counted per optimizer step. A sync is charged to the step the run's counter
+    shows when it happens: step k's charge is what ran after step k was recorded (collecting, logging, evaluating,
+    saving) and step k+1's forward, backward and engine step, so a step that reads nothing back is charged 0."""
+    from llmlab.core.config import parse_config
+    from llmlab.train import session as session_module
+    from llmlab.train.pretrain.loop import PretrainConfig, train
 
+    per_step: Counter = Counter()
+    collected: set[int] = set()
+    state = {}
+    begin, collect = session_module.TrainingSession.begin, getattr(session_module.TrainingSession, "collect", None)
 
-def trainer_step(tmp: Path):
-    from llmlab.train.engine import GradClipper
-    from llmlab.train.session import TrainingSession, scaled_schedule
+    def begin_and_watch(self, *args, **kwargs):
+        state["loop"] = self.state
+        return begin(self, *args, **kwargs)
 
-    session = TrainingSession(
-        Cfg(output_dir=str(tmp / "run")),
-        "bench",
-        run_files=("checkpoints",),
-        resumable=(),
-        mixed_precision="no",
-        gradient_accumulation_steps=2,
-    )
-    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 1))
-    model, optimizer = session.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True))
-    scheduler = scaled_schedule(torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0), session.state)
-    clipper = GradClipper("1.0")
-    session.register(scheduler, clipper)
-    session.begin(Cfg(output_dir=str(tmp / "run")), 100, {}, save_every=1000, keep_last=1)
-    x = torch.randn(4, 16)
+    def collect_and_mark(self):
+        collected.add(self.state.step)
+        return collect(self)
 
-    def step(_):
-        for index in range(2):
-            with session.accelerator.accumulate(model):
-                session.backward(model(x).pow(2).mean(), tokens=4)
-                if index == 1:
-                    out = session.engine.step(model.parameters(), optimizer, scheduler, clipper, session.state.step)
-                    session.record(out)
+    def charge(name: str) -> None:
+        if "loop" in state:
+            per_step[state["loop"].step] += 1
 
-    return step
+    session_module.TrainingSession.begin = begin_and_watch
+    if collect is not None:  # a tree before the collect reads every step
+        session_module.TrainingSession.collect = collect_and_mark
+    args = ["--output_dir", str(tmp / "run"), "--cache_dir", str(tmp / "cache"), "--max_steps", str(steps)]
+    args += ["--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--block_size", "32", "--batch_size", "2"]
+    args += ["--effective_batch_size", str(2 * accumulation), "--max_documents", "40", "--log_every", str(log_every)]
+    args += ["--eval_every", str(10 * steps), "--save_every", str(10 * steps), "--sample_tokens", "0"]
+    args += ["--report_to", "none"]
+    CHARGE[0] = charge
+    try:
+        train(parse_config(PretrainConfig, args))
+    finally:
+        CHARGE[0] = None
+        session_module.TrainingSession.begin = begin
+        if collect is not None:
+            session_module.TrainingSession.collect = collect
+    inner = range(1, steps - 1)  # step 0's charge holds the first step's one-off work; the last step evaluates
+    quiet = [per_step[k] for k in inner if k not in collected and k % log_every]
+    reading = [per_step[k] for k in inner if k in collected or k % log_every == 0]
+    return {
+        "other steps": float(np.median(quiet)) if quiet else None,
+        "log steps": float(np.median(reading)) if reading else None,
+        "steps": len(quiet) + len(reading),
+    }
 
 
 def main() -> int:
@@ -129,16 +143,22 @@ def main() -> int:
 
     wrap_syncs()
     torch.set_num_threads(1)
-    rows = {}
+    rows, trainer = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         rows["trial, clip norm"] = per_step(trial_step(Path(tmp) / "a", "norm", False))
         rows["trial, clip value"] = per_step(trial_step(Path(tmp) / "b", "value", False))
         rows["trial, clip norm, measured step"] = per_step(trial_step(Path(tmp) / "c", "norm", True))
-        rows["trainer (TrainingSession)"] = per_step(trainer_step(Path(tmp) / "d"))
+        trainer = pretrain_steps(Path(tmp) / "d", steps=24, log_every=5, accumulation=2)
     print(f"llmlab from {Path(llmlab.__file__).parent}; host syncs per optimizer step (2 micro-batches), CPU count")
-    print(f"| step | total | {' | '.join(SYNCS)} |\n|---|---|{'---|' * len(SYNCS)}")
+    print(f"| a sweep trial's step | total | {' | '.join(SYNCS)} |\n|---|---|{'---|' * len(SYNCS)}")
     for name, row in rows.items():
         print(f"| {name} | {row['total']:.0f} | " + " | ".join(f"{row.get(s, 0):.0f}" for s in SYNCS) + " |")
+    print("\n| train_pretrain.py, every 5th step logs (median per step) | steps that log | other steps |")
+    print(
+        f"|---|---|---|\n| {trainer['steps']} steps, fused AdamW, clip 1.0 | {trainer['log steps']:.0f} | "
+        f"{trainer['other steps']:.0f} |"
+    )
+    rows["train_pretrain.py"] = trainer
     print(json.dumps(rows))
     return 0
 

@@ -163,7 +163,7 @@ def train_step(s: TrialSetup, ids: torch.Tensor, labels: torch.Tensor, step: int
         probes["snapshot"] = {n: p.detach().clone() for n, p in s.model.named_parameters() if p.requires_grad}
         probes["seconds"] = time.perf_counter() - measuring
 
-    out = s.engine.step(s.params, s.optimizer, s.scheduler, s.clipper, step, inspect if measure else None)
+    out = s.engine.step(s.params, s.optimizer, s.scheduler, s.clipper, step, inspect if measure else None).read()
     loss_sum = 0.0
     for value, (chunk, _) in zip(out.losses, chunks):
         loss_sum += value * len(chunk) / s.batch

@@ -275,8 +275,12 @@ class Checkpointer:
         self.session, self.save_every, self.keep_last, self.model = session, save_every, keep_last, model
         self.extra_manifest, self.write_extra, self.pending = extra_manifest, write_extra, False
 
+    def due(self, step: int) -> bool:
+        """A save is due at this step, or one was held back (mid-spike) and waits for the first allowed step."""
+        return self.pending or (self.save_every > 0 and step % self.save_every == 0)
+
     def maybe_save(self, step: int, allowed: bool = True) -> Optional[Path]:
-        self.pending = self.pending or (self.save_every > 0 and step % self.save_every == 0)
+        self.pending = self.due(step)
         if not (self.pending and allowed):
             return None
         self.pending = False

@@ -10,13 +10,16 @@ The clip bound is `GradClipper`'s (fixed or adaptive, by norm or by value). What
 folder, resume and logging (`session.TrainingSession`); a trial's fail-safes,
 retry and measurements, the last as an `inspect` hook that sees the clipped gradients before the update.
 
-Host syncs per step: one for the micro-batch losses (all at once, at the end of the step), one for the gradient
-norm, and one for whether any element was clipped under value clipping; a trial's fp16 scaler reads its scale.
+The step reads nothing back to the host: its losses, gradient norm and flags stay tensors on the device
+(`StepOutput`), so a GPU never waits for the CPU between steps. The trainers read them a window of steps at a time
+(`TrainingSession.collect`, at their log, eval and save steps); a trial reads each step with `read()`, one sync.
+What still syncs, and why: an optimizer that cannot skip an update on the device (anything but torch's fused
+kernels: `skips_on_device`) reads the finite guard once; adaptive clipping reads the norm it remembers; a trial's
+fp16 scaler reads its scale (`bench/host_syncs.py` counts them).
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -71,14 +74,63 @@ class GradClipper:
 
 
 @dataclass
-class StepOutput:
-    losses: list[float]  # each micro-batch's loss, in order (one host sync for all of them)
+class StepValues:
+    """A step's outcome read back to the host (`StepOutput.read`)."""
+
+    losses: list[float]  # each micro-batch's loss, in order
     loss_sum: float  # their sum as the device adds them (the trainers' statistic)
     grad_norm: Optional[float]  # before clipping; None when DeepSpeed clips inside its own step
     lr: float  # the lr this step used (the first param group's)
     stepped: bool  # False when a non-finite loss or gradient kept the update off the weights
     clipped: bool  # whether the clip bound was active
     overflow: bool  # fp16: the loss scaler found an inf/NaN gradient and skipped the update
+
+
+@dataclass
+class StepOutput:
+    """A step's outcome as the device holds it (tensors: reading one is a host sync)."""
+
+    losses: torch.Tensor  # each micro-batch's loss, in order (float32, 1-D)
+    grad_norm: Optional[torch.Tensor]  # before clipping; None when DeepSpeed clips inside its own step
+    lr: float
+    stepped: torch.Tensor | bool
+    clipped: torch.Tensor | bool
+    overflow: torch.Tensor | bool
+
+    def flags(self) -> torch.Tensor:
+        """[loss sum, grad norm (NaN if none), stepped, clipped, overflow] as one float64 tensor on the device."""
+        device = self.losses.device
+        norm = self.grad_norm if self.grad_norm is not None else float("nan")
+        parts = (self.losses.sum(), norm, self.stepped, self.clipped, self.overflow)
+        return torch.stack([torch.as_tensor(part, device=device).double() for part in parts])
+
+    def read(self) -> StepValues:
+        """Everything at once, in one host sync."""
+        *losses, loss_sum, norm, stepped, clipped, overflow = torch.cat([self.losses.double(), self.flags()]).tolist()
+        grad_norm = None if self.grad_norm is None else norm
+        return StepValues(losses, loss_sum, grad_norm, self.lr, bool(stepped), bool(clipped), bool(overflow))
+
+
+def skips_on_device(optimizer) -> bool:
+    """torch's fused Adam/AdamW/SGD take GradScaler's `found_inf` and skip the whole update inside the kernel (the
+    step count too), so the finite guard needs no host sync; any other optimizer is stepped only after reading it."""
+    inner = innermost(optimizer)
+    return bool(getattr(inner, "defaults", {}).get("fused")) and getattr(inner, "_step_supports_amp_scaling", False)
+
+
+def disarm(optimizer) -> None:
+    """Take the on-device guard off again (GradScaler deletes its own after each step too)."""
+    inner = innermost(optimizer)
+    for name in ("grad_scale", "found_inf"):
+        if hasattr(inner, name):
+            delattr(inner, name)
+
+
+def innermost(optimizer):
+    """The optimizer inside accelerate's (and DeepSpeed's) wrappers."""
+    while hasattr(optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
+    return optimizer
 
 
 class AccelerateBackend:
@@ -98,9 +150,15 @@ class AccelerateBackend:
     def scales_loss(self) -> bool:
         return self.accelerator.scaler is not None
 
-    def scaled_update(self, optimizer, finite: bool) -> tuple[bool, bool]:
-        optimizer.step()  # accelerate's optimizer steps through its scaler
-        return finite and not optimizer.step_was_skipped, optimizer.step_was_skipped
+    @property
+    def steps_in_backward(self) -> bool:
+        """DeepSpeed clips and steps inside its engine during backward; the wrapper's step does nothing."""
+        return self.accelerator.distributed_type.value == "DEEPSPEED"
+
+    def scaled_update(self, optimizer, finite: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        optimizer.step()  # through accelerate's scaler; a fused optimizer skips an overflow on the device
+        skipped = optimizer.step_was_skipped  # an unfused optimizer's skip, which the scaler decided on the host
+        return finite & (not skipped), ~finite | skipped
 
 
 class TorchBackend:
@@ -121,12 +179,14 @@ class TorchBackend:
     def scales_loss(self) -> bool:
         return self.scaler.is_enabled()
 
-    def scaled_update(self, optimizer, finite: bool) -> tuple[bool, bool]:
+    steps_in_backward = False
+
+    def scaled_update(self, optimizer, finite: torch.Tensor) -> tuple[torch.Tensor, bool]:
         before = self.scaler.get_scale()
         self.scaler.step(optimizer)
         self.scaler.update()
         overflow = self.scaler.get_scale() < before
-        return finite and not overflow, overflow
+        return finite & (not overflow), overflow
 
 
 class Engine:
@@ -148,8 +208,9 @@ class Engine:
         norm, clipped = self._clip(params, optimizer, clipper, step)
         losses = torch.stack(self._losses)
         self._losses = []
-        *values, loss_sum = torch.cat([losses, losses.sum()[None]]).tolist()
-        finite = all(math.isfinite(v) for v in values) and (norm is None or math.isfinite(norm))
+        finite = torch.isfinite(losses).all()
+        if norm is not None:
+            finite = finite & torch.isfinite(norm)
         if inspect is not None:
             inspect()
         lr = optimizer.param_groups[0]["lr"]
@@ -160,22 +221,39 @@ class Engine:
             stepped, overflow = self.backend.scaled_update(optimizer, finite)
         else:
             stepped, overflow = finite, False
-            if finite:
-                optimizer.step()
+            if self._update_allowed(optimizer, finite):
+                try:
+                    optimizer.step()
+                finally:
+                    disarm(optimizer)
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
-        if norm is not None:
-            clipper.observe(norm)  # it ignores a non-finite norm
-        return StepOutput(values, loss_sum, norm, lr, stepped, clipped, overflow)
+        if norm is not None and clipper.mode == "adaptive":
+            clipper.observe(float(norm))  # the bound it remembers is read back: adaptive clipping's one sync
+        return StepOutput(losses, norm, lr, stepped, clipped, overflow)
 
-    def _clip(self, params, optimizer, clipper, step: int) -> tuple[Optional[float], bool]:
+    def _update_allowed(self, optimizer, finite: torch.Tensor) -> bool:
+        """Whether to call the optimizer's step, unless a loss or the gradient is non-finite. DeepSpeed has stepped
+        inside its engine already (the wrapper's step does nothing); a fused torch optimizer is armed to skip on the
+        device (GradScaler's `found_inf`, without a scale); any other optimizer reads the guard: its one host sync."""
+        if self.backend.steps_in_backward:
+            return True
+        if skips_on_device(optimizer):
+            inner = innermost(optimizer)
+            inner.grad_scale, inner.found_inf = None, (~finite).float()
+            return True
+        return bool(finite)
+
+    def _clip(self, params, optimizer, clipper, step: int) -> tuple[Optional[torch.Tensor], torch.Tensor | bool]:
         bound = clipper.max_norm(step)
         by_value = clipper.clip_mode == "value" and bound
         # value clipping measures the norm first, for the record (an inf bound leaves the gradients as they are)
         norm = self.backend.clip_grad_norm_(params, optimizer, float("inf") if by_value else bound or float("inf"))
-        norm = float(norm) if norm is not None else None  # DeepSpeed clips inside its own step
+        if norm is None:  # DeepSpeed clips inside its own step
+            return None, False
+        norm = norm.detach().float() if torch.is_tensor(norm) else torch.tensor(float(norm))  # DeepSpeed's is a float
         if not by_value:
-            return norm, bound is not None and norm is not None and norm > bound
+            return norm, norm > bound if bound is not None else False
         self.backend.clip_grad_value_(params, bound)
         grads = [p.grad for p in params if p.grad is not None]
-        return norm, bool(torch.stack([(g.abs() >= bound).any() for g in grads]).any()) if grads else False
+        return norm, torch.stack([(g.abs() >= bound).any() for g in grads]).any() if grads else False

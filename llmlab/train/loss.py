@@ -56,7 +56,7 @@ def _chunk(
     weight: torch.Tensor,
     labels: torch.Tensor,
     smoothing: float,
-    scale: float,
+    scale: torch.Tensor,
     want_grads: bool,
     logits: torch.Tensor,
 ):
@@ -95,8 +95,7 @@ def _chunk(
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, labels, chunk: int, smoothing: float):
-        count = int((labels != -100).sum())
-        scale = 1.0 / max(count, 1)
+        scale = 1.0 / (labels != -100).sum().clamp_min(1).float()  # a tensor: reading the count would be a host sync
         want = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if want else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want else None

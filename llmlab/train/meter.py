@@ -43,15 +43,18 @@ class StepMeter:
         window["micro"] += micro_batches
         window["tokens"] += tokens
 
-    def log_step(self, result, every: int, extra: Optional[dict] = None) -> None:
-        """Advance the bar; every `every` steps (and at the end) log the window's mean loss and tokens/s, with the
-        step `result`'s lr and gradient norm."""
+    def tick(self) -> None:
+        """One optimizer step ended: its time into the window, the bar one on."""
         now = time.perf_counter()
-        window = self._window
-        window["seconds"] += now - self._tick
-        window["steps"] += 1
+        self._window["seconds"] += now - self._tick
+        self._window["steps"] += 1
         self._tick = now
         self.bar.update(1)
+
+    def log_step(self, result, every: int, extra: Optional[dict] = None) -> None:
+        """Every `every` steps (and at the end) log the window's mean loss and tokens/s, with the step `result`'s lr
+        and gradient norm."""
+        window = self._window
         if not self.due(every):
             return
         tokens_per_sec = window["tokens"] / max(window["seconds"], 1e-9)

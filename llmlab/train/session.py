@@ -8,9 +8,11 @@ what is their own (pretraining: spike rollback; LoRA: prompt masking, early stop
         session.begin(run_cfg, total_steps, layout, save_every, keep_last, model=model)  # run record, resume
         ... the trainer's loop (pretrain/session.py, lora/loop.py):
             with accelerator.accumulate(model): session.backward(loss, tokens)
-            result = session.record(session.engine.step(params, optimizer, scheduler, clipper, step))
-            session.meter.log_step(result, every)            # the cadence: window, bar, tokens/s (train/meter.py)
-            session.checkpointer.maybe_save(step)            # the cadence of saves (train/checkpointing.py)
+            session.record(session.engine.step(params, optimizer, scheduler, clipper, step))   # no host sync
+            if session.collect_due(log_every, eval_every):   # the cadences that need the values, and saves
+                results = session.collect()                  # the steps since the last collect, one host read
+                session.meter.log_step(results[-1], every)   # window, tokens/s, MFU (train/meter.py)
+                session.checkpointer.maybe_save(step)        # the cadence of saves (train/checkpointing.py)
 
 What it owns: the Accelerator (train/accelerator.py), the run folder (lock, kind, fresh/resume/overwrite policy,
 config.yaml + run_info.json), resume (a verified checkpoint, a config and setup that may only change where the
@@ -73,6 +75,7 @@ class LoopState:
 
 @dataclass
 class StepResult:
+    step: int  # the optimizer step it was (1-based)
     loss: float  # mean over this step's micro-batches and processes
     grad_norm: Optional[float]  # before clipping
     lr: float  # the lr this step used
@@ -115,6 +118,7 @@ class TrainingSession:
         self.state, self.meter, self.checkpointer, self._claimed = LoopState(), None, None, False
         self.engine = Engine(AccelerateBackend(self.accelerator))
         self._micro_tokens = 0
+        self._pending: list[tuple[int, StepOutput, int]] = []  # (step, outcome on the device, local tokens)
         self._claim()
 
     # ------------------------------------------------------------------ setup
@@ -219,18 +223,40 @@ class TrainingSession:
         self._micro_tokens += tokens
         self.state.micro_batches += 1
 
-    def record(self, out: StepOutput) -> StepResult:
+    def record(self, out: StepOutput) -> None:
         """After the engine's step (which never applies a non-finite update: it reports it as the step's loss, so
-        the trainer can react): the step's loss and tokens summed over the processes, the counters, the meter."""
-        count = torch.tensor(
-            [out.loss_sum, len(out.losses), self._micro_tokens], dtype=torch.float64, device=self.accelerator.device
-        )
-        loss_sum, micro, tokens = self.accelerator.reduce(count, reduction="sum").tolist()
-        self._micro_tokens = 0
+        the trainer can react): count it, and keep its values where they are until `collect` reads them."""
         self.state.step += 1
-        self.state.tokens_seen += int(tokens)
-        self.meter.add(loss_sum, micro, tokens)
-        return StepResult(loss_sum / micro, out.grad_norm, out.lr, out.stepped)
+        self._pending.append((self.state.step, out, self._micro_tokens))
+        self._micro_tokens = 0
+        self.meter.tick()
+
+    def collect_due(self, *cadences: int) -> bool:
+        """Whether this step must read its values: a cadence that uses them (logging, evaluation) is due, a save is
+        (a checkpoint holds the token count and the spike detector's state), or it is the last step."""
+        return any(self.meter.due(every) for every in cadences) or self.checkpointer.due(self.state.step)
+
+    def collect(self) -> list[StepResult]:
+        """Every step recorded since the last collect, each loss and token count summed over the processes in one
+        reduce and read back in one host sync (OLMo-core's metrics collect interval): between collects a GPU runs
+        ahead of the host. The meter's window gets each step."""
+        if not self._pending:
+            return []
+        device = self.accelerator.device
+        steps, outs, tokens = zip(*self._pending)
+        self._pending = []
+        flags = torch.stack([out.flags().to(device) for out in outs])  # loss sum, norm, stepped, clipped, overflow
+        micro = torch.tensor([len(out.losses) for out in outs], dtype=torch.float64, device=device)
+        summed = torch.stack([flags[:, 0], micro, torch.tensor(tokens, dtype=torch.float64, device=device)], 1)
+        summed = self.accelerator.reduce(summed, reduction="sum")  # the norm and flags are the same on every process
+        results = []
+        rows = torch.cat([summed, flags[:, 1:3]], 1).tolist()  # the one host sync
+        for step, out, (loss_sum, micro, tokens, norm, stepped) in zip(steps, outs, rows):
+            self.state.tokens_seen += int(tokens)
+            self.meter.add(loss_sum, micro, tokens)
+            grad_norm = None if out.grad_norm is None else norm
+            results.append(StepResult(step, loss_sum / micro, grad_norm, out.lr, bool(stepped)))
+        return results
 
     def refresh_lr(self, scheduler, learning_rate: Optional[float] = None) -> None:
         """Apply the schedule's current factor now (after a rollback or a resume), through LambdaLR's public
@@ -243,17 +269,18 @@ class TrainingSession:
         for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
             group["lr"] = base * factor(scheduler.last_epoch)
 
-    def rewind(self, path: Path, scheduler, learning_rate: float, lr_factor: float, keep_position: bool) -> int:
-        """Back to checkpoint `path` (a rollback): its state, the lr scale x `lr_factor`, and the data position kept
-        where it was when `keep_position` (the batches since the checkpoint are skipped). Returns how many
-        micro-batches that skips."""
+    def rewind(self, path: Path, scheduler, learning_rate: float, lr_factor: float, skip_to: Optional[int]) -> int:
+        """Back to checkpoint `path` (a rollback): its state, the lr scale x `lr_factor`, and the data position moved
+        on to `skip_to` micro-batches if given (the batches since the checkpoint up to there are skipped). Returns
+        how many micro-batches that skips."""
         state = self.state
-        position, scale = state.micro_batches, state.lr_scale * lr_factor
+        scale = state.lr_scale * lr_factor
+        self._pending = []  # steps not yet collected are undone with the rest
         ckpt.load_checkpoint(self.accelerator, path)
-        skipped = position - state.micro_batches if keep_position else 0
+        skipped = skip_to - state.micro_batches if skip_to is not None else 0
         state.lr_scale = scale
-        if keep_position:
-            state.micro_batches = position
+        if skip_to is not None:
+            state.micro_batches = skip_to
         self.refresh_lr(scheduler, learning_rate)
         self.meter.discard_window()  # the spike's steps and the reload are not training throughput
         return skipped

@@ -42,6 +42,14 @@ class SpikeDetector:
             self.history.append(loss)
         return self.streak >= self.patience
 
+    def first_spike(self, losses: list[float]) -> int | None:
+        """Feed a window of steps' losses in order; the index of the step that ended a spike's patience (the rest
+        are not fed: the rollback restores the detector), or None."""
+        for index, loss in enumerate(losses):
+            if self.update(loss):
+                return index
+        return None
+
     def state_dict(self) -> dict:
         return {"history": list(self.history), "streak": self.streak}
 

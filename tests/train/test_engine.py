@@ -120,7 +120,7 @@ def test_a_trials_fp16_overflow_goes_to_its_scaler_and_the_next_step_runs():
     results = []
     for step in range(2):
         engine.backward(model(torch.tensor([[3.0, 4.0]])).sum())
-        results.append(engine.step(model.parameters(), optimizer, scheduler, clipper, step))
+        results.append(engine.step(model.parameters(), optimizer, scheduler, clipper, step).read())
     assert results[0].overflow and not results[0].stepped and scaler.get_scale() == 2.0**125
     assert results[1].stepped and results[1].grad_norm == pytest.approx(5.0) and results[1].clipped
     assert torch.allclose(before - model.weight.detach(), 0.1 * torch.tensor([[0.3, 0.4]]))

@@ -135,6 +135,8 @@ def test_injected_spike_rolls_back_once_with_lower_lr(data_cache, tmp_path):
             "4",
             "--spike_patience",
             "2",
+            "--log_every",
+            "3",
         ),
         timeout=600,
     )
@@ -142,6 +144,9 @@ def test_injected_spike_rolls_back_once_with_lower_lr(data_cache, tmp_path):
     events = read_jsonl(out / "events.jsonl")
     assert [e["event"] for e in events] == ["rollback"]
     assert events[0]["step"] == 11 and events[0]["resumed_step"] == 8 and events[0]["lr_scale"] == pytest.approx(0.8)
+    # the losses are read at log and save steps (3, 4, 6, 8, 9, 12): step 11's patience is seen at step 12, and the
+    # rollback is the one it would have been at step 11, step 12's data included in what is not skipped
+    assert events[0]["seen_at_step"] == 12
     assert events[0]["skipped_micro_batches"] == 3 * 2  # steps 9-11 of data are skipped
     lrs = {}
     for rec in read_jsonl(out / "metrics.jsonl"):

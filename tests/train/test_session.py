@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pytest
@@ -48,7 +49,8 @@ def make(tmp_path, **kwargs):
 def step(session, model, optimizer, scheduler, clipper, x):
     loss = model(torch.tensor(x)).sum()
     session.backward(loss, tokens=1)
-    return session.record(session.engine.step(model.parameters(), optimizer, scheduler, clipper, session.state.step))
+    session.record(session.engine.step(model.parameters(), optimizer, scheduler, clipper, session.state.step))
+    return session.collect()[-1]
 
 
 def test_optimizer_step_clips_and_never_applies_a_non_finite_update(tmp_path, fresh_state):
@@ -63,6 +65,63 @@ def test_optimizer_step_clips_and_never_applies_a_non_finite_update(tmp_path, fr
         result = step(session, model, optimizer, scheduler, clipper, [[math.nan, 1.0]])
         assert not result.stepped and torch.equal(model.weight.detach(), frozen)  # the NaN never reached it
         assert session.state.step == 2  # counted, and the schedule moved on
+
+
+@contextmanager
+def host_reads():
+    """Counts the Tensor methods that read a value back to the host (each one a wait for a GPU)."""
+    counted, originals = [], {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def counting(name):
+        def read(self, *args, **kwargs):
+            counted.append(name)
+            return originals[name](self, *args, **kwargs)
+
+        return read
+
+    for name in HOST_READS:
+        setattr(torch.Tensor, name, counting(name))
+    try:
+        yield counted
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+HOST_READS = ("item", "tolist", "__float__", "__int__", "__bool__")
+
+
+def test_a_fused_optimizer_skips_a_non_finite_step_on_the_device_and_the_step_reads_nothing_back(tmp_path, fresh_state):
+    """With fused AdamW the finite guard is the kernel's (GradScaler's found_inf): a NaN step leaves the weights and
+    the optimizer state as they were, and neither the steps nor the skip read a value back until `collect`, which
+    reads all of them at once."""
+    cfg = Cfg(output_dir=str(tmp_path / "run"))
+    session = TrainingSession(cfg, "unit", run_files=("checkpoints", "config.yaml"), resumable=(), mixed_precision="no")
+    model = torch.nn.Linear(2, 1, bias=False)
+    model, optimizer = session.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.1, fused=True))
+    scheduler = scaled_schedule(torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0), session.state)
+    clipper = GradClipper("0.5")
+    with session:
+        session.begin(cfg, 10, {}, save_every=100, keep_last=1)
+
+        def one_step(x):
+            session.backward(model(torch.tensor(x)).sum(), tokens=1)
+            session.record(session.engine.step(model.parameters(), optimizer, scheduler, clipper, session.state.step))
+
+        with host_reads() as counted:
+            one_step([[3.0, 4.0]])
+            weight = model.weight.detach().clone()
+            state = {name: value.clone() for name, value in optimizer.state[model.weight].items()}
+            one_step([[math.nan, 1.0]])
+        assert counted == []  # two steps, a clip and a skip: nothing read back
+        with host_reads() as counted:
+            first, second = session.collect()
+        assert len(counted) == 1  # one read for both steps
+    assert first.stepped and first.grad_norm == pytest.approx(5.0) and (first.step, second.step) == (1, 2)
+    assert not second.stepped and math.isnan(second.loss)
+    assert torch.equal(model.weight.detach(), weight)  # the NaN never reached the weights
+    assert all(torch.equal(optimizer.state[model.weight][k], v) for k, v in state.items())  # nor the moments, step
+    assert not hasattr(optimizer.optimizer, "found_inf")  # the guard is taken off after the step
 
 
 def test_fp16_overflow_goes_to_the_loss_scaler_and_the_next_step_runs(tmp_path, fresh_state, monkeypatch):
@@ -150,7 +209,7 @@ def test_rewind_restores_a_checkpoint_with_a_lower_lr_and_skips_the_data(tmp_pat
         at_checkpoint = model.weight.detach().clone()
         for _ in range(3):
             step(session, model, optimizer, scheduler, clipper, [[1.0, 1.0]])
-        skipped = session.rewind(path, scheduler, cfg.learning_rate, lr_factor=0.5, keep_position=True)
+        skipped = session.rewind(path, scheduler, cfg.learning_rate, lr_factor=0.5, skip_to=5)
         assert skipped == 3 and session.state.step == 2 and session.state.micro_batches == 5
         assert torch.equal(model.weight.detach(), at_checkpoint)
         assert session.state.lr_scale == 0.5 and optimizer.param_groups[0]["lr"] == pytest.approx(0.05)

@@ -96,7 +96,9 @@ def train(cfg: LoraTrainConfig) -> dict:
                         continue
                     params = [p for p in run.model.parameters() if p.requires_grad]
                     out = session.engine.step(params, run.optimizer, run.scheduler, run.clipper, state.step)
-                session.meter.log_step(session.record(out), cfg.log_every)
+                session.record(out)  # the step's values stay on the device until a cadence needs them
+                if session.collect_due(cfg.log_every, cfg.eval_every):
+                    session.meter.log_step(session.collect()[-1], cfg.log_every)
                 stopped_early = run.after_step()
                 if stopped_early or state.step >= run.total_steps:
                     break

@@ -68,12 +68,16 @@ def train(cfg: PretrainConfig) -> dict:
                         out = session.engine.step(
                             run.model.parameters(), run.optimizer, run.scheduler, run.clipper, state.step
                         )
-            result = session.record(out)
-            last_loss = result.loss
-            if run.detector.update(result.loss):
-                run.rollback(result.loss)
+            session.record(out)  # the step's values stay on the device: no host sync until a cadence needs them
+            if not session.collect_due(cfg.log_every, cfg.eval_every, cfg.eval_tasks_every if cfg.eval_tasks else 0):
                 continue
-            meter.log_step(result, cfg.log_every, {"train/loss_scale": setup.loss_scale(acc, run.optimizer)})
+            results = session.collect()  # every step since the last collect, in one host read
+            spike = run.detector.first_spike([result.loss for result in results])
+            if spike is not None:
+                run.rollback(results[spike])
+                continue
+            last_loss = results[-1].loss
+            meter.log_step(results[-1], cfg.log_every, {"train/loss_scale": setup.loss_scale(acc, run.optimizer)})
             if len(run.val_dl) and meter.due(cfg.eval_every):
                 with meter.paused():
                     last_val = run.evaluate()
@@ -215,10 +219,12 @@ class Pretraining:
         self.model.train()
         return loss
 
-    def rollback(self, loss: float) -> None:
-        """PaLM-style: back to the newest good checkpoint, lr x rollback_lr_factor, skip the data that spiked."""
+    def rollback(self, spiked) -> None:
+        """PaLM-style: back to the newest good checkpoint, lr x rollback_lr_factor, skip the data that spiked.
+        `spiked` is the step whose loss ended the spike's patience; the steps run after it, before the collect that
+        saw it, are discarded with the rest (their data is not skipped)."""
         cfg, session, state = self.cfg, self.session, self.session.state
-        spike_step, before = state.step, self.rollbacks.state_dict()
+        spike_step, loss, before = spiked.step, spiked.loss, self.rollbacks.state_dict()
         path, _ = ckpt.newest_good_checkpoint(session.out)
         if path is None:
             raise UserError(
@@ -241,12 +247,15 @@ class Pretraining:
                 f"rollbacks to {path.name} (--max_rollbacks); if it spikes right after every rollback "
                 "the checkpoint or the data is at fault, else lower --learning_rate or --clip"
             )
+        seen_at = state.step
         skipped = session.rewind(
             path,
             self.scheduler,
             cfg.learning_rate,
             lr_factor=cfg.rollback_lr_factor,
-            keep_position=cfg.rollback_skip_data,
+            skip_to=state.micro_batches - (seen_at - spike_step) * session.accelerator.gradient_accumulation_steps
+            if cfg.rollback_skip_data
+            else None,
         )
         self.rollbacks.load_state_dict({**before, "rollbacks": before["rollbacks"] + 1})
         self.detector.streak = 0
@@ -255,6 +264,7 @@ class Pretraining:
             {
                 "event": "rollback",
                 "step": spike_step,
+                "seen_at_step": seen_at,
                 "loss": loss,
                 "to_checkpoint": str(path),
                 "resumed_step": state.step,
