@@ -122,6 +122,7 @@ def tiny_pretrain_args(**options) -> list[str]:
         "effective_batch_size": 2,
         "max_documents": 5,
         "eval_batches": 2,
+        "log_every": 1,  # a curve point per step: the tests compare runs step by step
         **options,
     }
     return [arg for name, value in options.items() for arg in (f"--{name}", str(value))]

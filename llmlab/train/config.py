@@ -128,7 +128,9 @@ class EvalGroup:
 
 @dataclass
 class LoggingGroup:
-    log_every: int = opt(1, "write train metrics every N steps")
+    log_every: int = opt(
+        10, "write train metrics every N steps (a log step reads the steps since the last back from the device)"
+    )
 
     def check_logging(self) -> None:
         require([(self.log_every >= 1, f"--log_every must be >= 1, got {self.log_every}")])
