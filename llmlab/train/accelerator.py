@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs
+from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
 
 from llmlab.core.device import resolve_device, resolve_precision
 from llmlab.core.errors import UserError
@@ -107,6 +107,7 @@ def make_accelerator(cfg, mixed_precision, plugin, accumulation_steps: int, out:
             kwargs_handlers=process_group_handlers(),
             log_with=trackers,
             project_dir=str(out),
+            dataloader_config=DataLoaderConfiguration(non_blocking=True),  # overlaps a pinned batch's copy (GPU)
             **accelerator_placement(),
             **kwargs,
         )

@@ -54,11 +54,16 @@ def register_schedule(name: str, entry: ScheduleEntry) -> None:
     SCHEDULES[name] = entry
 
 
-def _adamw(groups, lr: float, betas: Optional[tuple], eps: Optional[float]):
+def _adamw(groups, lr: float, betas: Optional[tuple], eps: Optional[float], fused: bool = True):
     import torch
 
     extra = {k: v for k, v in (("betas", betas), ("eps", eps)) if v is not None}
-    return torch.optim.AdamW(groups, lr=lr, fused=True, **extra)  # one kernel for all tensors, CPU and GPU
+    # fused: one kernel for all tensors, CPU and GPU, which also skips a non-finite step on the device
+    return torch.optim.AdamW(groups, lr=lr, fused=fused, foreach=None if fused else True, **extra)
+
+
+def _adamw_foreach(groups, lr: float, betas: Optional[tuple], eps: Optional[float]):
+    return _adamw(groups, lr, betas, eps, fused=False)
 
 
 def _lion(groups, lr: float, betas: Optional[tuple], eps: Optional[float]):
@@ -76,6 +81,16 @@ def _adafactor(groups, lr: float, betas: Optional[tuple], eps: Optional[float]):
 
 register_optimizer(
     "adamw", OptimizerEntry(_adamw, state_bytes=8.0, deepspeed=True, label="AdamW", about="torch, fused kernel")
+)
+register_optimizer(
+    "adamw-foreach",
+    OptimizerEntry(
+        _adamw_foreach,
+        state_bytes=8.0,
+        deepspeed=False,
+        label="AdamW (foreach)",
+        about="torch's unfused multi-tensor AdamW (HF's adamw_torch): the fused kernel's baseline",
+    ),
 )
 register_optimizer(
     "lion",

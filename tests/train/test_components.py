@@ -53,7 +53,12 @@ register_tracker_class(PluginTracker)
 
 def test_the_shipped_entries_keep_their_conventions():
     assert components.OPTIMIZERS["lion"].lr_divisor == 3.0  # the documented Lion convention
-    assert {n: e.state_bytes for n, e in components.OPTIMIZERS.items()} == {"adamw": 8.0, "lion": 4.0, "adafactor": 0.0}
+    assert {n: e.state_bytes for n, e in components.OPTIMIZERS.items()} == {
+        "adamw": 8.0,
+        "adamw-foreach": 8.0,
+        "lion": 4.0,
+        "adafactor": 0.0,
+    }
     assert [n for n, e in components.OPTIMIZERS.items() if e.deepspeed] == ["adamw"]
     shares = {n: e.mean_lr_share() for n, e in components.SCHEDULES.items()}
     assert shares == pytest.approx({"linear": 0.5, "cosine": 0.5, "polynomial": 1 / 3, "constant": 1.0}, abs=2e-3)
@@ -146,7 +151,9 @@ def test_recommend_and_the_memory_model_read_the_registry(monkeypatch):
     from llmlab.scaling import memory
     from llmlab.sweep.recommend import RecommendConfig
 
-    with pytest.raises(UserError, match="--optimizer: 'plugin_sgd' is not one of adamw, lion, adafactor"):
+    with pytest.raises(
+        UserError, match="--optimizer: 'plugin_sgd' is not one of adamw, adamw-foreach, lion, adafactor"
+    ):
         build_config(RecommendConfig, {"optimizer": "plugin_sgd"})
     monkeypatch.setitem(
         components.OPTIMIZERS,

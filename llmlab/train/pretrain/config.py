@@ -23,6 +23,9 @@ from llmlab.train.spikes import check_drill, parse_inject_spike
 TINY_MAX_STEPS = 190
 TINY_LEARNING_RATE = 2e-3
 TINY_BLOCK_SIZE = 128
+# --compile's default on a GPU: torch.compile of GPT-2 takes about a minute there (nanoGPT); a run this long earns it
+# back at a 10 % faster step of 0.1 s or more. bench/gpu_throughput.py measures the compile and the gain.
+COMPILE_MIN_STEPS = 500
 
 # Files a pretraining run writes into --output_dir: their presence means the folder holds a run.
 RUN_FILES = ("checkpoints", "final", "metrics.jsonl", "events.jsonl", "tensorboard", "config.yaml", "run_info.json")
@@ -53,6 +56,9 @@ RESUMABLE = (
     "clip",
     "loss_chunk_tokens",
     "compile",
+    "attn_implementation",
+    "tf32",
+    "pin_memory",
     "sample_prompts",
     "sample_tokens",
 )
@@ -100,11 +106,16 @@ class PretrainConfig(DataConfig, RunGroup, OptimGroup, CheckpointGroup, EvalGrou
         "auto = under `accelerate launch` the launch's own precision (its config or flag), else bf16 autocast "
         "where the hardware has bf16 units (AVX512-BF16/AMX CPUs, Ampere+ GPUs), fp16 on older GPUs, else no",
     )
-    compile: bool = opt(
-        False,
-        "torch.compile the transformer body (a one-off 30-90 s on a CPU, then faster steps; "
-        "bench/pretrain_throughput.py measures it)",
+    compile: Optional[bool] = opt(
+        None,
+        "torch.compile the transformer body; default: on a GPU for runs of at least "
+        f"{COMPILE_MIN_STEPS} steps, else off (on a CPU a one-off 30-90 s that a short run does not earn back)",
     )
+    attn_implementation: Literal["sdpa", "eager"] = opt(
+        "sdpa", "attention kernel: sdpa = torch's scaled_dot_product_attention (flash attention on a GPU), eager"
+    )
+    tf32: bool = opt(True, "TF32 tensor cores for the matmuls left in float32 (Ampere+ GPUs; no effect on a CPU)")
+    pin_memory: bool = opt(True, "page-locked batches, copied to the GPU without blocking (no effect on a CPU)")
     loss_chunk_tokens: int = opt(
         1024,
         "compute the output layer + loss in chunks of this many tokens, so the "

@@ -101,7 +101,9 @@ class Pretraining:
         model = CausalLMWithLoss(
             setup.build_pretrain_model(cfg, self.tokenizer), cfg.label_smoothing, cfg.loss_chunk_tokens
         )
-        if cfg.compile:  # the body only, in place (state-dict keys unchanged); the chunked loss stays eager
+        setup.use_tf32(cfg.tf32)
+        self.compiled = setup.compile_wanted(cfg, session.accelerator.device)
+        if self.compiled:  # the body only, in place (state-dict keys unchanged); the chunked loss stays eager
             model.model.base_model.compile()
         train_dl, self.val_dl = setup.make_dataloaders(cfg, data)
         # validation stays unsharded (setup.pretrain_validation_loss): the same tokens at any world size
@@ -142,7 +144,7 @@ class Pretraining:
             f"model {cfg.init_from or cfg.model}: {unwrapped.num_parameters() / 1e6:.1f}M params; "
             f"{cfg.max_steps} steps of {cfg.effective_batch_size} x {cfg.block_size} tokens "
             f"({cfg.batch_size}/device x {acc.gradient_accumulation_steps} accumulation x {acc.num_processes} "
-            f"processes); precision {acc.mixed_precision}; optimizer "
+            f"processes); precision {acc.mixed_precision}{', compiled' if self.compiled else ''}; optimizer "
             f"{type(setup.innermost_optimizer(self.optimizer)).__name__}, {cfg.lr_scheduler} schedule; "
             f"{acc.distributed_type.value}"
         )

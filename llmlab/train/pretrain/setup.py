@@ -17,6 +17,7 @@ from llmlab.train.checkpointing import assert_finite
 from llmlab.train.config import parse_clip
 from llmlab.train.optim import build_optimizer as build
 from llmlab.train.optim import build_schedule, check_deepspeed_choices
+from llmlab.train.pretrain.config import COMPILE_MIN_STEPS
 from llmlab.train.session import scaled_schedule
 
 
@@ -73,10 +74,24 @@ def build_pretrain_model(cfg, tokenizer):
         model = build_gpt2_model(
             cfg.model, vocab_size=len(tokenizer), n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head, **drop
         )
+    model.set_attn_implementation(cfg.attn_implementation)
     if cfg.gradient_checkpointing:
         model.config.use_cache = False
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
+
+
+def compile_wanted(cfg, device: torch.device) -> bool:
+    """--compile as given; unset: on a GPU for a run long enough to earn the compile back (COMPILE_MIN_STEPS)."""
+    if cfg.compile is not None:
+        return cfg.compile
+    return device.type == "cuda" and cfg.max_steps >= COMPILE_MIN_STEPS
+
+
+def use_tf32(enabled: bool) -> None:
+    """float32 matmuls on TF32 tensor cores (what bf16 autocast leaves in float32); a GPU-only switch."""
+    if enabled and torch.cuda.is_available():
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
 
 
 def build_optimizer(cfg, model):
@@ -118,6 +133,7 @@ def make_dataloaders(cfg, data):
         sampler=sampler,
         drop_last=True,
         generator=torch.Generator().manual_seed(cfg.seed),
+        pin_memory=cfg.pin_memory and torch.cuda.is_available(),  # accelerate then copies it without blocking
     )
     val_dl = DataLoader(
         val,
