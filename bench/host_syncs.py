@@ -4,7 +4,7 @@ trial's step and train_pretrain.py's loop (2 micro-batches, logging every 5th st
 PYTHONPATH:
 
     python bench/host_syncs.py                                  # this tree
-    git worktree add /tmp/before 3c9b97c && PYTHONPATH=/tmp/before python bench/host_syncs.py   # before the engine
+    git worktree add /tmp/before efd5278 && PYTHONPATH=/tmp/before python bench/host_syncs.py   # before the cuts
 """
 
 from __future__ import annotations

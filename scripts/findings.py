@@ -538,6 +538,63 @@ def minhash_speed() -> str:
     )
 
 
+def host_syncs() -> str:
+    """bench/host_syncs.py before and after the step stopped reading back: each run's last line is its JSON."""
+    runs = {
+        when: json.loads((FINDINGS / "fast-path" / f"host_syncs_{when}.txt").read_text().strip().splitlines()[-1])
+        for when in ("before", "after")
+    }
+    before, after = runs["before"], runs["after"]
+    lines = ["| per optimizer step (2 micro-batches) | before | after |", "|---|---|---|"]
+    for name, label in (
+        ("trial, clip norm", "a sweep trial, norm clipping"),
+        ("trial, clip value", "a sweep trial, value clipping"),
+        ("trial, clip norm, measured step", "a sweep trial, a measured step (per-layer ratio probes)"),
+    ):
+        lines.append(f"| {label} | {before[name]['total']:.0f} | {after[name]['total']:.0f} |")
+    old, new = before["train_pretrain.py"], after["train_pretrain.py"]
+    lines.append(
+        f"| train_pretrain.py, a step that does not log | {old['other steps']:.0f} | {new['other steps']:.0f} |"
+    )
+    lines.append(
+        f"| train_pretrain.py, a log step (every 5th here) | {old['log steps']:.0f} | {new['log steps']:.0f} |"
+    )
+    return "\n".join(lines)
+
+
+def _paired(row: dict, base: dict) -> str:
+    """row / base round by round (the runs of one round ran back to back): median and range."""
+    ratios = [a / b for a, b in zip(row["rounds"], base["rounds"])]
+    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
+def fast_path_cpu() -> str:
+    """bench/gpu_throughput.py --ablate all on this CPU: the three trainers, then llmlab with one piece changed."""
+    data = json.loads((FINDINGS / "fast-path" / "cpu_throughput.json").read_text())
+    rows, args = data["rows"], data["args"]
+    lines = ["| trainer | tokens/s (median) | vs nanoGPT's recipe (range) |", "|---|---|---|"]
+    lines += [
+        f"| {name} | {row['tokens_per_sec']:,.0f} | {_paired(row, rows['nanogpt'])} |" for name, row in rows.items()
+    ]
+    lines += ["", "| llmlab, one piece changed | tokens/s (median) | vs llmlab (range) |", "|---|---|---|"]
+    labels = {
+        "fp32": "fp32 instead of bf16 autocast",
+        "eager-attention": "eager attention instead of SDPA",
+        "foreach-adamw": "AdamW foreach instead of fused",
+        "compile": "torch.compile on (off by default on a CPU)",
+        "no-tf32": "TF32 off (GPU only: no effect here)",
+        "no-pin-memory": "pinned memory off (GPU only: no effect here)",
+        "log-every-step": "a log step (a host read) every step",
+    }
+    for key, row in data["ablations"].items():
+        lines.append(f"| {labels[key]} | {row['tokens_per_sec']:,.0f} | {_paired(row, rows['llmlab'])} |")
+    return "\n".join(lines) + (
+        f"\n\n{args['model']}, batch {args['batch_size']} x {args['block_size']} tokens, {args['steps']} steps "
+        f"(first {args['skip']} untimed), each run in a fresh process; {args['repeats']} rounds of every run back to "
+        f"back, ratios paired within a round; on {data['cpu']}."
+    )
+
+
 def forecast_design(name: str = "lr-forecast", label: str = "registered", file: str = "design_rationale.json") -> str:
     """A registered design's simulated error rates against the other candidates (bench/forecast_design.py)."""
     path = FINDINGS / name / file
@@ -956,6 +1013,8 @@ BLOCKS = {
     "lr-forecast-mup-cost": lambda: scan_cost("lr-forecast-mup"),
     "lr-forecast-power": realised_power,
     "lr-forecast-machines": forecast_machines,
+    "host-syncs": host_syncs,
+    "fast-path-cpu": fast_path_cpu,
 }
 PATTERN = re.compile(r"(<!-- findings:([\w-]+) -->\n)(.*?)(<!-- /findings:\2 -->)", re.S)
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The one prepared call for a lent GPU (device tool): GPT-2 124M throughput first (about 5 minutes), then the smoke
-# with what time is left. Tables land in $OUT (the device tool brings that folder back); commit them under
-# docs/findings/gpu-smoke/.
+# The one prepared call for a lent GPU (device tool), within its 600 s: GPT-2 124M throughput of the three trainers
+# first, then the smoke's first checks (bf16 and fp16 pretraining), then llmlab with each piece of its fast path
+# changed, for what time is left (each row is printed as it ends). Tables land in $OUT (the device tool brings that
+# folder back); commit them under docs/findings/gpu-smoke/.
 #   Here, first:  bash scripts/gpu_wheels.sh          (builds .whl/: that machine has no package registry)
 #   Then the device tool's run, with carry [".whl"] and timeout_s 600:  OUT=$OUT bash scripts/gpu_call.sh
 set -uo pipefail
@@ -27,6 +28,8 @@ for name in names:
     except md.PackageNotFoundError:
         print(name, "missing")
 EOF
-timeout 360 $PYTHON bench/gpu_throughput.py --output "$OUT/gpu_throughput.json" 2>&1 | tee "$OUT/gpu_throughput.txt"
-timeout 480 bash scripts/gpu_smoke.sh "$OUT/smoke" 2>&1 | tail -n 40 | tee "$OUT/gpu_smoke.txt"
+timeout 270 $PYTHON bench/gpu_throughput.py --output "$OUT/gpu_throughput.json" 2>&1 | tee "$OUT/gpu_throughput.txt"
+timeout 130 bash scripts/gpu_smoke.sh "$OUT/smoke" 2>&1 | tail -n 40 | tee "$OUT/gpu_smoke.txt"
 cp "$OUT/smoke/results.txt" "$OUT/gpu_smoke_results.txt" 2>/dev/null || true
+timeout 170 $PYTHON bench/gpu_throughput.py --trainers llmlab --ablate all --steps 30 \
+  --output "$OUT/gpu_ablation.json" 2>&1 | tee "$OUT/gpu_ablation.txt"

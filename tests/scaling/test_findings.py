@@ -271,3 +271,28 @@ def test_the_readmes_second_forecast_verdicts_equal_a_recomputation_from_the_reg
             f"R = {math.exp(ln_r):.2f} (90 % CI [{math.exp(ln_r - half):.2f}, {math.exp(ln_r + half):.2f}], 95 % CI"
         )
         assert expected in readme.split(f"{registered['held_out']} held out: ")[1].split("\n")[0]
+
+
+def test_the_fast_path_tables_equal_their_bench_files():
+    """Section 15's rows recomputed from the two host-sync runs' JSON lines and the CPU ablation's JSON."""
+    import json
+
+    text = (REPO / "docs" / "findings" / "README.md").read_text()
+    folder = REPO / "docs" / "findings" / "fast-path"
+    before, after = (
+        json.loads((folder / f"host_syncs_{when}.txt").read_text().strip().splitlines()[-1])
+        for when in ("before", "after")
+    )
+    quiet = (before["train_pretrain.py"]["other steps"], after["train_pretrain.py"]["other steps"])
+    assert f"| train_pretrain.py, a step that does not log | {quiet[0]:.0f} | {quiet[1]:.0f} |" in text
+    assert quiet[1] == 0  # the issue's target: no host read outside log steps
+    data = json.loads((folder / "cpu_throughput.json").read_text())
+    ours = data["rows"]["llmlab"]["rounds"]
+    for row in data["ablations"].values():  # median of the paired per-round ratios against llmlab
+        ratios = sorted(a / b for a, b in zip(row["rounds"], ours))
+        median = (
+            ratios[len(ratios) // 2]
+            if len(ratios) % 2
+            else (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
+        )
+        assert f"| {row['tokens_per_sec']:,.0f} | {median:.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}) |" in text

@@ -21,16 +21,37 @@ def test_the_gpu_throughput_bench_runs_on_cpu_with_a_tiny_model(tmp_path):
         "1",
         "--max_documents",
         "5",
+        "--ablate",
+        "eager-attention",
         "--output",
         str(out),
     ]
     proc = run_script(args, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
+    result = json.loads(out.read_text())
+    rows = result["rows"]
     assert set(rows) == {"nanogpt", "llmlab", "trainer"} and all(r["tokens_per_sec"] > 0 for r in rows.values())
     table = proc.stdout
     assert "| H200 | 989.0 |" in table and "| nanogpt |" in table and "1.00x" in table  # peaks first, ratios after
     assert all(f"| {name} |" in table and "%" in table for name in rows)
+    eager = result["ablations"]["eager-attention"]["tokens_per_sec"]  # llmlab again, one piece changed
+    assert (
+        f"| eager attention instead of SDPA | {eager:,.0f} | {eager / rows['llmlab']['tokens_per_sec']:.2f}x |" in table
+    )
+
+
+def test_the_compile_row_prices_the_compile(monkeypatch):
+    """Compiled: 10 s more wall time for 40 steps that each take 0.05 s less: a 12 s compile, earned back in 240."""
+    from types import SimpleNamespace
+
+    from tests.conftest import load_script
+
+    bench = load_script("bench/gpu_throughput.py")
+    monkeypatch.setattr(bench, "_cuda", lambda: True)  # the default row is the compiled one, the variant eager
+    args = SimpleNamespace(batch_size=1, block_size=100, steps=40)
+    compiled, eager = {"tokens_per_sec": 2000.0, "wall_s": 70.0}, {"tokens_per_sec": 1000.0, "wall_s": 60.0}
+    table = bench.ablation_table({"compile": eager}, compiled, args)
+    assert "| 1,000 | 0.50x | compile costs 12 s; earned back after 240 steps |" in table
 
 
 def test_a_trainer_that_fails_is_a_row_of_the_table_not_the_end_of_it(tmp_path, monkeypatch, capsys):
