@@ -6,7 +6,7 @@ what is their own (pretraining: spike rollback; LoRA: prompt masking, early stop
         model, optimizer, loader = session.prepare(model, optimizer, loader)
         session.register(scheduler, clipper)                 # saved and restored with every checkpoint
         session.begin(run_cfg, total_steps, layout, save_every, keep_last, model=model)  # run record, resume
-        ... the trainer's loop (pretrain/session.py, lora/loop.py):
+        ... the trainer's loop (pretrain/loop.py, lora/loop.py):
             with accelerator.accumulate(model): session.backward(loss, tokens)
             session.record(session.engine.step(params, optimizer, scheduler, clipper, step))   # no host sync
             if session.collect_due(log_every, eval_every):   # the cadences that need the values, and saves
