@@ -5,11 +5,13 @@
   batches; `--compile` on a GPU), logging every --skip steps as it would every 10.
 - nanoGPT's recipe: a plain PyTorch GPT-2 (SDPA attention, tied head), torch.compile on a GPU, fused AdamW, bf16
   autocast, the same batches; the baseline every ratio is against.
-- transformers' Trainer with bf16 and SDPA attention (bench/pretrain_throughput.py's run, same data and settings).
+- transformers' Trainer with bf16 and SDPA attention (bench/pretrain_throughput.py's run, same data and settings),
+  logging every --skip steps too.
 
 Each runs in a fresh process; tokens/s is taken from the end of step --skip to the last step (start-up and
-compilation left out). MFU = tokens/s x FLOPs per token (llmlab.models.flops: 6N + attention) / the device's dense
-bf16 peak (the table printed first; a CPU's is measured). One table, ratios against nanoGPT's recipe.
+compilation left out), the device synchronised at both ends and nowhere else. MFU = tokens/s x FLOPs per token
+(llmlab.models.flops: 6N + attention) / the device's dense bf16 peak (the table printed first; a CPU's is
+measured). One table, ratios against nanoGPT's recipe.
 
 `--ablate` then runs llmlab again with one piece of its fast path changed at a time (bf16 autocast, SDPA, fused
 AdamW, torch.compile, TF32, pinned batches, and logging (a host sync) every step), each against llmlab as above; the
@@ -199,7 +201,8 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", choices=TRAINERS, help=argparse.SUPPRESS)
     parser.add_argument("--variant", choices=ABLATIONS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    args.ours = ["--mixed_precision", "bf16", "--log_every", str(args.skip)] + (["--compile"] if _cuda() else [])
+    args.log_every = args.skip  # llmlab and the Trainer log (a host read) at the timed steps only, as nanoGPT's recipe
+    args.ours = ["--mixed_precision", "bf16", "--log_every", str(args.log_every)] + (["--compile"] if _cuda() else [])
     args.ablate = list(ABLATIONS) if "all" in args.ablate else args.ablate
     if args.ablate and _cuda():  # the compile row is the other rows' eager reference there: first, so it is in
         args.ablate = ["compile", *(key for key in args.ablate if key != "compile")]

@@ -109,6 +109,8 @@ def run_hf_trainer(args, seed: int, bf16: bool) -> dict:
 
         class StepTimes(TrainerCallback):
             def on_step_end(self, targs, state, control, **kwargs):
+                if torch.cuda.is_available() and state.global_step in (args.skip, state.max_steps):
+                    torch.cuda.synchronize()  # the timed steps' ends are the device's, not the launches'
                 times[state.global_step] = time.time()
 
             def on_log(self, targs, state, control, logs=None, **kwargs):
@@ -134,7 +136,7 @@ def run_hf_trainer(args, seed: int, bf16: bool) -> dict:
             lr_scheduler_kwargs={"min_lr": cfg.min_lr},
             bf16=bf16,
             use_cpu=not torch.cuda.is_available(),
-            logging_steps=1,
+            logging_steps=getattr(args, "log_every", 1),  # as often as llmlab logs: a log is a host read
             save_strategy="no",
             eval_strategy="no",
             report_to=[],
