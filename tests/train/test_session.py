@@ -124,10 +124,12 @@ def test_a_fused_optimizer_skips_a_non_finite_step_on_the_device_and_the_step_re
     assert not hasattr(optimizer.optimizer, "found_inf")  # the guard is taken off after the step
 
 
-def test_fp16_overflow_goes_to_the_loss_scaler_and_the_next_step_runs(tmp_path, fresh_state, monkeypatch):
+@pytest.mark.parametrize("fused", [False, True], ids=["sgd", "fused-adamw"])
+def test_fp16_overflow_goes_to_the_loss_scaler_and_the_next_step_runs(tmp_path, fresh_state, monkeypatch, fused):
     """The GPU smoke's fp16 failure, on CPU: accelerate's own fp16 path (backward scales, clipping unscales, the
     wrapped optimizer's step skips an overflow and lowers the scale), with torch's CPU GradScaler standing in for
-    the CUDA one. An overflowed first step is the scaler's to skip; skipping its step ourselves broke the next one."""
+    the CUDA one. An overflowed first step is the scaler's to skip; skipping its step ourselves broke the next one.
+    SGD's skip is decided on the host; fused AdamW's inside its kernel, which the host never sees."""
     cfg = Cfg(output_dir=str(tmp_path / "run"))
     session = TrainingSession(
         cfg, "unit", run_files=("checkpoints", "config.yaml"), resumable=(), mixed_precision="no"
@@ -136,7 +138,12 @@ def test_fp16_overflow_goes_to_the_loss_scaler_and_the_next_step_runs(tmp_path, 
     session.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**126)  # 4 x 2^126 overflows fp32
     session.accelerator.native_amp = True
     model = torch.nn.Linear(2, 1, bias=False)
-    model, optimizer = session.prepare(model, torch.optim.SGD(model.parameters(), lr=cfg.learning_rate))
+    optimizer = (
+        torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.0, fused=True)
+        if fused
+        else torch.optim.SGD(model.parameters(), lr=cfg.learning_rate)
+    )
+    model, optimizer = session.prepare(model, optimizer)
     scheduler = scaled_schedule(torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0), session.state)
     clipper = GradClipper("0.5")
     with session:
@@ -147,7 +154,9 @@ def test_fp16_overflow_goes_to_the_loss_scaler_and_the_next_step_runs(tmp_path, 
         assert session.accelerator.scaler.get_scale() == 2.0**125  # the scaler saw the overflow
         result = step(session, model, optimizer, scheduler, clipper, [[3.0, 4.0]])  # 4 x 2^125 fits
         assert result.stepped and result.grad_norm == pytest.approx(5.0)
-        assert torch.allclose(before - model.weight.detach(), 0.1 * torch.tensor([[0.3, 0.4]]))
+        moved = before - model.weight.detach()
+        # SGD: lr x the clipped gradient; AdamW's first update: lr x its sign (m / sqrt(v) = g / |g|)
+        assert torch.allclose(moved, 0.1 * (torch.ones(1, 2) if fused else torch.tensor([[0.3, 0.4]])), atol=1e-6)
 
 
 def test_value_clipping_clamps_each_element(tmp_path, fresh_state):
