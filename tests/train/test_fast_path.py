@@ -61,3 +61,17 @@ def test_fused_adamw_is_the_default_and_the_only_one_that_skips_on_the_device():
     assert fused.defaults["fused"] and not foreach.defaults["fused"] and foreach.defaults["foreach"]
     assert skips_on_device(fused) and not skips_on_device(foreach)
     assert config().optimizer == "adamw"
+
+
+def test_a_model_without_the_attention_kernel_is_one_line(monkeypatch):
+    from transformers import GPT2LMHeadModel
+
+    from llmlab.core.errors import UserError
+    from llmlab.data.tokenizer import load_tokenizer
+
+    def refuse(self, name):
+        raise ValueError(f"{type(self).__name__} does not support an attention implementation through {name}\nmore")
+
+    monkeypatch.setattr(GPT2LMHeadModel, "set_attn_implementation", refuse)
+    with pytest.raises(UserError, match="--attn_implementation sdpa does not work with this model .*; pass "):
+        setup.build_pretrain_model(config(), load_tokenizer())

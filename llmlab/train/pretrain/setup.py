@@ -74,7 +74,13 @@ def build_pretrain_model(cfg, tokenizer):
         model = build_gpt2_model(
             cfg.model, vocab_size=len(tokenizer), n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head, **drop
         )
-    model.set_attn_implementation(cfg.attn_implementation)
+    try:
+        model.set_attn_implementation(cfg.attn_implementation)
+    except (ValueError, ImportError) as err:  # a model transformers has no SDPA path for
+        raise UserError(
+            f"--attn_implementation {cfg.attn_implementation} does not work with this model "
+            f"({str(err).splitlines()[0][:160]}); pass --attn_implementation eager"
+        ) from None
     if cfg.gradient_checkpointing:
         model.config.use_cache = False
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
