@@ -288,11 +288,14 @@ def merge_rounds(runs: list[dict]) -> dict:
     return {**merged, "rounds": [run["tokens_per_sec"] for run in runs]}
 
 
+def rounds_of(row: dict) -> list[float]:
+    """A row's tokens/s round by round (a single run's row is its one round)."""
+    return row.get("rounds", [row["tokens_per_sec"]])
+
+
 def paired_ratio(row: dict, base: dict) -> str:
     """row / base, round by round: the median, and with several rounds their range."""
-    ratios = [
-        a / b for a, b in zip(row.get("rounds", [row["tokens_per_sec"]]), base.get("rounds", [base["tokens_per_sec"]]))
-    ]
+    ratios = [a / b for a, b in zip(rounds_of(row), rounds_of(base))]
     text = f"{statistics.median(ratios):.2f}x"
     return text if len(ratios) == 1 else f"{text} ({min(ratios):.2f}-{max(ratios):.2f})"
 
@@ -319,7 +322,7 @@ def ablation_table(variants: dict, default: dict | None, args) -> str:
             compiled, eager = (base, row) if _cuda() else (row, base)
             step_c, step_e = (tokens_per_step / r["tokens_per_sec"] for r in (compiled, eager))
             cost = (compiled["wall_s"] - args.steps * step_c) - (eager["wall_s"] - args.steps * step_e)
-            faster = all(c > e for c, e in zip(*(r.get("rounds", [r["tokens_per_sec"]]) for r in (compiled, eager))))
+            faster = all(c > e for c, e in zip(rounds_of(compiled), rounds_of(eager)))
             note = f"compile costs {cost:.0f} s; " + (  # a gain only where every round saw one
                 f"earned back after {cost / (step_e - step_c):,.0f} steps" if faster else "no per-step gain resolved"
             )

@@ -78,7 +78,6 @@ class StepValues:
     """A step's outcome read back to the host (`StepOutput.read`)."""
 
     losses: list[float]  # each micro-batch's loss, in order
-    loss_sum: float  # their sum as the device adds them (the trainers' statistic)
     grad_norm: Optional[float]  # before clipping; None when DeepSpeed clips inside its own step
     lr: float  # the lr this step used (the first param group's)
     stepped: bool  # False when a non-finite loss or gradient kept the update off the weights
@@ -106,9 +105,9 @@ class StepOutput:
 
     def read(self) -> StepValues:
         """Everything at once, in one host sync."""
-        *losses, loss_sum, norm, stepped, clipped, overflow = torch.cat([self.losses.double(), self.flags()]).tolist()
+        *losses, _, norm, stepped, clipped, overflow = torch.cat([self.losses.double(), self.flags()]).tolist()
         grad_norm = None if self.grad_norm is None else norm
-        return StepValues(losses, loss_sum, grad_norm, self.lr, bool(stepped), bool(clipped), bool(overflow))
+        return StepValues(losses, grad_norm, self.lr, bool(stepped), bool(clipped), bool(overflow))
 
 
 def skips_on_device(optimizer) -> bool:
@@ -127,7 +126,8 @@ def disarm(optimizer) -> None:
 
 
 def innermost(optimizer):
-    """The optimizer inside accelerate's (and DeepSpeed's) wrappers."""
+    """The optimizer doing the update inside accelerate's (and DeepSpeed's) wrappers (e.g. DeepSpeedCPUAdam under
+    ZeRO offload)."""
     while hasattr(optimizer, "optimizer"):
         optimizer = optimizer.optimizer
     return optimizer

@@ -24,7 +24,7 @@ from llmlab.infer.downstream import evaluate_tasks, score_lines
 from llmlab.models.flops import current_device_name, flops_per_token, peak_flops
 from llmlab.train import checkpointing as ckpt
 from llmlab.train.accelerator import resolve_mixed_precision
-from llmlab.train.engine import GradClipper
+from llmlab.train.engine import GradClipper, innermost
 from llmlab.train.loss import CausalLMWithLoss, perplexity
 from llmlab.train.pretrain import setup
 from llmlab.train.pretrain.config import RESUMABLE, RUN_FILES, PretrainConfig
@@ -145,7 +145,7 @@ class Pretraining:
             f"{cfg.max_steps} steps of {cfg.effective_batch_size} x {cfg.block_size} tokens "
             f"({cfg.batch_size}/device x {acc.gradient_accumulation_steps} accumulation x {acc.num_processes} "
             f"processes); precision {acc.mixed_precision}{', compiled' if self.compiled else ''}; optimizer "
-            f"{type(setup.innermost_optimizer(self.optimizer)).__name__}, {cfg.lr_scheduler} schedule; "
+            f"{type(innermost(self.optimizer)).__name__}, {cfg.lr_scheduler} schedule; "
             f"{acc.distributed_type.value}"
         )
         session.meter.flops_per_token = flops_per_token(unwrapped, cfg.block_size)

@@ -176,13 +176,6 @@ def pretrain_validation_loss(accelerator, model, val_dl, max_batches: int) -> fl
     return torch.cat(losses).mean().item() if losses else math.nan
 
 
-def innermost_optimizer(optimizer):
-    """The optimizer doing the update (e.g. DeepSpeedCPUAdam under ZeRO offload), through the wrappers."""
-    while hasattr(optimizer, "optimizer"):
-        optimizer = optimizer.optimizer
-    return optimizer
-
-
 def loss_scale(accelerator, optimizer) -> float | None:
     """The fp16 dynamic loss scale (None when not training in fp16)."""
     if accelerator.mixed_precision != "fp16":
