@@ -201,6 +201,8 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", choices=TRAINERS, help=argparse.SUPPRESS)
     parser.add_argument("--variant", choices=ABLATIONS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.repeats < 1 or not 0 < args.skip < args.steps:
+        parser.error(f"--repeats must be >= 1 and --skip in [1, --steps), got {args.repeats} and {args.skip}")
     args.log_every = args.skip  # llmlab and the Trainer log (a host read) at the timed steps only, as nanoGPT's recipe
     args.ours = ["--mixed_precision", "bf16", "--log_every", str(args.log_every)] + (["--compile"] if _cuda() else [])
     args.ablate = list(ABLATIONS) if "all" in args.ablate else args.ablate

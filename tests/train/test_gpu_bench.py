@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from tests.conftest import run_script
 
 
@@ -80,3 +82,12 @@ def test_a_trainer_that_fails_is_a_row_of_the_table_not_the_end_of_it(tmp_path, 
     assert "| trainer | failed: ImportError: no module named x |" in table
     assert "| llmlab | 1,250 | 1.25x |" in table and "| nanogpt | 1,000 | 1.00x |" in table
     assert json.loads(out.read_text())["rows"]["trainer"]["failed"].startswith("ImportError")
+
+
+@pytest.mark.parametrize("bad", [["--repeats", "0"], ["--steps", "10", "--skip", "10"]])
+def test_bad_bench_options_are_one_line(bad, capsys):
+    from tests.conftest import load_script
+
+    with pytest.raises(SystemExit) as exit_info:
+        load_script("bench/gpu_throughput.py").main(bad)
+    assert exit_info.value.code == 2 and "--repeats must be >= 1 and --skip in [1, --steps)" in capsys.readouterr().err
