@@ -40,8 +40,7 @@ def worker(model_name: str, batch: int, seq: int, chunk: int, activation: str) -
     from llmlab.train.loss import CausalLMWithLoss
 
     torch.manual_seed(0)
-    no_dropout = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}  # train_pretrain.py's default
-    net = build_gpt2_model(model_name, n_positions=max(seq, 128), activation_function=activation, **no_dropout)
+    net = build_gpt2_model(model_name, n_positions=max(seq, 128), activation_function=activation)  # dropout 0
     model = CausalLMWithLoss(net, 0.0, chunk)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)

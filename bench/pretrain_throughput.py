@@ -103,7 +103,7 @@ def run_hf_trainer(args, seed: int, bf16: bool) -> dict:
         cfg = parse_config(PretrainConfig, [*common_options(args, seed), "--output_dir", out])
         data = prepare_dataset(cfg.data_config(), load_tokenizer())
         torch.manual_seed(seed)
-        model = build_gpt2_model(cfg.model, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        model = build_gpt2_model(cfg.model)  # dropout 0, as train_pretrain.py
         times: dict[int, float] = {}
         losses: dict[int, float] = {}
 

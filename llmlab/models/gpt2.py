@@ -39,11 +39,33 @@ def gpt2_config(preset: str, vocab_size: int = 50257, n_positions: int | None = 
     return GPT2Config(vocab_size=vocab_size, bos_token_id=eos, eos_token_id=eos, **shape)
 
 
-def build_gpt2_model(preset: str, vocab_size: int = 50257, n_positions: int | None = None, **overrides: Any):
-    """A randomly initialised GPT2LMHeadModel of the named preset (seed torch first for reproducibility)."""
+PARAMETRIZATIONS = ("standard", "mup")
+
+
+def build_gpt2_model(
+    preset: str,
+    vocab_size: int = 50257,
+    n_positions: int | None = None,
+    parametrization: str = "standard",
+    mup_base_width: int = 128,
+    dropout: float = 0.0,
+    **overrides: Any,
+):
+    """A randomly initialised GPT2LMHeadModel of the named preset (seed torch first for reproducibility), the one
+    builder of the trainers and the lab's GPT-2 probes. `dropout` sets all three of GPT-2's dropouts (0, as
+    pretraining usually runs, not GPT2Config's 0.1). With `parametrization="mup"`, muP's init and readout at width
+    multiplier n_embd / mup_base_width (models/mup.py)."""
     from transformers import GPT2LMHeadModel
 
-    return GPT2LMHeadModel(gpt2_config(preset, vocab_size, n_positions, **overrides))
+    drop = {"resid_pdrop": dropout, "embd_pdrop": dropout, "attn_pdrop": dropout}
+    model = GPT2LMHeadModel(gpt2_config(preset, vocab_size, n_positions, **drop, **overrides))
+    if parametrization == "mup":
+        from llmlab.models.mup import apply_mup
+
+        apply_mup(model, mup_base_width)
+    elif parametrization != "standard":
+        raise UserError(f"unknown parametrization {parametrization!r}; choose one of {', '.join(PARAMETRIZATIONS)}")
+    return model
 
 
 def load_pretrained_model(name_or_path: str):

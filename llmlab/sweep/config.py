@@ -170,7 +170,9 @@ class SweepConfig:
         "pre-registration the scan writes before its held-out trials",
     )
     parametrization: Literal["standard", "mup"] = opt(
-        "standard", "minimal model: standard, or muP (maximal update: width-scaled init, readout and Adam lr)"
+        "standard",
+        "standard, or muP (maximal update: width-scaled init, readout and Adam lr) for the minimal Transformer and "
+        "GPT-2 alike",
     )
     mup_base_width: int = opt(192, "muP: the width at which muP equals the standard parametrization")
     head_dim: int = opt(
@@ -342,8 +344,6 @@ class SweepConfig:
             raise UserError(
                 "--parametrization mup transfers across width only: give --sizes of one depth (e.g. 64x2 128x2 256x2)"
             )
-        if self.parametrization == "mup" and self.model != "minimal":
-            raise UserError("--parametrization mup is implemented for the minimal Transformer; use --model minimal")
 
     @property
     def budget_spec(self) -> Budget:

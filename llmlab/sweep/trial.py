@@ -34,6 +34,7 @@ from llmlab.core.runinfo import machine_label  # noqa: E402
 from llmlab.core.tracking import MetricsLogger  # noqa: E402
 from llmlab.models.gpt2 import build_gpt2_model  # noqa: E402
 from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig  # noqa: E402
+from llmlab.models.mup import lr_multipliers  # noqa: E402
 from llmlab.sweep import metrics as M  # noqa: E402
 from llmlab.sweep.failsafes import FailSafes, TrialStop, fallback, precheck  # noqa: E402
 from llmlab.sweep.isolation import die_with_parent, release_compile_workers, watch_driver  # noqa: E402
@@ -62,7 +63,14 @@ def build_trial_model(spec: TrialSpec, hp: Hparams) -> torch.nn.Module:
         )
         return MinimalTransformer(MinimalTransformerConfig.of_size(width, depth, spec.head_dim, **options))
     shape = {"n_embd": width, "n_layer": depth, "n_head": width // 64} if width else {}
-    model = build_gpt2_model(spec.model, vocab_size=50257, n_positions=spec.block_size, **shape)
+    model = build_gpt2_model(
+        spec.model,
+        vocab_size=50257,
+        n_positions=spec.block_size,
+        parametrization=spec.parametrization,
+        mup_base_width=spec.mup_base_width,
+        **shape,
+    )
     if spec.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model
@@ -100,11 +108,8 @@ def build_setup(spec: TrialSpec, hp: Hparams, device: torch.device) -> TrialSetu
     set_seed(spec.seed)
     model = build_trial_model(spec, hp).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
-    multipliers = (
-        {id(p): model.lr_multipliers()[n] for n, p in model.named_parameters() if p.requires_grad}
-        if hasattr(model, "lr_multipliers")
-        else None
-    )
+    by_name = lr_multipliers(model)  # muP's per-layer lrs (minimal Transformer or GPT-2); all 1 otherwise
+    multipliers = {id(p): by_name[n] for n, p in model.named_parameters() if p.requires_grad}
     optimizer = build_optimizer(hp.optimizer, params, hp.lr, hp.weight_decay, lr_multipliers=multipliers)
     steps, warmup = spec.steps, warmup_steps(spec, hp)
     scheduler = build_schedule(optimizer, hp.scheduler, warmup, steps)

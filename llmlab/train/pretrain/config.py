@@ -73,6 +73,16 @@ class PretrainConfig(DataConfig, RunGroup, OptimGroup, CheckpointGroup, EvalGrou
     n_embd: Optional[int] = opt(None, "override the preset's hidden size")
     n_head: Optional[int] = opt(None, "override the preset's attention heads")
     dropout: float = opt(0.0, "dropout of a fresh preset (0 is usual for pretraining; ignored with --init_from)")
+    parametrization: Literal["standard", "mup"] = opt(
+        "standard",
+        "standard (GPT-2's own), or mup: muP's width-scaled init, readout and per-layer Adam lr "
+        "(llmlab/models/mup.py), so the lr sweep.py measures on narrow GPT-2 probes holds at this width",
+    )
+    mup_base_width: int = opt(
+        128,
+        "muP: the n_embd at which muP equals the standard parametrization (128: the lab's GPT-2 probes'; "
+        "sweep.py recommend writes its scan's)",
+    )
     block_size: Optional[int] = opt(
         None, "tokens per training sequence; default: the model's context length (up to 1024); gpt2-tiny: 128"
     )
@@ -209,6 +219,12 @@ class PretrainConfig(DataConfig, RunGroup, OptimGroup, CheckpointGroup, EvalGrou
                 ),
                 (self.warmup_steps >= 0, "--warmup_steps must be >= 0"),
                 (0 <= self.dropout < 1, f"--dropout must be in [0, 1), got {self.dropout}"),
+                (self.mup_base_width >= 1, f"--mup_base_width must be >= 1, got {self.mup_base_width}"),
+                (
+                    self.parametrization == "standard" or self.init_from is None,
+                    "--parametrization mup builds a fresh model, and --init_from loads a trained one (saved as a "
+                    "plain GPT-2); drop one of them",
+                ),
                 (self.eval_every >= 0 and self.eval_batches >= 1, "--eval_every must be >= 0 and --eval_batches >= 1"),
                 (
                     self.eval_tasks_every >= 0 and (self.eval_tasks_limit is None or self.eval_tasks_limit >= 1),

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from llmlab.core.errors import UserError
 from llmlab.core.io import publish_dir
 from llmlab.models.gpt2 import build_gpt2_model, load_pretrained_model
+from llmlab.models.mup import fold_readout, lr_multipliers
 from llmlab.train.checkpointing import assert_finite
 from llmlab.train.config import parse_clip
 from llmlab.train.optim import build_optimizer as build
@@ -70,9 +71,15 @@ def build_pretrain_model(cfg, tokenizer):
                 f"token embeddings but the tokenizer has {len(tokenizer)}; pass its own --tokenizer"
             )
     else:
-        drop = {"resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.dropout}
         model = build_gpt2_model(
-            cfg.model, vocab_size=len(tokenizer), n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head, **drop
+            cfg.model,
+            vocab_size=len(tokenizer),
+            parametrization=cfg.parametrization,
+            mup_base_width=cfg.mup_base_width,
+            n_layer=cfg.n_layer,
+            n_embd=cfg.n_embd,
+            n_head=cfg.n_head,
+            dropout=cfg.dropout,
         )
     try:
         model.set_attn_implementation(cfg.attn_implementation)
@@ -101,8 +108,10 @@ def use_tf32(enabled: bool) -> None:
 
 
 def build_optimizer(cfg, model):
-    """--optimizer from the shared factory (weight decay on matrices only; Lion's lr / wd convention there)."""
-
+    """--optimizer from the shared factory (weight decay on matrices only; Lion's lr / wd convention there), with
+    muP's per-layer lr multipliers (all 1 under the standard parametrization)."""
+    hf_model = model.model  # inside the loss wrapper
+    multipliers = lr_multipliers(hf_model)
     return build(
         cfg.optimizer,
         model.parameters(),
@@ -110,6 +119,7 @@ def build_optimizer(cfg, model):
         cfg.weight_decay,
         betas=(cfg.adam_beta1, cfg.adam_beta2),
         eps=cfg.adam_eps if cfg.optimizer == "adamw" else None,
+        lr_multipliers={id(p): multipliers[name] for name, p in hf_model.named_parameters()},
     )
 
 
@@ -200,6 +210,7 @@ def save_final(accelerator, model, tokenizer, output_dir: Path) -> Path:
         state_dict = {k.removeprefix("model."): v.float() for k, v in state_dict.items()}
         if hf_model.config.tie_word_embeddings:  # one matrix: the input embedding's (fp32 master) value is the head's
             state_dict.pop("lm_head.weight", None)
+        state_dict = fold_readout(hf_model, state_dict)  # muP's readout multiplier into ln_f: a plain GPT-2
         standalone = type(hf_model)(hf_model.config).float()  # a plain fp32 copy: ties, dtype and keys as without ZeRO
         standalone.load_state_dict(state_dict, strict=False)
         standalone.tie_weights()
