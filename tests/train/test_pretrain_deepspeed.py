@@ -99,16 +99,16 @@ def launch(out: Path, cache: Path, *extra: str, precision: str = "bf16"):
     )
 
 
-def killed_and_resumed(out: Path, cache: Path, precision: str) -> dict[int, float]:
+def killed_and_resumed(out: Path, cache: Path, precision: str, *extra: str) -> dict[int, float]:
     """A 12-step run SIGKILLed once its step-6 checkpoint exists, then resumed: its per-step training losses."""
     from tests.conftest import kill_when_ready
 
     kill_when_ready(
-        launch_args(out, cache, "--max_steps", "12", precision=precision)[1:],
+        launch_args(out, cache, "--max_steps", "12", *extra, precision=precision)[1:],
         out / "checkpoints" / "step_6",
         timeout=900,
     )
-    resumed = launch(out, cache, "--max_steps", "12", "--resume_from_checkpoint", "latest", precision=precision)
+    resumed = launch(out, cache, "--max_steps", "12", "--resume_from_checkpoint", "latest", *extra, precision=precision)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
     return train_losses(out)
@@ -127,21 +127,38 @@ DEEPSPEED_BF16_RESUME_TOLERANCE = 1e-3
 DEEPSPEED_FP32_RESUME_TOLERANCE = 1e-5
 
 
+# muP at m = 2 (32 wide at base width 16): its per-layer lrs must reach DeepSpeed's CPU Adam, which accelerate builds
+# from our optimizer's param groups
+MUP = ("--parametrization", "mup", "--mup_base_width", "16")
+
+
 @pytest.mark.slow
 def test_zero2_cpu_offload_resumes_after_sigkill_in_fp32(tmp_path):
-    """Real DeepSpeed ZeRO-2 with the optimizer on CPU (DeepSpeedCPUAdam; first use JIT-compiles it): an
-    uninterrupted run against one SIGKILLed after its step-6 checkpoint and resumed, step by step: bit for bit up to
-    the kill, within DEEPSPEED_FP32_RESUME_TOLERANCE after it."""
+    """Real DeepSpeed ZeRO-2 with the optimizer on CPU (DeepSpeedCPUAdam; first use JIT-compiles it), on a muP model:
+    an uninterrupted run against one SIGKILLed after its step-6 checkpoint and resumed, step by step: bit for bit up
+    to the kill, within DEEPSPEED_FP32_RESUME_TOLERANCE after it; and the same losses as the plain path's AdamW, so
+    muP's per-layer lrs survive the swap to DeepSpeed's optimizer (dropping them moves the loss by ~0.05 here)."""
     whole = tmp_path / "whole"
-    first = launch(whole, tmp_path / "cache", "--max_steps", "12", precision="no")
+    first = launch(whole, tmp_path / "cache", "--max_steps", "12", *MUP, precision="no")
     assert first.returncode == 0, first.stderr[-3000:]
     assert "optimizer DeepSpeedCPUAdam" in first.stdout and "DEEPSPEED" in first.stdout
     # training reduces through torch.distributed: DeepSpeed's shared-memory allreduce is neither compiled nor loaded
     assert "shm_comm" not in first.stdout + first.stderr
     assert (whole / "checkpoints" / "step_12" / "pytorch_model").is_dir()  # ZeRO's own checkpoint layout
-    got, expected = killed_and_resumed(tmp_path / "killed", tmp_path / "cache", "no"), train_losses(whole)
+    got, expected = killed_and_resumed(tmp_path / "killed", tmp_path / "cache", "no", *MUP), train_losses(whole)
     assert got.keys() == expected.keys() and all(got[step] == expected[step] for step in range(1, 7))
     assert all(abs(got[step] - expected[step]) <= DEEPSPEED_FP32_RESUME_TOLERANCE for step in got), (got, expected)
+    args = launch_args(tmp_path / "plain", tmp_path / "cache", "--max_steps", "12", *MUP, precision="no")
+    plain = subprocess.run(
+        [sys.executable, *args[args.index("train_pretrain.py") :]],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert plain.returncode == 0 and "optimizer AdamW" in plain.stdout, plain.stderr[-3000:]
+    on_plain = train_losses(tmp_path / "plain")
+    assert all(abs(on_plain[step] - expected[step]) <= DEEPSPEED_FP32_RESUME_TOLERANCE for step in expected)
 
 
 @pytest.mark.slow

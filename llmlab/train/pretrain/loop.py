@@ -22,6 +22,7 @@ from llmlab.data.prepare import prepare_dataset
 from llmlab.data.tokenizer import load_tokenizer
 from llmlab.infer.downstream import evaluate_tasks, score_lines
 from llmlab.models.flops import current_device_name, flops_per_token, peak_flops
+from llmlab.models.mup import width_mult
 from llmlab.train import checkpointing as ckpt
 from llmlab.train.accelerator import resolve_mixed_precision
 from llmlab.train.engine import GradClipper, innermost
@@ -140,8 +141,13 @@ class Pretraining:
     def describe(self) -> None:
         cfg, acc, session = self.cfg, self.session.accelerator, self.session
         unwrapped = acc.unwrap_model(self.model).model
+        mup = (
+            f", muP (base width {cfg.mup_base_width}, m = {width_mult(unwrapped):g})"
+            if cfg.parametrization == "mup"
+            else ""
+        )
         acc.print(
-            f"model {cfg.init_from or cfg.model}: {unwrapped.num_parameters() / 1e6:.1f}M params; "
+            f"model {cfg.init_from or cfg.model}: {unwrapped.num_parameters() / 1e6:.1f}M params{mup}; "
             f"{cfg.max_steps} steps of {cfg.effective_batch_size} x {cfg.block_size} tokens "
             f"({cfg.batch_size}/device x {acc.gradient_accumulation_steps} accumulation x {acc.num_processes} "
             f"processes); precision {acc.mixed_precision}{', compiled' if self.compiled else ''}; optimizer "
