@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 from pathlib import Path
 from typing import Iterable
 
@@ -42,3 +43,28 @@ def file_sha256(path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def committed_as_is(path) -> tuple[str | None, str]:
+    """(the commit that holds `path` byte for byte as it is on disk, "") or (None, why not): outside a git work tree,
+    ignored, never committed, or changed since its last commit. What makes a pre-registration blind by rule: its
+    commit precedes every trial it forecasts."""
+    path = Path(path).resolve()
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(path.parent), *args], capture_output=True, text=True, timeout=60)
+
+    try:
+        if git("rev-parse", "--is-inside-work-tree").stdout.strip() != "true":
+            return None, "it is not inside a git work tree"
+    except (OSError, subprocess.SubprocessError):
+        return None, "git is not available"
+    if git("check-ignore", "-q", str(path)).returncode == 0:
+        return None, "git ignores it"
+    if (
+        git("diff", "--quiet", "HEAD", "--", str(path)).returncode != 0
+        or git("ls-files", "--error-unmatch", str(path)).returncode
+    ):
+        return None, "it is not committed as it is on disk"
+    commit = git("log", "-n", "1", "--format=%H", "--", str(path)).stdout.strip()
+    return (commit, "") if commit else (None, "it is not committed as it is on disk")

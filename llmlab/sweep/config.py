@@ -163,6 +163,13 @@ class SweepConfig:
         "refused if any trial of the held-out size (same model) exists under them or in the scan's own folder",
         outcome=False,
     )
+    registration_check: Literal["commit", "none"] = opt(
+        "commit",
+        "multi-size scans: commit = the held-out trials start only once preregistration.json is committed to git as "
+        "it is on disk (blind by rule; each held-out result.json records that commit); none = outside git, blind "
+        "by timing only, and the results say so",
+        outcome=False,
+    )
     design_rationale: Optional[str] = opt(
         None,
         "multi-size scans: a JSON file (e.g. bench/forecast_design.py's "

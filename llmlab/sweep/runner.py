@@ -171,6 +171,7 @@ def trial_specs(
             steps=run_steps,
             micro_batch_size=micro,
             warmup_scale=warmup_scale(cfg, run_steps),
+            registration=trial.get("registration"),
         )
         check_runnable(spec)
         specs.append(spec)

@@ -21,7 +21,7 @@ import torch
 
 from llmlab.core.device import cpu_has_fast_bf16
 from llmlab.core.errors import UserError
-from llmlab.core.identity import file_sha256
+from llmlab.core.identity import committed_as_is, file_sha256
 from llmlab.core.io import atomic_write_json
 from llmlab.core.runinfo import machine_label
 from llmlab.scaling.fits import ScalingOptions, feasible_region
@@ -176,6 +176,8 @@ def design_for(plan: dict, seeds: int, seed: int) -> list[dict]:
             for lr in sorted(cell["lrs"])
         ]
         trials = replicate(base, cell.get("seeds", seeds), True, seed)
+        if cell["size"] == plan.get("held_out") and plan.get("registration"):
+            trials = [{**t, "registration": plan["registration"]} for t in trials]  # result.json keeps it
         design += in_blocks(trials, order_seed, index, f"{cell['size']}/bs{cell['batch_size']}/")
     return design
 
@@ -374,6 +376,7 @@ def run_scan(
     plan.setdefault("precision", precision)
     admit_machine(cfg, plan, out_dir, seeds, finished, replay)
     atomic_write_json(out_dir / PLAN_FILE, plan)
+    registration_gate(cfg, out_dir, plan)  # a registered forecast's trials wait for its commit
     rows = _flat(run_design(design_for(plan, seeds, cfg.seed)), plan) if plan["cells"] else []
     for size in sizes:
         for batch in batches:
@@ -399,6 +402,8 @@ def run_scan(
                     preregister(cfg, out_dir, plan, cell, rows)
                 plan["cells"].append(cell)
                 atomic_write_json(out_dir / PLAN_FILE, plan)
+                if held:
+                    registration_gate(cfg, out_dir, plan)
                 print(
                     f"scan: {size} batch {batch}: {len(cell['lrs'])} lrs x {cell['seeds']} seeds centred on "
                     f"{start['centre']:.3g} ({start['source']})",
@@ -406,6 +411,26 @@ def run_scan(
                 )
         rows = _run_size(cfg, out_dir, plan, size, seeds, run_design)
     return run_design(design_for(plan, seeds, cfg.seed))
+
+
+def registration_gate(cfg, out_dir: Path, plan: dict) -> None:
+    """A scan with a pre-registration runs its held-out trials only once the file is committed to git as it is on disk:
+    blind by rule, not by seconds. plan["registration"] (its commit and sha256) then goes into every held-out trial's
+    result.json. Uncommitted, the scan stops here in one line, nothing held out having started; outside git,
+    --registration_check none runs them blind by timing only, and says so in each result."""
+    path = out_dir / PREREGISTRATION
+    if not path.is_file():
+        return
+    commit, why = committed_as_is(path)
+    sha256 = file_sha256(path)
+    if commit is None and cfg.registration_check == "commit":
+        raise UserError(
+            f"{path} registers the {plan.get('held_out')} forecast and {why}, so its held-out trials wait (blind "
+            f"by commit): run `git add {path} && git commit`, then this command again (outside git: "
+            "--registration_check none)"
+        )
+    plan["registration"] = {"commit": commit, "sha256": sha256, "checked": "git" if commit else "none"}
+    atomic_write_json(out_dir / PLAN_FILE, plan)
 
 
 def check_growth(plan: dict, sizes: list[str], held_out: Optional[str], out_dir: Path) -> None:

@@ -60,6 +60,8 @@ class TrialSpec:
     threads: int = 0  # set by the launcher: CPU threads of this trial
     report_to: list = field(default_factory=lambda: ["tensorboard"])  # the trackers, as the trainers' --report_to
     driver: Optional[list] = field(default=None)  # [pid, start time] of the sweep driver the trial dies with
+    # a held-out trial of a scan: the commit and sha256 of the pre-registration it was blind to (result.json keeps it)
+    registration: Optional[dict] = None
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -352,6 +352,7 @@ def run_trial(spec_path: str | Path) -> dict:
         "boundary": False,
         "failures": [],
         "fallback": None,
+        **({"registration": spec.registration} if spec.registration else {}),
     }
     print(f"[{spec.trial_id}] {spec.steps} steps, model {spec.model}, seed {spec.seed}, {hp}", flush=True)
     for attempt in (1, 2):

@@ -636,10 +636,23 @@ def test_smoke_multi_size_scan_end_to_end_plans_grids_and_resumes(tmp_path):
         "--output_dir",
         str(out),
     ]
+    git(tmp_path, "init", "-q")
+    scan = run_script(args, timeout=900)
+    # blind by commit: the registration is written, and the held-out trials wait until it is committed
+    assert scan.returncode == 2 and "git add" in scan.stderr.splitlines()[-1], scan.stderr[-3000:]
+    assert "not committed as it is on disk" in scan.stderr and not list(out.glob("trials/96x1*"))
+    git(tmp_path, "add", "sizes/preregistration.json")
+    git(tmp_path, "commit", "-q", "-m", "register the 96x1 forecast")
+    commit = git(tmp_path, "rev-parse", "HEAD")
     scan = run_script(args, timeout=900)
     assert scan.returncode == 0, scan.stderr[-3000:]
     plan = json.loads((out / "scan_plan.json").read_text())
     assert [c["size"] for c in plan["cells"]] == ["32x1", "64x1", "96x1"] and plan["held_out"] == "96x1"
+    held_results = [json.loads(p.read_text()) for p in out.glob("trials/96x1*/result.json")]
+    assert len(held_results) >= 9 and all(r["registration"]["commit"] == commit for r in held_results)
+    sha = file_sha256(out / "preregistration.json")
+    assert all(r["registration"]["sha256"] == sha for r in held_results)
+    assert not any("registration" in json.loads(p.read_text()) for p in out.glob("trials/32x1*/result.json"))
     assert plan["cells"][0]["source"] == "default centre" and len(plan["cells"][0]["lrs"]) >= 5
     fits = json.loads((out / "scaling_fits.json").read_text())
     transfer = fits["transfer"]
@@ -668,6 +681,39 @@ def test_smoke_multi_size_scan_end_to_end_plans_grids_and_resumes(tmp_path):
     row = next(t for t in fits["trials"] if t["size"] == "96x1")
     assert row["compute_flops"] == pytest.approx(6 * 74016 * row["train_tokens"])
     _resume_on_other_machines(args, out, plan)
+
+
+def git(folder: Path, *args: str) -> str:
+    import subprocess
+
+    identity = ["-c", "user.name=llmlab tests", "-c", "user.email=tests@llmlab.invalid"]
+    proc = subprocess.run(["git", "-C", str(folder), *identity, *args], capture_output=True, text=True, check=True)
+    return proc.stdout.strip()
+
+
+def test_a_registration_counts_as_committed_only_as_it_is_on_disk(tmp_path):
+    from llmlab.core.identity import committed_as_is
+
+    outside = tmp_path / "outside" / "preregistration.json"
+    outside.parent.mkdir()
+    outside.write_text("{}")
+    assert committed_as_is(outside) == (None, "it is not inside a git work tree")
+    repo = tmp_path / "repo"
+    (repo / "scan").mkdir(parents=True)
+    git(repo, "init", "-q")
+    path = repo / "scan" / "preregistration.json"
+    path.write_text('{"forecast": 1}')
+    assert committed_as_is(path)[0] is None  # untracked, in a repository with no commit yet
+    git(repo, "add", "scan/preregistration.json")
+    assert committed_as_is(path)[0] is None  # staged is not committed
+    git(repo, "commit", "-q", "-m", "register")
+    assert committed_as_is(path) == (git(repo, "rev-parse", "HEAD"), "")
+    path.write_text('{"forecast": 2}')  # changed after its commit: no longer the registered forecast
+    assert committed_as_is(path) == (None, "it is not committed as it is on disk")
+    (repo / ".gitignore").write_text("ignored/\n")
+    (repo / "ignored").mkdir()
+    (repo / "ignored" / "preregistration.json").write_text("{}")
+    assert committed_as_is(repo / "ignored" / "preregistration.json") == (None, "git ignores it")
 
 
 def _stop_before_block(out: Path, block: str) -> list[str]:
