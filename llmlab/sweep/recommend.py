@@ -27,6 +27,7 @@ import llmlab.scaling.memory as memory
 from llmlab.core.config import Parser, add_dataclass_args, config_from_namespace, load_yaml, opt
 from llmlab.core.errors import UserError
 from llmlab.core.io import atomic_write_text
+from llmlab.models.gpt2 import GPT2_PRESETS
 from llmlab.scaling.fits import ScalingOptions, predict_band
 from llmlab.scaling.law import predict
 from llmlab.scaling.report import FITS_FILE, write_lr_bs_report
@@ -69,6 +70,16 @@ class RecommendConfig(ScalingOptions):
         None,
         "a doe20 / YAML-grid sweep folder whose resolved contrasts pick the optimizer and "
         "schedule (unset: the defaults)",
+    )
+    parametrization: Optional[Literal["standard", "mup"]] = opt(
+        None,
+        "the target's parametrization; unset = the scan's (its probes' lr holds only under the parametrization "
+        "they trained with: another is refused)",
+    )
+    across_architectures: bool = opt(
+        False,
+        "carry a law measured on another architecture (the lab's minimal Transformer) into the GPT-2 this "
+        "configures, printed as an extrapolation (refused without it)",
     )
     output: Optional[str] = opt(None, "YAML file to write; unset = FROM/recommended_config.yaml")
     memory_headroom: float = opt(0.10, "fraction of --memory-gb kept free on top of the prediction")
@@ -146,15 +157,129 @@ def recommend(cfg: RecommendConfig, reanalyse: tuple[str, ...] = ()) -> dict:
     if not params:
         raise UserError("the sweep did not record its model's size; pass --params N (non-embedding parameters)")
     notes: list[str] = []
+    probe = probe_of(cfg.from_dir, fits)
+    parametrization = _parametrization(cfg, probe, notes)
     shape = memory.shape_for(params, cfg.seq_len, cfg.n_layer, cfg.n_embd)
     tokens = int(cfg.tokens or cfg.tokens_per_param * shape.non_embedding)
     methods = _methods(cfg, notes)
     plan = {"shape": shape, "tokens": tokens, "gradient_checkpointing": cfg.gradient_checkpointing, **methods}
+    plan.update(parametrization)
     plan.update(_batch_plan(cfg, shape, tokens, methods["optimizer"], fits, notes))
     plan.update(_learning_rate(cfg, fits, shape.non_embedding, plan["effective_batch_size"] * cfg.seq_len, notes))
     plan.update(_schedule(tokens, plan["effective_batch_size"], cfg.seq_len, notes))
     plan.update(_clip(fits, plan["learning_rate"], notes))
-    return {**plan, "confidence": fits["options"]["confidence"], "notes": notes}
+    plan["extrapolations"] = extrapolations(probe, plan, cfg.seq_len)
+    length = next(row for row in plan["extrapolations"] if row["quantity"] == "training tokens")
+    if length["factor"] > 1 and length["scanned"]:
+        notes.append(
+            f"WARNING: the target trains {tokens:,} tokens, {length['factor']:,.0f}x the scan's longest trials "
+            f"({length['scanned'][-1]:,.0f}); how the optimal lr moves with training length is not measured here: "
+            "the confirmation runs bracket it"
+        )
+    return {**plan, "probe": probe, "confidence": fits["options"]["confidence"], "notes": notes}
+
+
+def probe_of(from_dir: str, fits: dict) -> dict:
+    """What the scan's probes were: model, parametrization (and muP's base width), and the ranges its trials covered
+    (N, depth, tokens per step, training tokens), from the scan's config.yaml and its trials."""
+    try:
+        sweep = load_yaml(str(Path(from_dir) / "config.yaml"))
+    except UserError:
+        sweep = {}
+    models = fits["measured"].get("models") or []
+    model = sweep.get("model") or (models[0] if len(models) == 1 else None)
+    feasible = set(fits.get("feasible_ids") or [])
+    trials = [t for t in fits.get("trials") or [] if t.get("trial_id") in feasible]
+
+    def values(key, of=lambda t, key: t.get(key)):
+        found = [of(t, key) for t in trials]
+        return sorted({float(v) for v in found if isinstance(v, (int, float)) and math.isfinite(v)})
+
+    step_tokens = lambda t, _: t["batch_size"] * t["seq_len"] if t.get("seq_len") and t.get("batch_size") else None  # noqa: E731
+    return {
+        "model": model,
+        "family": "minimal" if model == "minimal" else ("gpt2" if model in GPT2_PRESETS else None),
+        "parametrization": sweep.get("parametrization", "standard"),
+        "mup_base_width": sweep.get("mup_base_width"),
+        "n_params": values("n_params"),
+        "depths": values("model_depth", lambda t, key: t.get(key) or _depth_of(t.get("size"))),
+        "tokens_per_step": values("", step_tokens),
+        "train_tokens": values("train_tokens"),
+    }
+
+
+def _depth_of(size) -> Optional[int]:
+    """The depth of a WIDTHxDEPTH size label (a row that did not record model_depth)."""
+    parts = str(size or "").split("x")
+    return int(parts[1]) if len(parts) == 2 and parts[1].isdigit() else None
+
+
+def _parametrization(cfg: RecommendConfig, probe: dict, notes: list[str]) -> dict:
+    """The target trains under the probes' parametrization (and muP's base width); anything else is refused, and
+    another architecture only with --across_architectures."""
+    scanned = probe["parametrization"]
+    if cfg.parametrization and cfg.parametrization != scanned:
+        raise UserError(
+            f"{cfg.from_dir} measured the lr of {scanned}-parametrised probes; under {cfg.parametrization} the "
+            f"optimum moves differently with size (the lab's standard scans: falling with N), so that lr would "
+            f"not hold: drop --parametrization, or scan {cfg.parametrization} probes"
+        )
+    if probe["family"] == "minimal" and not cfg.across_architectures:
+        raise UserError(
+            f"{cfg.from_dir} scanned the lab's minimal Transformer (RoPE, no biases, feed-forward 2x) and this "
+            "configures GPT-2: scan GPT-2 probes (sweep.py --grid lr_bs --model gpt2), or pass "
+            "--across_architectures to carry the law over as an extrapolation"
+        )
+    if probe["family"] == "minimal":
+        notes.append(
+            "EXTRAPOLATION: the lr law was measured on the lab's minimal Transformer and is carried into GPT-2 "
+            "(--across_architectures); nothing validated that step"
+        )
+    if scanned != "mup":
+        return {"parametrization": "standard", "mup_base_width": None}
+    return {"parametrization": "mup", "mup_base_width": int(probe["mup_base_width"] or 128)}
+
+
+def extrapolations(probe: dict, plan: dict, seq_len: int) -> list[dict]:
+    """Each way the target lies beyond what the scan measured, beside what its verdicts validated: only the held-out
+    verdict validates anything (a factor in N); depth, tokens per step and training tokens are validated only inside
+    the scanned values."""
+    shape = plan["shape"]
+    validated_n = plan.get("validated_extrapolation") or 1.0
+    rows = [
+        ("N (non-embedding)", probe["n_params"], shape.non_embedding),
+        ("depth (layers)", probe["depths"], shape.n_layer),
+        ("tokens per step", probe["tokens_per_step"], plan["effective_batch_size"] * seq_len),
+        ("training tokens", probe["train_tokens"], plan["tokens"]),
+    ]
+    out = []
+    for name, scanned, target in rows:
+        factor = 1.0
+        if scanned and target > scanned[-1]:
+            factor = target / scanned[-1]
+        elif scanned and target < scanned[0]:
+            factor = target / scanned[0]
+        if name.startswith("N"):
+            validated = f"{validated_n:.1f}x past the largest (held-out verdict)" if validated_n > 1 else "none"
+        else:
+            validated = "none beyond the scanned values" + (" (no length scan)" if name.startswith("training") else "")
+        out.append({"quantity": name, "scanned": scanned, "target": target, "factor": factor, "validated": validated})
+    return out
+
+
+def extrapolation_lines(rec: dict) -> list[str]:
+    """The extrapolation table as text lines (the summary prints them, the YAML keeps them as comments)."""
+    lines = [f"{'extrapolation':<20}{'scanned':>24}{'target':>16}{'factor':>11}  validated"]
+    for row in rec["extrapolations"]:
+        scanned = row["scanned"]
+        span = (
+            "not recorded"
+            if not scanned
+            else (f"{scanned[0]:,.0f}" if len(scanned) == 1 else f"{scanned[0]:,.0f}-{scanned[-1]:,.0f}")
+        )
+        factor = f"{row['factor']:,.0f}" if row["factor"] >= 100 else f"{row['factor']:.3g}"
+        lines.append(f"{row['quantity']:<20}{span:>24}{row['target']:>16,.0f}{factor:>10}x  {row['validated']}")
+    return lines
 
 
 def _methods(cfg: RecommendConfig, notes: list[str]) -> dict:
@@ -399,6 +524,16 @@ def yaml_values(rec: dict) -> list[tuple[str, object, str]]:
     shape = rec["shape"]
     return [
         ("model", "gpt2", "GPT-2 family, reshaped below"),
+        (
+            "parametrization",
+            rec["parametrization"],
+            f"the scan's probes' ({rec['probe']['model'] or 'model not recorded'}); the lr holds under it only",
+        ),
+        *(
+            [("mup_base_width", rec["mup_base_width"], "the scan's muP base width: its lr is at this width")]
+            if rec["parametrization"] == "mup"
+            else []
+        ),
         ("optimizer", rec["optimizer"], rec["basis"]["optimizer"]),
         ("lr_scheduler", rec["lr_scheduler"], rec["basis"]["lr_scheduler"]),
         ("n_layer", shape.n_layer, f"N = 12 x layers x width^2 = {shape.non_embedding:,}"),
@@ -427,6 +562,7 @@ def config_yaml(rec: dict, cfg: RecommendConfig, output: str = "RECOMMENDED.yaml
     """The YAML train_pretrain.py --config reads; every value says where it came from."""
     lines = [f"# Recommended by `sweep.py recommend --from {cfg.from_dir} --memory-gb {cfg.memory_gb:g}`"]
     lines += [f"# note: {n}" for n in rec["notes"]]
+    lines += [f"# {line}" for line in extrapolation_lines(rec)]
     lines += ["# confirm the lr first: three short runs at the target size, keep the lowest validation loss"]
     lines += [f"#   {c}" for c in confirmation_commands(rec, output)]
     lines += [
@@ -442,6 +578,7 @@ def summary_table(rec: dict) -> str:
     value_width = max(len(r[1]) for r in rows)
     lines = [f"{'option':<{width}}  {'value':<{value_width}}  basis", "-" * (width + value_width + 60)]
     lines += [f"{name:<{width}}  {value:<{value_width}}  {basis}" for name, value, basis in rows]
+    lines += ["", *extrapolation_lines(rec), ""]
     lines += [f"note: {n}" for n in rec["notes"]]
     return "\n".join(lines)
 

@@ -443,7 +443,7 @@ def planted_scan(
                             "lr": lr,
                             "batch_size": batch,
                             "seed": s,
-                            "model": "minimal",
+                            "model": "gpt2",  # N = 24 w^2: GPT-2 at depth 2
                             "steps": 200,
                             "seq_len": 128,
                             "train_tokens": 200 * batch * 128,
@@ -578,10 +578,40 @@ def test_recommend_forecasts_from_the_law_with_its_prediction_interval(tmp_path)
     assert far["learning_rate"] < near["learning_rate"] and far["extrapolation"] == pytest.approx(100.0, rel=0.05)
     width = lambda r: r["learning_rate_interval"][1] / r["learning_rate_interval"][0]  # noqa: E731
     assert width(far) > width(near)
-    assert not any("WARNING" in n for n in near["notes"]) and any("validated 4.0x" in n for n in far["notes"])
+    assert not any("WARNING: target N" in n for n in near["notes"]) and any("validated 4.0x" in n for n in far["notes"])
+    assert any(n.startswith("WARNING: the target trains") for n in near["notes"])  # 20 tokens a parameter
     text = output.read_text()
     assert "# confirm the lr first" in text and "--learning_rate" in text and "prediction interval" in text
     assert yaml.safe_load(text)["learning_rate"] == pytest.approx(near["learning_rate"], rel=1e-3)
+
+
+def test_recommend_never_mixes_parametrizations_and_names_every_extrapolation(tmp_path):
+    """The target trains under the probes' parametrization (muP's base width with it); another is refused in one
+    line; the minimal Transformer's law reaches GPT-2 only with --across_architectures, as a stated extrapolation;
+    and N, depth, tokens per step and training tokens each stand beside the range the scan measured."""
+    write_lr_bs_report(tmp_path, planted_scan(seed=0), SYNTHETIC_OPTIONS)
+    base = ["--from", str(tmp_path), "--memory-gb", "24", "--n_layer", "12", "--n_embd", "768"]
+    (tmp_path / "config.yaml").write_text("model: gpt2\nparametrization: mup\nmup_base_width: 128\n")
+    rec = recommend_main([*base, "--output", str(tmp_path / "mup.yaml")])
+    written = yaml.safe_load((tmp_path / "mup.yaml").read_text())
+    assert written["parametrization"] == "mup" and written["mup_base_width"] == 128 and rec["probe"]["family"] == "gpt2"
+    rows = {row["quantity"]: row for row in rec["extrapolations"]}
+    assert rows["depth (layers)"]["scanned"] == [2.0] and rows["depth (layers)"]["factor"] == 6.0
+    assert rows["training tokens"]["target"] == rec["tokens"] and rows["training tokens"]["factor"] > 1000
+    assert rows["N (non-embedding)"]["validated"].startswith("4.0x")
+    text = (tmp_path / "mup.yaml").read_text()
+    assert "# training tokens" in text and "no length scan" in text
+    assert any(n.startswith("WARNING: the target trains") for n in rec["notes"])
+    with pytest.raises(UserError, match="measured the lr of mup-parametrised probes") as info:
+        recommend_main([*base, "--parametrization", "standard", "--output", str(tmp_path / "sp.yaml")])
+    assert "\n" not in str(info.value) and not (tmp_path / "sp.yaml").exists()
+
+    (tmp_path / "config.yaml").write_text("model: minimal\nparametrization: standard\n")
+    with pytest.raises(UserError, match="--across_architectures"):
+        recommend_main([*base, "--output", str(tmp_path / "minimal.yaml")])
+    carried = recommend_main([*base, "--across_architectures", "--output", str(tmp_path / "minimal.yaml")])
+    assert yaml.safe_load((tmp_path / "minimal.yaml").read_text())["parametrization"] == "standard"
+    assert any(n.startswith("EXTRAPOLATION: the lr law was measured on the lab's minimal") for n in carried["notes"])
 
 
 def test_multi_size_bad_inputs_are_one_line_errors():

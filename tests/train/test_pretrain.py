@@ -325,8 +325,9 @@ def test_half_written_checkpoint_is_never_picked(tmp_path):
 
 
 def test_recommended_yaml_drives_a_real_run_with_its_optimizer_and_schedule(data_cache, tmp_path):
-    """`sweep.py recommend` -> YAML -> train_pretrain.py: the run resolves the YAML's optimizer, schedule and lr
-    (shape and length overridden on the command line to stay tiny) and logs the lr that schedule gives."""
+    """`sweep.py recommend` -> YAML -> train_pretrain.py: the run resolves the YAML's optimizer, schedule, lr and
+    parametrization (a muP scan of GPT-2 probes: muP at the scan's base width), shape and length overridden on the
+    command line to stay tiny, and logs the lr that schedule gives."""
     import yaml
 
     from llmlab.scaling.report import write_lr_bs_report
@@ -336,6 +337,7 @@ def test_recommended_yaml_drives_a_real_run_with_its_optimizer_and_schedule(data
 
     scan = tmp_path / "scan"
     write_lr_bs_report(scan, planted_scan(seed=0), SYNTHETIC_OPTIONS)
+    (scan / "config.yaml").write_text("model: gpt2\nparametrization: mup\nmup_base_width: 32\n")  # the sweep's
     rec_path = tmp_path / "rec.yaml"
     rec = recommend_main(
         [
@@ -353,6 +355,7 @@ def test_recommended_yaml_drives_a_real_run_with_its_optimizer_and_schedule(data
     )
     written = yaml.safe_load(rec_path.read_text())
     assert written["optimizer"] == "lion" and written["lr_scheduler"] == "cosine"
+    assert written["parametrization"] == "mup" and written["mup_base_width"] == 32
     out = tmp_path / "run"
     proc = run_script(
         [
@@ -395,6 +398,7 @@ def test_recommended_yaml_drives_a_real_run_with_its_optimizer_and_schedule(data
     assert resolved["optimizer"] == "lion" and resolved["lr_scheduler"] == "cosine"
     assert resolved["learning_rate"] == pytest.approx(rec["learning_rate"], rel=1e-3)
     assert "optimizer Lion, cosine schedule" in proc.stdout
+    assert resolved["parametrization"] == "mup" and "muP (base width 32, m = 2)" in proc.stdout
     logged = last_by_step(out, "train/lr")
     ratio = resolved["min_lr"] / resolved["learning_rate"]
     for step, lr in logged.items():  # the lr of step s is the schedule's at s - 1; Lion's is lr / 3
