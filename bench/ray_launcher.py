@@ -76,7 +76,7 @@ def overhead_row(name: str, launcher, specs) -> dict:
 def overheads(cluster, out: Path, trials: int) -> list[dict]:
     from llmlab.sweep.launchers.ray import RayLauncher
 
-    cfg = SweepConfig(grid="doe20", budget="smoke", output_dir=str(out), device="cpu")
+    cfg = SweepConfig(grid="doe20", budget="smoke", output_dir=str(out), device="cpu").resolved()
     data_info = runner.prepare_data(cfg, out)
     specs = runner.trial_specs(cfg, build_design(cfg)[:trials], data_info, out)
     forkserver_context()

@@ -99,7 +99,7 @@ def main() -> None:
     from llmlab.sweep.launchers.local import forkserver_context
 
     out = Path(args.output_dir or tempfile.mkdtemp(prefix="sweep_overhead_"))
-    cfg = SweepConfig(grid="doe20", budget="smoke", output_dir=str(out), steps=args.steps, device="cpu")
+    cfg = SweepConfig(grid="doe20", budget="smoke", output_dir=str(out), steps=args.steps, device="cpu").resolved()
     tick = time.perf_counter()
     data_info = runner.prepare_data(cfg, out)
     prepare_s = time.perf_counter() - tick

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
 from llmlab.core.config import check_report_to, opt
@@ -27,6 +27,8 @@ class Budget:
     trial_timeout: int  # seconds
     # (heads, blocks) of the minimal model where a trial names no size (None: the model's own 192x4)
     default_shape: Optional[tuple[int, int]] = None
+    # (width, layers) of a `--model gpt2` trial that names no size: the lab's GPT-2 probe (None: the 124M preset)
+    gpt2_probe: Optional[tuple[int, int]] = None
 
 
 # Warmup levels (100 / 500 / 1000) are steps of the full protocol; smaller budgets scale them by
@@ -48,6 +50,7 @@ BUDGETS: dict[str, Budget] = {
         trial_timeout=180,
         # 2 heads and 2 blocks (64x2 at --head_dim 32): the plumbing does not need 192x4's compute
         default_shape=(2, 2),
+        gpt2_probe=(64, 2),
     ),
     # A doe20 in about an hour on 2 cores (2 workers of one core, 2-5 minutes a trial).
     "cpu": Budget(
@@ -60,6 +63,8 @@ BUDGETS: dict[str, Budget] = {
         eval_batches=8,
         log_every=10,
         trial_timeout=1200,
+        # GPT-2 124M's depth (12) and heads (64 wide) at the muP base width 128: the probe whose lr transfers to it
+        gpt2_probe=(128, 12),
     ),
     # The reference protocol for a GPU: ~10 MB of text, sequences of 512, 3 epochs.
     "full": Budget(
@@ -94,7 +99,12 @@ class SweepConfig:
         "--launcher ray: the cluster's CPUs / --cpus_per_trial instead",
         outcome=False,
     )
-    model: str = opt("minimal", "minimal (the lab's minimal Transformer) or a GPT-2 preset: gpt2-tiny, gpt2, ...")
+    model: str = opt(
+        "auto",
+        "auto = gpt2 for --grid lr_bs (the probe shares the architecture the trainers train), minimal otherwise; "
+        "minimal (the lab's minimal Transformer) or a GPT-2 preset: gpt2-tiny, gpt2, ... (gpt2 names the family: "
+        "a trial that names no size trains the budget's probe, smoke 64x2, cpu 128x12, full the 124M model)",
+    )
     position_encoding: Literal["sinusoidal", "learned", "rope"] = opt(
         "rope",
         "minimal model's positions (YAML grids "
@@ -181,7 +191,11 @@ class SweepConfig:
         "standard, or muP (maximal update: width-scaled init, readout and Adam lr) for the minimal Transformer and "
         "GPT-2 alike",
     )
-    mup_base_width: int = opt(192, "muP: the width at which muP equals the standard parametrization")
+    mup_base_width: Optional[int] = opt(
+        None,
+        "muP: the width at which muP equals the standard parametrization (default 192 for the minimal "
+        "Transformer, 128 for GPT-2: the width of the cpu budget's GPT-2 probe)",
+    )
     head_dim: int = opt(
         32,
         "minimal model: width of each attention head; every size's width is a multiple of it "
@@ -275,6 +289,14 @@ class SweepConfig:
         outcome=False,
     )
     report_only: bool = opt(False, "only rebuild report.md, results.csv and plots from finished trials", outcome=False)
+
+    def resolved(self) -> "SweepConfig":
+        """The config with its derived defaults (the probe model, muP's base width), checked; this one unchanged."""
+        model = self.model if self.model != "auto" else ("gpt2" if self.grid == "lr_bs" else "minimal")
+        base = self.mup_base_width or (192 if model == "minimal" else 128)
+        cfg = replace(self, model=model, mup_base_width=base)
+        cfg.validate()
+        return cfg
 
     def validate(self) -> None:
         check_report_to(self.report_to)  # an unknown or missing tracker fails before any trial starts

@@ -126,9 +126,14 @@ def parse_size(size: str, model: str, head_dim: int = 32) -> tuple[int, int]:
     width, depth = int(match.group(1)), int(match.group(2))
     head = head_dim if model == "minimal" else 64
     if width < head or width % head or depth < 1:
+        hint = (
+            ""
+            if model == "minimal"
+            else " (--grid lr_bs probes GPT-2 by default: --model minimal for the minimal Transformer)"
+        )
         raise UserError(
             f"--sizes {size}: the width must be a multiple of the {head}-wide attention heads of "
-            f"--model {model} and the depth >= 1"
+            f"--model {model} and the depth >= 1{hint}"
         )
     return width, depth
 

@@ -179,7 +179,10 @@ def trial_specs(
 
 
 def default_shape(cfg: SweepConfig) -> tuple[Optional[int], Optional[int]]:
-    """Width and depth of a trial that names no size: the budget's (heads of --head_dim), else the model's own."""
+    """Width and depth of a trial that names no size: the budget's (heads of --head_dim; for `--model gpt2`, the
+    budget's GPT-2 probe), else the model's own."""
+    if cfg.model == "gpt2" and cfg.budget_spec.gpt2_probe:
+        return cfg.budget_spec.gpt2_probe
     shape = cfg.budget_spec.default_shape
     if cfg.model != "minimal" or shape is None:
         return None, None
@@ -256,6 +259,11 @@ def trial_hparams(cfg: SweepConfig, trial: dict) -> Hparams:
 SCAN_GROWTH_OPTIONS = frozenset({"sizes", "holdout", "holdout_lr_points", "holdout_replicates", "design_rationale"})
 
 
+# Options whose default changed after sweeps were fingerprinted, at the default those sweeps left out: a folder keeps
+# its fingerprint (--model was minimal before lr_bs probes became GPT-2; --mup_base_width was 192).
+FINGERPRINT_DEFAULTS = {"model": "minimal", "mup_base_width": 192}
+
+
 def settings_fingerprint(cfg: SweepConfig, before_growth: bool = False) -> str:
     """What must match for a rerun to resume rather than mix two different sweeps in one folder. Replication is
     left out: adding replicates to a finished sweep runs only the new ones. `before_growth`: the fingerprint scans
@@ -264,7 +272,7 @@ def settings_fingerprint(cfg: SweepConfig, before_growth: bool = False) -> str:
     ignore = {f.name for f in fields(SweepConfig) if f.metadata.get("outcome") is False}
     if is_size_scan(cfg) and not before_growth:
         ignore |= SCAN_GROWTH_OPTIONS
-    defaults = asdict(SweepConfig())
+    defaults = {**asdict(SweepConfig()), **FINGERPRINT_DEFAULTS}
     # Options at their default are left out, so a new option added to llmlab never orphans an existing sweep.
     settings = {k: v for k, v in asdict(cfg).items() if k not in ignore and v != defaults.get(k)}
     design = (

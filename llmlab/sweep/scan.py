@@ -41,7 +41,8 @@ DEFAULT_SEEDS = 2  # seeds per (size, lr) of a multi-size scan: the pure error b
 DEFAULT_CENTER = {"minimal": 3e-3, "gpt2": 1e-3}
 DEFAULT_SIZES = {
     "minimal": ["32x2", "64x2", "96x2", "128x2", "160x2", "320x2"],
-    "gpt2": ["64x2", "128x2", "192x2", "256x2", "320x2", "640x2"],
+    # heads of 64 at GPT-2 124M's depth; 320x12 held out at 2.8x the largest fit N (the lab's GPT-2 muP scan)
+    "gpt2": ["64x12", "128x12", "192x12", "320x12"],
 }
 
 

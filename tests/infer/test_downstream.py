@@ -148,7 +148,7 @@ def test_pretraining_reports_the_tasks_and_merge_and_infer_eval_scores_its_final
         (["train_pretrain.py", "--eval_tasks_limit", "0"], "--eval_tasks_limit >= 1"),
         (["merge_and_infer.py", "eval", "--model", "gpt2", "--limit", "0"], "--limit and --batch_size must be >= 1"),
         (
-            ["sweep.py", "--grid", "lr_bs", "--sizes", "32x2", "64x2", "--new_machine_blocks", "0"],
+            ["sweep.py", "--grid", "lr_bs", "--model", "minimal", "--sizes", "32x2", "64x2", "--new_machine_blocks", "0"],
             "--new_machine_blocks must be >= 1",
         ),
     ],

@@ -621,7 +621,7 @@ def test_multi_size_bad_inputs_are_one_line_errors():
     for argv, needle in (
         (["--grid", "lr_bs", "--sizes", "128x2"], "at least two different sizes"),
         (["--grid", "lr_bs", "--sizes", "128x2", "gpt2-tiny"], "not WIDTHxDEPTH"),
-        (["--grid", "lr_bs", "--sizes", "100x2", "128x2"], "multiple of the 32-wide"),
+        (["--grid", "lr_bs", "--model", "minimal", "--sizes", "100x2", "128x2"], "multiple of the 32-wide"),
         (["--grid", "lr_bs", "--model", "gpt2-tiny", "--sizes", "96x2", "128x2"], "multiple of the 64-wide"),
         (["--grid", "doe20", "--sizes", "64x2", "128x2"], "belongs to --grid lr_bs"),
         (["--grid", "lr_bs", "--sizes", "64x2", "128x4", "--parametrization", "mup"], "one depth"),
@@ -639,6 +639,8 @@ def test_smoke_multi_size_scan_end_to_end_plans_grids_and_resumes(tmp_path):
         "sweep.py",
         "--grid",
         "lr_bs",
+        "--model",
+        "minimal",
         "--budget",
         "smoke",
         "--clip",
@@ -829,6 +831,8 @@ def test_a_bf16_scan_on_a_cpu_without_bf16_units_is_refused_in_one_line(tmp_path
         "sweep.py",
         "--grid",
         "lr_bs",
+        "--model",
+        "minimal",
         "--budget",
         "smoke",
         "--sizes",
@@ -985,7 +989,7 @@ def test_a_registration_is_refused_once_a_trial_of_the_held_out_size_exists(tmp_
     own.mkdir(parents=True)
     (own / "result.json").write_text(json.dumps({"model": "minimal", "hparams": {"size": "96x1"}}))
     with pytest.raises(UserError, match="not be blind"):
-        preregister(SweepConfig(blind_to=[]), scan, plan, cell, [])
+        preregister(SweepConfig(blind_to=[]).resolved(), scan, plan, cell, [])
 
 
 def test_doe20_runs_in_shuffled_blocks_too():
