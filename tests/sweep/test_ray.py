@@ -123,7 +123,18 @@ def test_no_cluster_is_a_one_line_error_naming_the_address(tmp_path, data_cache)
     assert not (tmp_path / "x").exists()  # refused before anything was written
 
 
-SMALL_GRID = ["--grid", "lr_bs", "--model", "minimal", "--lrs", "1e-3", "3e-3", "--batch_sizes", "2", "4"]  # 4 smoke trials
+SMALL_GRID = [
+    "--grid",
+    "lr_bs",
+    "--model",
+    "minimal",
+    "--lrs",
+    "1e-3",
+    "3e-3",
+    "--batch_sizes",
+    "2",
+    "4",
+]  # 4 smoke trials
 
 
 @pytest.mark.slow
