@@ -562,6 +562,43 @@ def host_syncs() -> str:
     return "\n".join(lines)
 
 
+def coord_check() -> str:
+    """bench/coord_check.py: the slope of ln RMS on ln width per parametrization, coordinate and step."""
+    folder = FINDINGS / "coord-check"
+    with open(folder / "slopes.csv", newline="") as f:
+        slopes = {(r["parametrization"], int(r["step"]), r["what"]): float(r["slope"]) for r in csv.DictReader(f)}
+    machine = json.loads((folder / "run_info.json").read_text())
+    args = machine["args"]
+    steps = sorted({step for _, step, _ in slopes})
+    shown = [steps[0], steps[1], steps[len(steps) // 2], steps[-1]]
+    coordinates = ("attn", "mlp", "residual", "logits")
+    lines = [
+        "| parametrization | step | " + " | ".join(coordinates) + " |",
+        "|---|---|" + "---|" * len(coordinates),
+    ]
+    for parametrization in ("standard", "mup"):
+        for step in shown:
+            cells = " | ".join(f"{slopes[parametrization, step, what]:+.2f}" for what in coordinates)
+            lines.append(f"| {'muP' if parametrization == 'mup' else parametrization} | {step} | {cells} |")
+    widths = ", ".join(str(w) for w in args["widths"])
+    hidden = ("attn", "mlp", "residual")
+    sp = [slopes["standard", step, what] for step in steps[2:] for what in hidden]
+    sp_logits = [slopes["standard", step, "logits"] for step in steps[2:]]
+    mup = max(abs(slopes["mup", step, what]) for step in steps for what in hidden)
+    lines.append(
+        f"\nFrom step 3 on, the standard parametrization's hidden slopes span {min(sp):+.2f} to {max(sp):+.2f} and its "
+        f"logits' {min(sp_logits):+.2f} to {max(sp_logits):+.2f}; muP's hidden slopes stay within ±{mup:.2f} at every "
+        f"step, and its logits' rise from {slopes['mup', steps[0], 'logits']:+.2f} to "
+        f"{slopes['mup', steps[-1], 'logits']:+.2f}."
+    )
+    return "\n".join(lines) + (
+        f"\n\nSlope of ln RMS on ln width (widths {widths}; RMS averaged over {args['seeds']} seeds and over the "
+        f"blocks), GPT-2 of {args['depth']} layers with heads of 64, AdamW lr {args['lr']:g}, {args['batch']} x "
+        f"{args['seq']} tokens of builtin:wiki a step, muP base width {args['base_width']}; step 1 is the initial "
+        f"model; on {machine['cpu']}."
+    )
+
+
 def _paired(row: dict, base: dict) -> str:
     """row / base round by round (the runs of one round ran back to back): median and range."""
     ratios = [a / b for a, b in zip(row["rounds"], base["rounds"])]
@@ -1014,6 +1051,7 @@ BLOCKS = {
     "lr-forecast-power": realised_power,
     "lr-forecast-machines": forecast_machines,
     "host-syncs": host_syncs,
+    "coord-check": coord_check,
     "fast-path-cpu": fast_path_cpu,
 }
 PATTERN = re.compile(r"(<!-- findings:([\w-]+) -->\n)(.*?)(<!-- /findings:\2 -->)", re.S)

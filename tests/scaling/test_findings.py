@@ -296,3 +296,18 @@ def test_the_fast_path_tables_equal_their_bench_files():
             else (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
         )
         assert f"| {row['tokens_per_sec']:,.0f} | {median:.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}) |" in text
+
+
+def test_coordinate_check_slopes_in_the_findings_recompute_from_the_shipped_rows():
+    """The coordinate-check table's slopes, refitted with numpy from coord_check.csv (the per-width RMS rows)."""
+    import numpy as np
+
+    rows = pd.read_csv(REPO / "docs" / "findings" / "coord-check" / "coord_check.csv")
+    text = (REPO / "docs" / "findings" / "README.md").read_text()
+    for parametrization, label in (("standard", "standard"), ("mup", "muP")):
+        picked = rows[(rows.parametrization == parametrization) & (rows.step == 8)]
+        cells = []
+        for what in ("attn", "mlp", "residual", "logits"):
+            means = picked[picked.what == what].groupby("width").rms.mean()
+            cells.append(f"{np.polyfit(np.log(means.index), np.log(means.values), 1)[0]:+.2f}")
+        assert f"| {label} | 8 | {' | '.join(cells)} |" in text
