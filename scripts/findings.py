@@ -778,6 +778,33 @@ def sigma_study_before_registration() -> str:
     )
 
 
+def registration_timing(name: str, held: str) -> str:
+    """When the registration was committed against the held-out trials: from each held-out result's recorded commit
+    (the scan now waits for it), or, for a scan from before that rule, from its registration_timing.json."""
+    folder = FINDINGS / name
+    commits = set()
+    for path in folder.glob(f"trials/{held}_*/result.json"):
+        commits.add((json.loads(path.read_text()).get("registration") or {}).get("commit"))
+    if commits and None not in commits:
+        return f", and committed ({', '.join(c[:7] for c in sorted(commits))}) before any of them started"
+    path = folder / "registration_timing.json"
+    if not path.is_file():
+        return ""
+    timing = json.loads(path.read_text())
+    first = timing["first_trials"]
+    early = [t for t in first if t["logger_started"] < timing["commit_time"]]
+    if not early:
+        return f", and committed ({timing['registration_commit'][:7]}) before any of them started"
+    written = max(t["result_written_about"] for t in early) - timing["commit_time"]
+    started = timing["commit_time"] - min(t["logger_started"] for t in early)
+    return (
+        f"; but not committed before all of them: {len(early)} {held} trials started {started} s before its commit "
+        f"{timing['registration_commit'][:7]} and wrote their results about {written} s after it (no result existed "
+        "at the commit, and the forecast reproduces from the fit trials alone: blind to the results by seconds, "
+        "not by rule; a scan now holds its held-out trials until the registration is committed)"
+    )
+
+
 def registration(name: str) -> str:
     """What a scan registered before its held-out size's first trial, with the file's sha256: the law's forecast,
     muP's flat prediction where the scan registered one, the rules, and the held-out design the verdict waits for."""
@@ -792,7 +819,7 @@ def registration(name: str) -> str:
         f"before any {held} trial existed"
         if reg["written_before_held_out_trials"]
         else f"**after {held} trials had run: not blind**"
-    )
+    ) + registration_timing(name, held)
     text = (
         f"Registered in `{name}/preregistration.json` (sha256 `{file_sha256(path)}`), {written}, from "
         f"{reg['fit_trials']} fit trials on {machines}: the law fitted on "
