@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
@@ -58,6 +59,50 @@ def task_manager(include: tuple[str, ...], with_bundled: bool):
     return TaskManager(include_path=list(include) or None, include_defaults=with_bundled, verbosity="ERROR")
 
 
+def _task_index(tasks: list[str], work_dir: Path, pydoc_records=None):
+    """(lm-eval task names, the task index that knows them), or one line naming the task it does not know."""
+    names, include = resolve_tasks(tasks, work_dir, pydoc_records)
+    # a task file of the user's own may build on the bundled ones; builtin:pydoc-mc never does
+    manager = task_manager(tuple(include), with_bundled=any(task != PYDOC_MC for task in tasks))
+    unknown = [n for n in names if n not in manager.all_tasks]
+    if unknown:
+        raise UserError(
+            f"lm-eval knows no task {unknown[0]!r}; pass one of its task names (e.g. hellaswag), a task "
+            f"YAML file, or {PYDOC_MC}"
+        )
+    return names, manager
+
+
+def _data_error(err: Exception, tasks: list[str]) -> UserError | None:
+    """The one line for a task whose data cannot be had: the hub unreachable (datasets raises ConnectionError,
+    "Couldn't reach ... (OfflineModeIsEnabled)"); None for any other error, which keeps its own message."""
+    if isinstance(err, ConnectionError) or "offlinemodeisenabled" in str(err).lower():
+        return UserError(
+            f"task(s) {', '.join(tasks)} need data from the Hugging Face hub and it cannot be reached (offline); "
+            f"run once online to cache it, or pass a local task YAML or {PYDOC_MC}"
+        )
+    return None
+
+
+def check_tasks(tasks: list[str], pydoc_records=None) -> None:
+    """Before any training or model load: every task is one lm-eval knows and its data loads (a hub dataset is
+    fetched into the datasets cache now, where the evaluation will find it). Costs the task index (~10 s with the
+    bundled tasks, kept for the evaluation) instead of a run's worth of training when a name or its data is wrong."""
+    with tempfile.TemporaryDirectory() as work, _quiet_progress():
+        names, manager = _task_index(tasks, Path(work), pydoc_records)
+        try:
+            manager.load(names)
+        except Exception as err:
+            known = _data_error(err, tasks)
+            if known is not None:
+                raise known from None
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            raise UserError(
+                f"task(s) {', '.join(tasks)} cannot load their data ({type(err).__name__}: {first}); fix the task "
+                "or leave it out"
+            ) from None
+
+
 def evaluate_tasks(
     model,
     tokenizer,
@@ -72,15 +117,7 @@ def evaluate_tasks(
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
 
-    names, include = resolve_tasks(tasks, work_dir, pydoc_records)
-    # a task file of the user's own may build on the bundled ones; builtin:pydoc-mc never does
-    manager = task_manager(tuple(include), with_bundled=any(task != PYDOC_MC for task in tasks))
-    unknown = [n for n in names if n not in manager.all_tasks]
-    if unknown:
-        raise UserError(
-            f"lm-eval knows no task {unknown[0]!r}; pass one of its task names (e.g. hellaswag), a task "
-            f"YAML file, or {PYDOC_MC}"
-        )
+    names, manager = _task_index(tasks, work_dir, pydoc_records)
     was_training = model.training
 
     class QuietHFLM(HFLM):  # the harness's per-request bars would flood a training log
@@ -106,14 +143,9 @@ def evaluate_tasks(
                 verbosity="ERROR",
             )
     except Exception as err:
-        # datasets raises ConnectionError ("Couldn't reach ... (OfflineModeIsEnabled)"); a missing local file or an
-        # unknown hub dataset is another error and keeps its own message
-        if isinstance(err, ConnectionError) or "offlinemodeisenabled" in str(err).lower():
-            raise UserError(
-                f"task(s) {', '.join(tasks)} need data from the Hugging Face hub and it cannot be reached "
-                "(offline); run once online to cache it, or pass a local task YAML or "
-                f"{PYDOC_MC}"
-            ) from None
+        known = _data_error(err, tasks)  # a missing local file or an unknown hub dataset keeps its own message
+        if known is not None:
+            raise known from None
         raise
     finally:
         model.train(was_training)

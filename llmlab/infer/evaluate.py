@@ -9,12 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmlab.core.io import atomic_write_json
-from llmlab.infer.downstream import evaluate_tasks, score_lines
+from llmlab.infer.downstream import check_tasks, evaluate_tasks, score_lines
 from llmlab.infer.loading import load_from_config
 
 
 def run_eval(cfg, log=print) -> dict:
-    """merge_and_infer.py eval: any model folder (merged or base + adapter) scored on --tasks."""
+    """merge_and_infer.py eval: any model folder (merged or base + adapter) scored on --tasks, each task checked
+    before the model loads."""
+    check_tasks(cfg.tasks)
     loaded = load_from_config(cfg, log)
     scores = evaluate_tasks(
         loaded.model,

@@ -169,3 +169,71 @@ def test_this_sessions_new_options_refuse_bad_values_in_one_line(args, message):
 
     proc = run_script(args, timeout=120)
     assert proc.returncode != 0 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def broken_task(folder) -> str:
+    """A local task YAML whose first item is sound and whose fourth has no choices: it loads (lm-eval checks the
+    first item), and its evaluation then fails, as a task can after hours of training."""
+    rows = [{"question": "What is 1?", "choices": ["a", "b", "c", "d"], "label": 0}] * 3
+    rows.append({"question": "What is 2?", "choices": None, "label": 1})
+    (folder / "items.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    path = folder / "broken_task.yaml"
+    path.write_text(
+        "task: llmlab_broken\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {json.dumps(str(folder / 'items.jsonl'))}\n"
+        "test_split: test\noutput_type: multiple_choice\n"
+        'doc_to_text: "Question: {{question}}\\nAnswer:"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: "{{label}}"\n'
+        "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "task, message",
+    [
+        ("no_such_task", "lm-eval knows no task 'no_such_task'"),
+        ("hellaswag", "need data from the Hugging Face hub and it cannot be reached (offline)"),
+    ],
+)
+def test_a_task_that_cannot_work_is_refused_before_any_training_or_model_load(tmp_path, tiny_gpt2_dir, task, message):
+    """Checked before the run folder exists: a typo or a hub task offline costs the task index, not a run."""
+    import time
+
+    from tests.conftest import run_script, tiny_pretrain_args
+
+    started = time.monotonic()
+    proc = run_script(
+        ["train_pretrain.py", *tiny_pretrain_args(max_steps=20, eval_tasks=task, output_dir=tmp_path / "run")]
+    )
+    assert proc.returncode == 2 and message in proc.stderr.splitlines()[-1], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "pretrain:" not in proc.stderr  # no training step ran
+    assert not (tmp_path / "run").exists()
+    evaluated = run_script(["merge_and_infer.py", "eval", "--model", str(tiny_gpt2_dir), "--tasks", task])
+    assert evaluated.returncode == 2 and message in evaluated.stderr.splitlines()[-1]  # before the model loads
+    assert time.monotonic() - started < 120
+
+
+@pytest.mark.slow
+def test_an_evaluation_that_fails_never_costs_training(tmp_path):
+    """--eval_tasks_every with a task that loads but fails to evaluate: each step's checkpoint is written before its
+    evaluation, a failed periodic evaluation is an event and training goes on to the end, and the final
+    evaluation's failure ends the run in one line after final/ is saved."""
+    from llmlab.core.io import read_jsonl
+    from tests.conftest import run_script, tiny_pretrain_args
+
+    out = tmp_path / "run"
+    args = tiny_pretrain_args(
+        max_steps=4, eval_tasks=broken_task(tmp_path), eval_tasks_every=2, save_every=2, keep_last=5, output_dir=out
+    )
+    proc = run_script(["train_pretrain.py", *args, "--sample_tokens", "0"], timeout=600)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the final evaluation on --eval_tasks failed") and str(out / "final") in last
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_2", "step_4"]
+    assert (out / "final" / "model.safetensors").is_file()
+    failed = [e for e in read_jsonl(out / "events.jsonl") if e["event"] == "eval_tasks_failed"]
+    assert [e["step"] for e in failed] == [2, 4] and "TypeError" in failed[0]["error"]
+    assert proc.stdout.count("training goes on") == 2
+    losses = {r["step"] for r in read_jsonl(out / "metrics.jsonl") if "train/loss" in r}
+    assert losses == {1, 2, 3, 4}  # every step trained

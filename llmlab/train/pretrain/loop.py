@@ -20,7 +20,7 @@ from llmlab.core.errors import UserError
 from llmlab.core.io import append_jsonl
 from llmlab.data.prepare import prepare_dataset
 from llmlab.data.tokenizer import load_tokenizer
-from llmlab.infer.downstream import evaluate_tasks, score_lines
+from llmlab.infer.downstream import check_tasks, evaluate_tasks, score_lines
 from llmlab.models.flops import current_device_name, flops_per_token, peak_flops
 from llmlab.models.mup import width_mult
 from llmlab.train import checkpointing as ckpt
@@ -40,6 +40,8 @@ def train(cfg: PretrainConfig) -> dict:
     summary (steps, last validation loss, rollbacks, paths)."""
     # long: the loop is one piece on purpose: from the batches to the engine's step to every cadence, in order
     world = int(os.environ.get("WORLD_SIZE", "1"))  # the launch's processes: accumulation is known before setup
+    if cfg.eval_tasks:  # a task name or its data that cannot work is found now, not after the training
+        check_tasks(cfg.eval_tasks)
     session = TrainingSession(
         cfg,
         "pretraining",
@@ -79,13 +81,14 @@ def train(cfg: PretrainConfig) -> dict:
                 continue
             last_loss = results[-1].loss
             meter.log_step(results[-1], cfg.log_every, {"train/loss_scale": setup.loss_scale(acc, run.optimizer)})
+            # the step's checkpoint first: an evaluation that fails never costs the training before it
+            session.checkpointer.maybe_save(state.step, allowed=run.detector.streak == 0)  # never mid-spike
             if len(run.val_dl) and meter.due(cfg.eval_every):
                 with meter.paused():
                     last_val = run.evaluate()
             if cfg.eval_tasks and cfg.eval_tasks_every and meter.due(cfg.eval_tasks_every):
                 with meter.paused():
-                    run.downstream()
-            session.checkpointer.maybe_save(state.step, allowed=run.detector.streak == 0)  # never mid-spike
+                    run.downstream(periodic=True)
         return run.finish(last_val, last_loss)
 
 
@@ -193,33 +196,57 @@ class Pretraining:
         self.rollbacks.drill_done = step == self.drill[0] + self.cfg.spike_patience - 1
         return self.drill[1]
 
-    def downstream(self) -> Optional[dict]:
-        """--eval_tasks through lm-evaluation-harness on the live model (the main process scores, the others wait)."""
+    def downstream(self, periodic: bool = False) -> Optional[dict]:
+        """--eval_tasks through lm-evaluation-harness on the live model (the main process scores, the others wait).
+        A periodic evaluation that fails is an event and a warning, and training goes on; the final one's failure
+        ends the run (its final/ is saved by then)."""
         acc, cfg = self.session.accelerator, self.cfg
         scores = None
         if acc.is_main_process:
             hf_model = acc.unwrap_model(self.model).model  # the transformers model inside the loss wrapper
-            scores = evaluate_tasks(
-                hf_model,
-                self.tokenizer,
-                cfg.eval_tasks,
-                self.session.out / "downstream",
-                limit=cfg.eval_tasks_limit,
-                device=str(acc.device),
-            )
-            self.session.log(
-                {
-                    f"downstream/{task}/{metric}": value
-                    for task, metrics in scores.items()
-                    for metric, value in metrics.items()
-                    if metric != "n" and value is not None
-                }
-            )
-            print("\n".join([f"downstream tasks at step {self.session.state.step}:", *score_lines(scores)]), flush=True)
+            try:
+                scores = evaluate_tasks(
+                    hf_model,
+                    self.tokenizer,
+                    cfg.eval_tasks,
+                    self.session.out / "downstream",
+                    limit=cfg.eval_tasks_limit,
+                    device=str(acc.device),
+                )
+            except Exception as err:
+                scores = self.evaluation_failed(err, periodic)
+            if scores is not None:
+                self.session.log(
+                    {
+                        f"downstream/{task}/{metric}": value
+                        for task, metrics in scores.items()
+                        for metric, value in metrics.items()
+                        if metric != "n" and value is not None
+                    }
+                )
+                lines = [f"downstream tasks at step {self.session.state.step}:", *score_lines(scores)]
+                print("\n".join(lines), flush=True)
         acc.wait_for_everyone()
         self.model.train()
-        self.scored_at, self.last_scores = self.session.state.step, scores
+        if scores is not None:  # a failed periodic evaluation leaves the final one to run
+            self.scored_at, self.last_scores = self.session.state.step, scores
         return scores
+
+    def evaluation_failed(self, err: Exception, periodic: bool) -> None:
+        """A periodic --eval_tasks evaluation that raised: logged (events.jsonl, a warning), training goes on. The
+        final evaluation's failure ends the run in one line, after final/ was saved."""
+        hf_model = self.session.accelerator.unwrap_model(self.model).model
+        hf_model.train()
+        step, what = self.session.state.step, f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
+        if not periodic:
+            raise UserError(
+                f"the final evaluation on --eval_tasks failed ({what}); the model is saved in "
+                f"{self.session.out / 'final'}: score it with merge_and_infer.py eval --model "
+                f"{self.session.out / 'final'} once the task is fixed"
+            ) from None
+        self.event({"event": "eval_tasks_failed", "step": step, "error": what}, step)
+        print(f"warning: --eval_tasks at step {step} failed ({what}); training goes on", flush=True)
+        return None
 
     def evaluate(self) -> float:
         loss = setup.pretrain_validation_loss(self.session.accelerator, self.model, self.val_dl, self.cfg.eval_batches)
