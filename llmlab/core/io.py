@@ -165,14 +165,22 @@ class _ZstdReader(io.RawIOBase):
         super().close()
 
 
-def utf8_lines(path: str | os.PathLike):
+def utf8_lines(path: str | os.PathLike, max_bytes: Optional[int] = None):
     """(line number, text) for each line of a UTF-8 file, plain or compressed (COMPRESSION), streamed; bytes that are
     not UTF-8 are a one-line error naming the file, line and column, and a truncated or corrupt compressed stream one
-    naming the file, instead of a decoder traceback deep inside a loader."""
+    naming the file, instead of a decoder traceback deep inside a loader. With `max_bytes`, a longer line is a
+    one-line error once that many of its bytes are read: it is never read whole."""
     number = 0
+    limit = -1 if max_bytes is None else max_bytes + 1
     try:
         with open_binary(path) as f:
-            for number, raw in enumerate(f, 1):
+            while raw := f.readline(limit):
+                number += 1
+                if max_bytes is not None and len(raw) > max_bytes:
+                    raise UserError(
+                        f"{path}:{number} is a line of over {max_bytes / 2**20:,.0f} MB, more than a record is read "
+                        "whole; put texts that long in .txt files (streamed at any size), one per file"
+                    )
                 try:
                     yield number, raw.decode("utf-8")
                 except UnicodeDecodeError as err:

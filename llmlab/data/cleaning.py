@@ -39,8 +39,9 @@ _MARKUP_PASSES = (
 )
 
 
-def clean_text(text: str) -> str:
-    """NFKC-normalised text without HTML tags/entities or wiki markup, whitespace tidied."""
+def clean_text(text: str, start: bool = True, end: bool = True) -> str:
+    """NFKC-normalised text without HTML tags/entities or wiki markup, whitespace tidied, stripped where the document
+    starts and ends (`start`, `end`: a piece of a long document keeps the line break it was cut after)."""
     text = unicodedata.normalize("NFKC", text)  # full-width ＡＢＣ１２３ -> ABC123, ligatures split
     for needed, markup_pass in _MARKUP_PASSES:
         if needed in text:
@@ -51,4 +52,6 @@ def clean_text(text: str) -> str:
         text = _SPACE_AROUND_NEWLINE.sub("\n", text)
     if "\n\n\n" in text:
         text = _MANY_NEWLINES.sub("\n\n", text)
-    return text.strip()
+    if start and end:
+        return text.strip()
+    return text.lstrip() if start else text.rstrip() if end else text

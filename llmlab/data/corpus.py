@@ -8,6 +8,7 @@ source's content may have changed (it keys the prepared-data cache).
 from __future__ import annotations
 
 import bz2
+import codecs
 import importlib.util
 import json
 import os
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from llmlab.core.errors import UserError
-from llmlab.core.io import COMPRESSION, compression_of, utf8_lines
+from llmlab.core.io import COMPRESSION, compression_of, open_binary, utf8_lines
 
 BUILTIN_WIKI = "builtin:wiki"
 TEXT_SUFFIXES = (".txt", ".jsonl", ".json")  # .json: JSON lines, as C4 and RedPajama ship them
@@ -104,8 +105,7 @@ def iter_documents(source: str, dataset_config: Optional[str], text_field: str):
     for path in local_files(source):
         kind = corpus_format(path)
         if kind == ".txt":
-            text = "".join(line for _, line in utf8_lines(path))  # one document per file, strictly UTF-8
-            yield from split_long_document(text)
+            yield from text_file_pieces(path)  # one document per file, streamed in pieces, strictly UTF-8
         elif kind == ".jsonl":
             yield from _jsonl_texts(path, text_field)
         else:
@@ -150,7 +150,8 @@ def _parquet_texts(path: Path, text_field: str):
 
 
 def _jsonl_texts(path: Path, text_field: str):
-    for line_no, line in utf8_lines(path):  # streamed; non-UTF-8 bytes are a one-line error naming the line
+    # streamed; non-UTF-8 bytes and a line over MAX_JSON_LINE_BYTES are one-line errors naming the line
+    for line_no, line in utf8_lines(path, max_bytes=MAX_JSON_LINE_BYTES):
         if not line.strip():
             continue
         try:
@@ -211,12 +212,34 @@ def _wiki_article_markup(path: Path, max_documents: Optional[int]):
 
 
 # A document is cleaned, shingled and tokenised in one piece; a 50 MB one-line file done so peaked at 7.6 GB.
-# Longer documents are cut into pieces of at most this many characters (~50k tokens: an eos every 50k tokens costs
-# nothing), at a line break or space when possible, so the memory a worker's batch needs never grows with the file.
+# Longer documents are cut into pieces of at most this many characters (~50k tokens), at a line break or space when
+# possible, so the memory a worker's batch needs never grows with the file. The pieces stay one document: no eos
+# between them, packed together in one split (prepare._process_batch, prepare._pack).
 MAX_DOCUMENT_CHARS = 200_000
+# A JSON line is parsed whole (the record, then its text field): a longer one is refused before it is read whole.
+MAX_JSON_LINE_BYTES = 64 * 2**20
+
+
+class Piece(str):
+    """A piece of a document longer than MAX_DOCUMENT_CHARS: `first` when it starts the document, `continues` when
+    more of it follows. Pieces are exempt from the per-document rules (too short, exact and near duplicates), are
+    stripped only where the document starts and ends, and get no eos until the last one: the document stays whole."""
+
+    first: bool = False
+    continues: bool = False
+
+    def __new__(cls, text: str, first: bool, continues: bool):
+        piece = super().__new__(cls, text)
+        piece.first, piece.continues = first, continues
+        return piece
+
+    def __reduce__(self):  # to a pool worker and back with its flags
+        return (Piece, (str(self), self.first, self.continues))
 
 
 def split_long_document(text: str, limit: int = MAX_DOCUMENT_CHARS) -> list[str]:
+    """[text] when it fits in one piece, else its Pieces, each cut after a line break or space where one lies in
+    the piece."""
     if len(text) <= limit:
         return [text]
     pieces, start = [], 0
@@ -225,6 +248,59 @@ def split_long_document(text: str, limit: int = MAX_DOCUMENT_CHARS) -> list[str]
         if end < len(text):
             cut = max(text.rfind("\n", start, end), text.rfind(" ", start, end))
             end = cut + 1 if cut > start else end
-        pieces.append(text[start:end])
+        pieces.append(Piece(text[start:end], first=start == 0, continues=end < len(text)))
         start = end
     return pieces
+
+
+def text_file_pieces(path: Path, limit: int = MAX_DOCUMENT_CHARS):
+    """A .txt file as one document, read in bounded pieces: never more than ~2 x `limit` characters in memory, whatever
+    the file's size or the length of its lines. Pieces are cut after the last line break in reach (else a space, else
+    anywhere), where GPT-2's BPE splits anyway; a file that fits in one piece is one plain document, as before."""
+    held = None  # the last cut piece: whether it `continues` is known once the next one exists
+    pending, size, first = [], 0, True
+    for text in _decoded_chunks(path, 4 * limit):
+        pending.append(text)
+        size += len(text)
+        while size > limit:
+            joined = "".join(pending)
+            newline = joined.rfind("\n", 0, limit)
+            cut = newline + 1 if newline >= 0 else (joined.rfind(" ", 0, limit) + 1 or limit)
+            if held is not None:
+                yield Piece(held, first=first, continues=True)
+                first = False
+            held, pending, size = joined[:cut], [joined[cut:]], len(joined) - cut
+    rest = "".join(pending)
+    if held is None:
+        yield rest
+        return
+    yield Piece(held, first=first, continues=bool(rest))
+    if rest:
+        yield Piece(rest, first=False, continues=False)
+
+
+def _decoded_chunks(path: Path, chunk_bytes: int):
+    """The file's text in chunks of at most `chunk_bytes` bytes (a line longer than that in several), decoded strictly
+    as UTF-8 across chunk boundaries; errors are one line naming the file (and line), as utf8_lines words them."""
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    line = 1
+    try:
+        with open_binary(path) as f:
+            while raw := f.readline(chunk_bytes):
+                try:
+                    yield decoder.decode(raw)
+                except UnicodeDecodeError as err:
+                    raise UserError(
+                        f"{path}:{line} is not UTF-8 text (byte 0x{raw[err.start]:02x}); save the file as UTF-8"
+                    ) from None
+                line += raw.endswith(b"\n")
+            decoder.decode(b"", final=True)
+    except UserError:
+        raise
+    except UnicodeDecodeError:
+        raise UserError(f"{path} ends inside a UTF-8 character; save the file as UTF-8") from None
+    except Exception as err:  # a truncated or corrupt compressed stream
+        if compression_of(path) is None:
+            raise
+        detail = str(err).splitlines()[0][:100] if str(err) else "end of stream"
+        raise UserError(f"{path} is truncated or corrupt ({type(err).__name__}: {detail}); download it again") from None

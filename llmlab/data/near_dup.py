@@ -2,8 +2,10 @@
 
 1. signatures: while staging (prepare._stage), each staged document's BANDS LSH keys (llmlab.data.minhash) are
    appended to stage/bands.bin, 8 bytes a key, in staged order, so a row number is a document id;
-2. buckets: per band, its keys sorted; documents with equal keys are candidate pairs (each with the next one in
-   its run: a chain, as datatrove emits), written to near_dup/pairs_<band>.npy;
+2. buckets: per band, its keys sorted; documents with equal keys are candidate pairs: each with the next one in its
+   run (a chain, as datatrove emits) and each with the run's first, so a group of copies joins through its base even
+   where the copies are less alike to each other than to it; at most 2 pairs a document a band, written to
+   near_dup/pairs_<band>.npy;
 3. clusters: each candidate pair confirmed by the exact Jaccard of the two documents' shingle sets, then the
    confirmed pairs' connected components (scipy); every document but the first of its component is a near
    duplicate: near_dup/removed.npy;
@@ -29,10 +31,17 @@ FOLDER = "near_dup"
 
 
 def candidate_pairs(keys: np.ndarray) -> np.ndarray:
-    """(pairs, 2) document ids, lower first, of neighbours in each run of equal keys."""
+    """(pairs, 2) document ids, lower first: in each run of equal keys, every member with the one before it and with
+    the run's first (its earliest document)."""
     order = np.argsort(keys, kind="stable")  # stable: ids ascend within a run
     same = keys[order[1:]] == keys[order[:-1]]
-    return np.stack([order[:-1][same], order[1:][same]], axis=1).astype(np.int64)
+    members = np.flatnonzero(same) + 1  # sorted positions that are not the first of their run
+    starts = np.flatnonzero(np.concatenate([[True], ~same]))
+    first = starts[np.searchsorted(starts, members, side="right") - 1]
+    star = members - 1 != first  # the chain already pairs the run's second with its first
+    chain = np.stack([order[members - 1], order[members]], axis=1)
+    to_first = np.stack([order[first[star]], order[members[star]]], axis=1)
+    return np.concatenate([chain, to_first]).astype(np.int64)
 
 
 def removed_documents(pairs: np.ndarray, threshold: float, text_of: Callable[[int], str], progress=None) -> np.ndarray:

@@ -53,7 +53,9 @@ from llmlab.data.packing import split_documents
 from llmlab.data.shards import MANIFEST, ShardWriter, TokenBlocks, token_dtype, write_manifest
 from llmlab.data.tokenizer import fast_gpt2_encoder, is_builtin_gpt2, load_tokenizer
 
-PIPELINE_VERSION = 3  # 2: streaming into token shards (same blocks as version 1); 3: near-dup in stages on disk
+PIPELINE_VERSION = 4  # 2: streaming into token shards (same blocks as version 1); 3: near-dup in stages on disk;
+# 4: a document longer than corpus.MAX_DOCUMENT_CHARS stays one document (its pieces had an eos each), and near-dup
+# confirms each run of equal band keys against its first member too
 STATE = "state.json"
 BLOOM = "bloom.zlib"
 BATCH_DOCUMENTS = 256  # documents per worker task: large enough for the tokenizer's batch speed
@@ -371,6 +373,7 @@ def _stage(cfg: DataConfig, tokenizer, stage: Path, state: dict, dtype) -> dict:
         if orphan.name not in {r["file"] for r in state["shards"]}:
             orphan.unlink()
     lengths = array("q", np.load(stage / "lengths.npy") if state["shards"] else [])  # 8 bytes a document
+    joins = array("b", _joins(stage, len(lengths)) if state["shards"] else [])  # a piece that continues its document
     dedup = Dedup(cfg, stage, state if state["shards"] else {}, len(lengths))
     writer = ShardWriter(stage, "doc", dtype, shard_tokens=1 << 62, start_index=len(state["shards"]))
     source = corpus.iter_documents(cfg.dataset, cfg.dataset_config, cfg.text_field)
@@ -379,22 +382,23 @@ def _stage(cfg: DataConfig, tokenizer, stage: Path, state: dict, dtype) -> dict:
     with _progress("documents", state["read"]) as bar, _aborting(writer):  # the bar's line ends before an error
         for results in _map_batches(cfg, tokenizer, wikitext, source):
             kept, keys = [], []
-            for raw_chars, digest, band_keys, tokens in results:
+            for raw_chars, digest, band_keys, tokens, piece, continues in results:
                 state["read"] += 1
                 state["characters_loaded"] += raw_chars
                 if tokens is None:
                     state["short"] += 1
-                elif dedup.seen_exact(digest):
+                elif not piece and dedup.seen_exact(digest):  # a piece is part of a document, never one itself
                     state["exact"] += 1
                 else:
                     kept.append(tokens)
-                    keys.append(band_keys)
+                    keys.append(band_keys if not piece else _piece_keys(len(lengths) + len(kept) - 1))
+                    joins.append(continues)
             if kept:  # one write per batch
                 writer.add(np.concatenate(kept))
                 lengths.extend(len(t) for t in kept)
                 dedup.add_bands(keys)
             if writer.in_shard >= cfg.shard_tokens:  # a checkpoint at this batch's end, a document boundary
-                _checkpoint(stage, state, writer.close(), lengths, dedup)
+                _checkpoint(stage, state, writer.close(), lengths, dedup, joins)
             bar.update(len(results))
     if not lengths and not writer.in_shard:
         loaded = state["read"]
@@ -404,14 +408,28 @@ def _stage(cfg: DataConfig, tokenizer, stage: Path, state: dict, dtype) -> dict:
         )
     state["staged_all"] = True
     state["seconds"]["stage"] = round(state["seconds"].get("stage", 0) + time.perf_counter() - started, 3)
-    _checkpoint(stage, state, writer.close(), lengths, dedup)
+    _checkpoint(stage, state, writer.close(), lengths, dedup, joins)
     return state
 
 
-def _checkpoint(stage: Path, state: dict, sealed: list[dict], lengths: array, dedup: Dedup) -> None:
+def _piece_keys(staged_id: int) -> np.ndarray:
+    """LSH band keys no other staged document has (a hash of the piece's staged id): a piece of a long document is
+    never a near-duplicate candidate, so near-dup never reads a long document whole."""
+    key = int.from_bytes(hashlib.blake2b(b"piece:%d" % staged_id, digest_size=8).digest(), "little")
+    return np.full(minhash.BANDS, key, dtype=np.uint64)
+
+
+def _joins(stage: Path, staged: int) -> np.ndarray:
+    """Whether each staged entry continues into the next (pieces of one document); none in a stage from before."""
+    path = stage / "joins.npy"
+    return np.load(path) if path.is_file() else np.zeros(staged, dtype=np.int8)
+
+
+def _checkpoint(stage: Path, state: dict, sealed: list[dict], lengths: array, dedup: Dedup, joins: array) -> None:
     """Everything a resume needs, the state file last (it names what is valid)."""
     state["shards"] += sealed
     _save_npy(stage / "lengths.npy", np.asarray(lengths, dtype=np.int64))
+    _save_npy(stage / "joins.npy", np.asarray(joins, dtype=np.int8))
     dedup.checkpoint()
     state["staged"] = len(lengths)
     state["dedup"] = {
@@ -525,24 +543,37 @@ def _init_worker(tokenizer, wikitext: bool, min_chars: int, near: bool) -> None:
 
 
 def _process_batch(texts: list[str]) -> list[tuple]:
-    """(raw characters, hash, LSH band keys if near-dup is on, tokens + eos or None if short) per document."""
+    """(raw characters, hash, LSH band keys if near-dup is on, tokens (+ eos) or None if short, whether the text is a
+    piece of a longer document, whether more of its document follows) per text. A piece (corpus.Piece) is never
+    short and ends in eos only if it ends its document: the pieces pack as the one document they are."""
     raw = [len(t) for t in texts]
+    pieces = [isinstance(t, corpus.Piece) for t in texts]
+    starts = [not piece or t.first for piece, t in zip(pieces, texts)]
+    ends = [not piece or not t.continues for piece, t in zip(pieces, texts)]
     if _WORKER["wikitext"]:
         from gensim.corpora.wikicorpus import filter_wiki  # removes templates, links, tables, refs
 
         texts = [filter_wiki(t) for t in texts]
-    cleaned = [cleaning.clean_text(t) for t in texts]
-    long = [i for i, t in enumerate(cleaned) if len(t) >= _WORKER["min_chars"]]
+    cleaned = [cleaning.clean_text(t, start, end) for t, start, end in zip(texts, starts, ends)]
+    long = [i for i, t in enumerate(cleaned) if len(t) >= _WORKER["min_chars"] or pieces[i]]
     ids = _WORKER["encode"]([cleaned[i] for i in long]) if long else []
     tokens: list = [None] * len(texts)
     for i, doc in zip(long, ids):
-        tokens[i] = np.asarray(doc + [_WORKER["eos"]], dtype=np.uint32)
+        tokens[i] = np.asarray(doc + [_WORKER["eos"]] if ends[i] else doc, dtype=np.uint32)
     keys: list = [None] * len(texts)
-    if _WORKER["near"] and long:
-        for i, row in zip(long, minhash.band_keys(minhash.signatures([cleaned[i] for i in long]))):
+    whole = [i for i in long if not pieces[i]]  # a piece's keys are its staged id's own (prepare._piece_keys)
+    if _WORKER["near"] and whole:
+        for i, row in zip(whole, minhash.band_keys(minhash.signatures([cleaned[i] for i in whole]))):
             keys[i] = row
     return [
-        (raw[i], hashlib.blake2b(cleaned[i].encode("utf-8"), digest_size=16).digest(), keys[i], tokens[i])
+        (
+            raw[i],
+            hashlib.blake2b(cleaned[i].encode("utf-8"), digest_size=16).digest(),
+            keys[i],
+            tokens[i],
+            pieces[i],
+            not ends[i],
+        )
         for i in range(len(texts))
     ]
 
@@ -556,8 +587,9 @@ def _pack(cfg: DataConfig, cache_path: Path, stage: Path, state: dict, dtype, re
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     staged = _staged_tokens(stage, state, dtype)
     kept = _kept_documents(len(lengths), removed)
-    train_docs, val_docs = split_documents(lengths[kept], cfg.val_fraction, cfg.data_seed)
-    train_docs, val_docs = kept[train_docs], kept[val_docs]
+    starts = _document_starts(kept, _joins(stage, len(lengths)))  # a long document's pieces are one document
+    train_groups, val_groups = split_documents(np.add.reduceat(lengths[kept], starts), cfg.val_fraction, cfg.data_seed)
+    train_docs, val_docs = _entries(kept, starts, train_groups), _entries(kept, starts, val_groups)
     kept_tokens = int(lengths[kept].sum())
     bs = cfg.block_size
     train_tokens = int(lengths[train_docs].sum()) // bs * bs
@@ -567,6 +599,8 @@ def _pack(cfg: DataConfig, cache_path: Path, stage: Path, state: dict, dtype, re
         # too few documents to split whole (e.g. one .txt file): split the text itself, and say so
         n_blocks = kept_tokens // bs
         n_val = max(1, round(cfg.val_fraction * n_blocks)) if cfg.val_fraction > 0 else 0
+        if n_blocks - n_val < 1:
+            _too_small(cfg, kept_tokens, len(starts), state)
         train_tokens, val_tokens = (n_blocks - n_val) * bs, n_val * bs
         plans = {"train": (kept, 0, train_tokens), "validation": (kept, train_tokens, val_tokens)}
         split = "within the text"
@@ -603,9 +637,9 @@ def _pack(cfg: DataConfig, cache_path: Path, stage: Path, state: dict, dtype, re
     state["seconds"]["pack"] = round(time.perf_counter() - started, 3)
     return {
         "split": split,
-        "documents": len(kept),
-        "train_documents": len(train_docs) if split == "whole documents" else None,
-        "validation_documents": len(val_docs) if split == "whole documents" else None,
+        "documents": len(starts),
+        "train_documents": len(train_groups) if split == "whole documents" else None,
+        "validation_documents": len(val_groups) if split == "whole documents" else None,
         "tokens": kept_tokens,
         "train_tokens": train_tokens,
         "validation_tokens": val_tokens,
@@ -613,6 +647,37 @@ def _pack(cfg: DataConfig, cache_path: Path, stage: Path, state: dict, dtype, re
         "train_blocks": train_tokens // bs,
         "validation_blocks": val_tokens // bs,
     }
+
+
+def _too_small(cfg: DataConfig, tokens: int, documents: int, state: dict) -> None:
+    """The real reason a corpus cannot train, in one line: its tokens, its blocks and what to pass."""
+    splits = 2 if cfg.val_fraction > 0 else 1
+    fits, needs = tokens // splits, "train and validation" if splits == 2 else "train"
+    fix = f"lower --block_size to {fits} or less" if fits >= 2 else "add text"
+    raise UserError(
+        f"the corpus holds {tokens:,} tokens in {documents:,} document(s) after cleaning and deduplication "
+        f"({state['read']:,} loaded, {state['exact']:,} exact duplicates): {tokens // cfg.block_size} block(s) of "
+        f"--block_size {cfg.block_size}, and a run needs {splits} ({needs})"
+        f"; {fix}" + (", or --val_fraction 0" if splits == 2 else "")
+    )
+
+
+def _document_starts(kept: np.ndarray, joins: np.ndarray) -> np.ndarray:
+    """Positions in `kept` where a document starts: every entry, but a piece that continues the one before it."""
+    if not len(kept):
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(np.concatenate([[True], joins[kept[:-1]] == 0]))
+
+
+def _entries(kept: np.ndarray, starts: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """The staged ids of documents `groups` (indices into `starts`), in that order, each document's pieces in order."""
+    if len(starts) == len(kept):  # no long document: one entry each
+        return kept[groups]
+    ends = np.append(starts[1:], len(kept))
+    sizes = ends[groups] - starts[groups]
+    first = np.repeat(starts[groups], sizes)
+    within = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    return kept[first + within]
 
 
 def _kept_documents(staged: int, removed: np.ndarray) -> np.ndarray:

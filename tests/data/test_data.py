@@ -454,6 +454,36 @@ def test_near_duplicates_are_found_by_exact_jaccard_with_full_recall_and_precisi
     assert found == expected, (sorted(expected - found), sorted(found - expected))
 
 
+def test_a_group_of_copies_is_removed_whole_through_its_base():
+    """The issue-53 corpus in small: bases of 200 words, each followed later by 5 copies with 1-3 words changed
+    (Jaccard 0.85-0.95 to the base, 0.73-0.83 copy to copy). Every copy at >= 0.85 to its base goes, however the
+    band keys sort, and no base or unrelated document does."""
+    from llmlab.data import minhash, near_dup
+
+    rng = random.Random(1)
+    vocabulary = [f"w{i}" for i in range(5000)]
+    bases = [[rng.choice(vocabulary) for _ in range(200)] for _ in range(40)]
+    docs = [" ".join(words) for words in bases]
+    copies = []
+    for index, words in enumerate(bases):
+        for _ in range(5):
+            edited = list(words)
+            for position in rng.sample(range(200), rng.randint(1, 3)):
+                edited[position] = rng.choice(vocabulary)
+            copies.append((index, " ".join(edited)))
+    rng.shuffle(copies)  # later in the corpus, in no order
+    docs += [text for _, text in copies]
+    shingles = [minhash.shingle_set(d) for d in docs]
+    to_base = [minhash.jaccard(shingles[40 + k], shingles[base]) for k, (base, _) in enumerate(copies)]
+    keys = minhash.band_keys(minhash.signatures(docs))
+    pairs = np.concatenate([near_dup.candidate_pairs(keys[:, band]) for band in range(minhash.BANDS)])
+    assert len(pairs) <= 2 * len(docs) * minhash.BANDS  # bounded: two pairs a document a band
+    found = set(near_dup.removed_documents(pairs, 0.85, docs.__getitem__).tolist())
+    expected = {40 + k for k, similarity in enumerate(to_base) if similarity >= 0.85}
+    assert len(expected) >= 150 and expected <= found, sorted(expected - found)
+    assert not found & set(range(40))  # no base
+
+
 def test_shingle_hashes_follow_their_definition():
     """Word 5-grams of the ASCII-lower-cased text, words as runs of [a-z0-9_] or non-ASCII bytes: the vectorised
     hashes give the same sets as the definition spelled out in Python, batch or not."""
@@ -681,3 +711,91 @@ def test_a_corpus_of_one_batch_is_prepared_without_a_pool(monkeypatch):
     assert data_mod._workers(DataConfig(max_documents=2 * data_mod.BATCH_DOCUMENTS + 1)) == 3
     assert data_mod._workers(DataConfig(max_documents=10**6)) == data_mod._workers(DataConfig()) == 4
     assert data_mod._workers(DataConfig(max_documents=5, num_proc=2)) == 2
+
+
+def test_a_long_text_file_streams_in_pieces_that_pack_as_one_document(tmp_path, gpt2_tokenizer):
+    """A .txt over MAX_DOCUMENT_CHARS is read in pieces cut after line breaks, each within the limit, that rejoin to
+    the text; prepared, the pieces are one document: one eos at its end, nothing between, kept whole in one split,
+    and the same tokens as the text tokenised in one go. Pieces are never dropped as short or duplicate (a long
+    document of repeated lines keeps every line)."""
+    from llmlab.data.corpus import MAX_DOCUMENT_CHARS, Piece, text_file_pieces
+
+    rng = random.Random(5)
+    lines = [random_doc(rng, rng.randint(3, 40)) + "\n" for _ in range(9000)]
+    long_text = "".join(lines) + "".join(lines[:2000])  # repeats: pieces are parts, never duplicates
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a_long.txt").write_text(long_text)
+    others = [random_doc(rng, 150) for _ in range(40)]
+    write_jsonl(folder / "b_short.jsonl", others)
+    pieces = list(text_file_pieces(folder / "a_long.txt"))
+    assert len(pieces) >= 4 and all(isinstance(p, Piece) and len(p) <= MAX_DOCUMENT_CHARS for p in pieces)
+    assert "".join(pieces) == long_text and all(p.endswith("\n") for p in pieces[:-1])
+    assert [p.continues for p in pieces] == [True] * (len(pieces) - 1) + [False]
+
+    prepared = prepare_dataset(cfg_for(tmp_path, folder, val_fraction=0.3, data_seed=1), gpt2_tokenizer)
+    documents = decoded_documents(prepared, gpt2_tokenizer)
+    whole = [d for d in documents if d.startswith(long_text[:200])]
+    assert len(whole) == 1 and long_text.rstrip().startswith(whole[0])  # one document, whole and in order
+    assert len(whole[0]) > 0.9 * len(long_text) and prepared.report["documents"] == 41
+    # the same tokens as the text tokenised in one go (pieces are cut after line breaks, where the BPE splits too)
+    eos, found = gpt2_tokenizer.eos_token_id, 0
+    for split in (prepared.train, prepared.validation):
+        ids = [i for row in split["input_ids"] for i in row]
+        cuts = [-1] + [k for k, token in enumerate(ids) if token == eos] + [len(ids)]
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            segment = ids[a + 1 : b]
+            if gpt2_tokenizer.decode(segment[:50]) == long_text[: len(gpt2_tokenizer.decode(segment[:50]))]:
+                assert segment == gpt2_tokenizer(long_text.rstrip())["input_ids"][: len(segment)]
+                found += 1
+    assert found == 1
+
+
+def test_a_json_line_over_the_limit_is_refused_before_it_is_read_whole(tmp_path, gpt2_tokenizer, monkeypatch):
+    from llmlab.data import corpus
+
+    monkeypatch.setattr(corpus, "MAX_JSON_LINE_BYTES", 4096)
+    path = write_jsonl(tmp_path / "c.jsonl", ["short text " * 10, "x" * 10_000, "more"])
+    with pytest.raises(UserError, match=r"c.jsonl:2 is a line of over 0 MB.*\.txt files"):
+        prepare_dataset(cfg_for(tmp_path, path), gpt2_tokenizer)
+
+
+def test_reading_a_half_gigabyte_one_document_file_keeps_memory_flat(tmp_path):
+    """Peak RSS of a process that streams a 0.5 GB one-document .txt.gz (one line per 80 characters, and one line of
+    64 MB) through the corpus reader, against the same process reading a 1 MB one: within 150 MB."""
+    import gzip
+
+    block = ("".join(f"line {i} of a corpus that someone concatenated into one file\n" for i in range(16_000))).encode()
+    big = tmp_path / "big.txt.gz"
+    with gzip.open(big, "wb", compresslevel=1) as f:
+        for _ in range((512 << 20) // len(block)):
+            f.write(block)
+        f.write(b"y" * (64 << 20) + b"\n")  # one 64 MB line: read in bounded chunks too
+    small = tmp_path / "small.txt.gz"
+    with gzip.open(small, "wb") as f:
+        f.write(block[: 1 << 20])
+    code = (
+        "import resource, sys; from pathlib import Path; from llmlab.data.corpus import text_file_pieces; "
+        "n = sum(len(p) for p in text_file_pieces(Path(sys.argv[1]))); "
+        "print(n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)"
+    )
+    peaks = {}
+    for name, path in (("small", small), ("big", big)):
+        proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        characters, peaks[name] = (int(v) for v in proc.stdout.split())
+    assert characters > 500 << 20
+    assert peaks["big"] - peaks["small"] < 150, peaks
+
+
+def test_a_corpus_too_small_to_train_says_why_in_one_line(tmp_path, gpt2_tokenizer):
+    """300 copies of one 110-token document dedup to one document: the error names the tokens, blocks and what to
+    pass (it was an errno from reading zero blocks)."""
+    text = "The quick brown fox jumps over the lazy dog near the river bank on a sunny day. " * 6
+    path = write_jsonl(tmp_path / "c.jsonl", [text] * 300)
+    with pytest.raises(UserError) as info:
+        prepare_dataset(cfg_for(tmp_path, path, block_size=128, val_fraction=0.1), gpt2_tokenizer)
+    message = str(info.value)
+    assert "\n" not in message and "Errno" not in message
+    assert "109 tokens in 1 document(s)" in message and "299 exact duplicates" in message
+    assert "0 block(s) of --block_size 128" in message and "lower --block_size to 54 or less" in message
