@@ -59,6 +59,9 @@ PIPELINE_VERSION = 4  # 2: streaming into token shards (same blocks as version 1
 STATE = "state.json"
 BLOOM = "bloom.zlib"
 BATCH_DOCUMENTS = 256  # documents per worker task: large enough for the tokenizer's batch speed
+# ... and at most this many characters: a batch of 256 long documents' 200k-character pieces held ~1.2 GB across the
+# workers and the batches in flight (bench/one_document.py), one of typical documents holds about a million
+BATCH_CHARACTERS = 2_000_000
 
 
 def default_data_cache() -> str:
@@ -500,7 +503,7 @@ def _progress(unit: str, initial: int):
 
 def _map_batches(cfg: DataConfig, tokenizer, wikitext: bool, source):
     """Per-document results in corpus order, computed by `num_proc` processes (here when 1)."""
-    batches = iter(lambda: list(itertools.islice(source, BATCH_DOCUMENTS)), [])
+    batches = _batches(source)
     options = (tokenizer, wikitext, cfg.min_doc_chars, cfg.near_dup_threshold > 0)
     workers = _workers(cfg)
     if workers == 1:
@@ -517,6 +520,19 @@ def _map_batches(cfg: DataConfig, tokenizer, wikitext: bool, source):
             yield from pool.imap(_process_batch, batches, chunksize=1)
     finally:
         gc.unfreeze()
+
+
+def _batches(source):
+    """Lists of documents in corpus order, each of at most BATCH_DOCUMENTS documents and about BATCH_CHARACTERS."""
+    batch, characters = [], 0
+    for text in source:
+        batch.append(text)
+        characters += len(text)
+        if len(batch) >= BATCH_DOCUMENTS or characters >= BATCH_CHARACTERS:
+            yield batch
+            batch, characters = [], 0
+    if batch:
+        yield batch
 
 
 _WORKER: dict = {}
