@@ -182,11 +182,22 @@ class MinimalTransformer(nn.Module):
             logits = logits / self.cfg.width_mult
         return (logits, entropy) if return_attention_entropy else logits
 
+    HIDDEN = ("attn.qkv.weight", "attn.proj.weight", "ff_in.weight", "ff_out.weight")
+
     def lr_multipliers(self) -> dict[str, float]:
         """Per-parameter Adam lr multipliers: muP scales hidden matrices by 1/width_mult; 1 everywhere otherwise."""
-        hidden = ("attn.qkv.weight", "attn.proj.weight", "ff_in.weight", "ff_out.weight")
         return {
-            name: (1 / self.cfg.width_mult if name.endswith(hidden) else 1.0) for name, _ in self.named_parameters()
+            name: (1 / self.cfg.width_mult if name.endswith(self.HIDDEN) else 1.0)
+            for name, _ in self.named_parameters()
+        }
+
+    def hidden_matrices(self) -> dict[str, tuple[int, int]]:
+        """name -> (axis, matrices it holds along that axis) of each hidden matrix: qkv ([3 width, width]) is Q, K and
+        V stacked along its rows."""
+        return {
+            name: ((0, 3) if name.endswith("attn.qkv.weight") else (0, 1))
+            for name, _ in self.named_parameters()
+            if name.endswith(self.HIDDEN)
         }
 
     def non_embedding_parameters(self) -> int:

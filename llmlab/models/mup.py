@@ -79,6 +79,19 @@ def lr_multipliers(model) -> dict[str, float]:
     return {name: (1 / mult if name.endswith(HIDDEN_MATRICES) else 1.0) for name, _ in model.named_parameters()}
 
 
+def hidden_matrices(model) -> dict[str, tuple[int, int]]:
+    """name -> (axis, matrices it holds along that axis) of the model's hidden matrices (what Muon steps apart): GPT-2's
+    c_attn ([n_embd, 3 n_embd], Conv1D's [in, out]) holds Q, K and V side by side; the minimal Transformer names its
+    own."""
+    if hasattr(model, "hidden_matrices"):
+        return model.hidden_matrices()
+    return {
+        name: ((1, 3) if name.endswith("attn.c_attn.weight") else (0, 1))
+        for name, _ in model.named_parameters()
+        if name.endswith(HIDDEN_MATRICES)
+    }
+
+
 def fold_readout(model, state_dict: dict) -> dict:
     """The state dict of a plain GPT-2 with the same logits: the readout multiplier folded into ln_f's weight and
     bias (the head reads W_e (g * x_hat + b) / m = W_e ((g / m) * x_hat + b / m)). A standard model's is unchanged."""

@@ -34,7 +34,7 @@ from llmlab.core.runinfo import machine_label  # noqa: E402
 from llmlab.core.tracking import MetricsLogger  # noqa: E402
 from llmlab.models.gpt2 import build_gpt2_model  # noqa: E402
 from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig  # noqa: E402
-from llmlab.models.mup import lr_multipliers  # noqa: E402
+from llmlab.models.mup import hidden_matrices, lr_multipliers  # noqa: E402
 from llmlab.sweep import metrics as M  # noqa: E402
 from llmlab.sweep.failsafes import FailSafes, TrialStop, fallback, precheck  # noqa: E402
 from llmlab.sweep.isolation import die_with_parent, release_compile_workers, watch_driver  # noqa: E402
@@ -108,9 +108,12 @@ def build_setup(spec: TrialSpec, hp: Hparams, device: torch.device) -> TrialSetu
     set_seed(spec.seed)
     model = build_trial_model(spec, hp).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
-    by_name = lr_multipliers(model)  # muP's per-layer lrs (minimal Transformer or GPT-2); all 1 otherwise
+    by_name, hidden = lr_multipliers(model), hidden_matrices(model)  # muP's per-layer lrs; what Muon steps apart
     multipliers = {id(p): by_name[n] for n, p in model.named_parameters() if p.requires_grad}
-    optimizer = build_optimizer(hp.optimizer, params, hp.lr, hp.weight_decay, lr_multipliers=multipliers)
+    matrices = {id(p): hidden[n] for n, p in model.named_parameters() if n in hidden}
+    optimizer = build_optimizer(
+        hp.optimizer, params, hp.lr, hp.weight_decay, lr_multipliers=multipliers, matrices=matrices
+    )
     steps, warmup = spec.steps, warmup_steps(spec, hp)
     scheduler = build_schedule(optimizer, hp.scheduler, warmup, steps)
     dtype = AUTOCAST_DTYPES.get(spec.precision)

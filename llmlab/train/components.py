@@ -30,16 +30,21 @@ class OptimizerEntry:
     lr_divisor: float = 1.0  # it takes lr / lr_divisor and weight decay x lr_divisor of the run's settings
     label: str = ""  # its name in prose (reports)
     about: str = ""
+    hidden_matrices: bool = False  # it steps the model's hidden matrices apart (build gets them marked `muon`)
 
 
 @dataclass(frozen=True)
 class ScheduleEntry:
-    shape: Callable[[float], float]  # progress in [0, 1] after warmup -> the factor on the peak lr, before the floor
+    shape: Callable[..., float]  # progress in [0, 1] after warmup (+ its options) -> the factor on the peak lr
     about: str = ""
+    options: tuple[str, ...] = ()  # the keyword options its shape takes (the trainers' --decay_fraction, ...)
 
-    def mean_lr_share(self, steps: int = 1000) -> float:
+    def mean_lr_share(self, steps: int = 1000, **options) -> float:
         """Mean factor over a run without warmup and floor: how much of the peak lr the schedule spends."""
-        return sum(self.shape(min(1.0, s / max(1, steps))) for s in range(steps)) / steps
+        return sum(self.at(min(1.0, s / max(1, steps)), options) for s in range(steps)) / steps
+
+    def at(self, progress: float, options: Optional[dict] = None) -> float:
+        return self.shape(progress, **{k: v for k, v in (options or {}).items() if k in self.options})
 
 
 OPTIMIZERS: dict[str, OptimizerEntry] = {}
@@ -110,12 +115,58 @@ register_optimizer(
     ),
 )
 
+
+def _muon(groups, lr: float, betas: Optional[tuple], eps: Optional[float]):
+    from llmlab.train.muon import MuonAdamW  # torch at import; this module is read before the training stack loads
+
+    return MuonAdamW(groups, lr, betas, eps)
+
+
+register_optimizer(
+    "muon",
+    OptimizerEntry(
+        _muon,
+        state_bytes=8.0,  # a bound: AdamW's 8 bytes on embeddings and norms, Muon's momentum (4) on hidden matrices
+        deepspeed=False,
+        label="Muon",
+        about="torch's Muon (Nesterov 0.95, 5 Newton-Schulz steps, AdamW-matched lr) on hidden matrices, fused QKV "
+        "as its three matrices; AdamW on embeddings, head, norms and biases (nanochat, modded-nanogpt)",
+        hidden_matrices=True,
+    ),
+)
+
 # transformers' formulas, written out once so every schedule has the same warmup and floor
 POLYNOMIAL_POWER = 2.0  # power 1 would equal linear
 register_schedule("linear", ScheduleEntry(lambda progress: 1.0 - progress, "linear decay"))
 register_schedule("cosine", ScheduleEntry(lambda progress: 0.5 * (1.0 + math.cos(math.pi * progress)), "cosine"))
 register_schedule("polynomial", ScheduleEntry(lambda progress: (1.0 - progress) ** POLYNOMIAL_POWER, "power 2"))
 register_schedule("constant", ScheduleEntry(lambda progress: 1.0, "constant after warmup"))
+
+# warmup-stable-decay (MiniCPM 2024; nanochat's warmdown): the peak lr until the last `decay_fraction` of the run, then
+# down to the floor. Its stable trunk can be resumed with another length, or branched into cooldowns of several.
+DECAY_SHAPES = {
+    "linear": lambda x: 1.0 - x,  # nanochat, modded-nanogpt
+    "cosine": lambda x: 0.5 * (1.0 + math.cos(math.pi * x)),
+    "sqrt": lambda x: 1.0 - math.sqrt(x),  # "1 - sqrt" (Hagele et al. 2024): the lowest loss of their cooldowns
+}
+DEFAULT_DECAY_FRACTION, DEFAULT_DECAY_SHAPE = 0.2, "linear"  # nanochat's warmdown_ratio, linear to the floor
+
+
+def _wsd(progress: float, decay_fraction: float = DEFAULT_DECAY_FRACTION, decay_shape: str = DEFAULT_DECAY_SHAPE):
+    start = 1.0 - decay_fraction
+    if progress <= start or decay_fraction <= 0:
+        return 1.0
+    return DECAY_SHAPES[decay_shape](min(1.0, (progress - start) / decay_fraction))
+
+
+register_schedule(
+    "wsd",
+    ScheduleEntry(
+        _wsd,
+        "warmup-stable-decay: constant, then --decay_shape over the last --decay_fraction",
+        options=("decay_fraction", "decay_shape"),
+    ),
+)
 
 
 def load_plugins() -> None:
@@ -135,12 +186,15 @@ def load_plugins() -> None:
 load_plugins()
 
 
-def lr_multiplier(step: int, name: str, warmup: int, total: int, min_lr_ratio: float = 0.0) -> float:
-    """The schedule's factor on the peak lr at `step` (0-based, as LambdaLR counts)."""
+def lr_multiplier(
+    step: int, name: str, warmup: int, total: int, min_lr_ratio: float = 0.0, options: Optional[dict] = None
+) -> float:
+    """The schedule's factor on the peak lr at `step` (0-based, as LambdaLR counts); `options` are the schedule's own
+    (a wsd's decay_fraction and decay_shape), the others ignored."""
     if step < warmup:
         return step / max(1, warmup)
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_lr_ratio + (1.0 - min_lr_ratio) * SCHEDULES[name].shape(progress)
+    return min_lr_ratio + (1.0 - min_lr_ratio) * SCHEDULES[name].at(progress, options)
 
 
 def mean_lr_share(name: str, steps: int = 1000) -> float:

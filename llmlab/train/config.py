@@ -20,7 +20,12 @@ from typing import Literal, Optional
 
 from llmlab.core.config import check_report_to, opt
 from llmlab.core.errors import UserError
-from llmlab.train.components import OPTIMIZERS, SCHEDULES  # noqa: F401 (the registries configs choose from)
+from llmlab.train.components import (  # noqa: F401 (the registries configs choose from)
+    DEFAULT_DECAY_FRACTION,
+    DEFAULT_DECAY_SHAPE,
+    OPTIMIZERS,
+    SCHEDULES,
+)
 
 CLIP_MODES = ("norm", "value")  # rescale the global gradient norm, or clamp every element to [-clip, clip]
 
@@ -79,6 +84,12 @@ class OptimGroup:
         choices=OPTIMIZERS,
     )
     weight_decay: float = opt(0.1, "weight decay (matrices only: never biases or LayerNorm weights)")
+    decay_fraction: float = opt(
+        DEFAULT_DECAY_FRACTION, "--lr_scheduler wsd: the share of the run (after warmup) spent decaying to the floor"
+    )
+    decay_shape: Literal["linear", "cosine", "sqrt"] = opt(
+        DEFAULT_DECAY_SHAPE, "--lr_scheduler wsd: how it decays: linear, cosine, or sqrt (1 - sqrt, Hagele et al.)"
+    )
     max_steps: Optional[int] = opt(None, "optimizer steps to train (upper bound)")
     clip: str = opt("1.0", "max grad norm, 0 = off, or 'adaptive' (1.5 x mean of the last 50 norms)")
     clip_mode: Literal["norm", "value"] = opt(
@@ -101,9 +112,15 @@ class OptimGroup:
                 ),
                 (self.max_steps is None or self.max_steps >= 1, f"--max_steps must be >= 1, got {self.max_steps}"),
                 (0 <= self.label_smoothing < 1, f"--label_smoothing must be in [0, 1), got {self.label_smoothing}"),
+                (0 < self.decay_fraction <= 1, f"--decay_fraction must be in (0, 1], got {self.decay_fraction}"),
             ]
         )
         parse_clip(self.clip)
+
+    @property
+    def schedule_options(self) -> dict:
+        """The options a registered schedule may take (each takes only its own)."""
+        return {"decay_fraction": self.decay_fraction, "decay_shape": self.decay_shape}
 
 
 @dataclass

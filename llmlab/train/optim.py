@@ -42,21 +42,49 @@ def build_optimizer(
     betas: Optional[tuple[float, float]] = None,
     eps: Optional[float] = None,
     lr_multipliers: Optional[dict[int, float]] = None,
+    matrices: Optional[dict[int, tuple[int, int]]] = None,
 ) -> torch.optim.Optimizer:
-    """`betas` / `eps` unset: each optimizer's own defaults (AdamW 0.9/0.999, 1e-8; Lion 0.9/0.99)."""
+    """`betas` / `eps` unset: each optimizer's own defaults (AdamW 0.9/0.999, 1e-8; Lion 0.9/0.99). `matrices`
+    (id(param) -> (axis, matrices it fuses)) names the model's hidden matrices, which Muon steps apart."""
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; one of {', '.join(OPTIMIZERS)}")
     entry = OPTIMIZERS[name]
     lr, weight_decay = lr / entry.lr_divisor, weight_decay * entry.lr_divisor
-    return entry.build(param_groups(params, lr, weight_decay, lr_multipliers), lr, betas, eps)
+    groups = param_groups(params, lr, weight_decay, lr_multipliers)
+    if entry.hidden_matrices:
+        groups = split_hidden_matrices(groups, matrices or {}, name)
+    return entry.build(groups, lr, betas, eps)
+
+
+def split_hidden_matrices(groups: list[dict], matrices: dict[int, tuple[int, int]], name: str) -> list[dict]:
+    """Each group's hidden matrices in a group of their own, marked `muon` with each one's (axis, fused count)."""
+    out = []
+    for group in groups:
+        hidden = [p for p in group["params"] if id(p) in matrices]
+        rest = [p for p in group["params"] if id(p) not in matrices]
+        if hidden:
+            out.append({**group, "params": hidden, "muon": True, "blocks": [matrices[id(p)] for p in hidden]})
+        if rest:
+            out.append({**group, "params": rest})
+    if not any(g.get("muon") for g in out):
+        raise UserError(
+            f"--optimizer {name} steps a model's hidden matrices, and none are among the parameters it trains "
+            "(a LoRA adapter's low-rank factors are not hidden matrices); use --optimizer adamw"
+        )
+    return out
 
 
 def build_schedule(
-    optimizer: torch.optim.Optimizer, name: str, warmup: int, total: int, min_lr_ratio: float = 0.0
+    optimizer: torch.optim.Optimizer,
+    name: str,
+    warmup: int,
+    total: int,
+    min_lr_ratio: float = 0.0,
+    options: Optional[dict] = None,
 ) -> LambdaLR:
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; one of {', '.join(SCHEDULES)}")
-    return LambdaLR(optimizer, lambda step: lr_multiplier(step, name, warmup, total, min_lr_ratio))
+    return LambdaLR(optimizer, lambda step: lr_multiplier(step, name, warmup, total, min_lr_ratio, options))
 
 
 def check_deepspeed_choices(accelerator, optimizer: str, clip_mode: str) -> None:

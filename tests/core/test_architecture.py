@@ -153,6 +153,8 @@ INTERNAL_IN_FUNCTION = {
     ("llmlab.scaling.analysis", "llmlab.models.gpt2"): "as above",
     ("llmlab.models.gpt2", "llmlab.models.mup"): "the configs import gpt2's presets before the flags are parsed; muP's "
     "readout is a torch module",
+    ("llmlab.train.components", "llmlab.train.muon"): "the registry is read before the training stack loads; Muon's "
+    "optimizer is a torch class, built only when chosen",
     ("llmlab.sweep.runner", "llmlab.sweep.launchers.ray"): "--launcher ray only: Ray's import takes seconds, and a "
     "sweep on one machine never needs it",
 }

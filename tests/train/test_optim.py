@@ -16,7 +16,8 @@ def tiny_model():
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_every_optimizer_decays_matrices_only_and_steps(name):
     model = tiny_model()
-    optimizer = build_optimizer(name, model.parameters(), lr=1e-2, weight_decay=0.1)
+    hidden = {id(p): (0, 1) for p in model.parameters() if p.ndim == 2} if OPTIMIZERS[name].hidden_matrices else None
+    optimizer = build_optimizer(name, model.parameters(), lr=1e-2, weight_decay=0.1, matrices=hidden)
     decayed = [g for g in optimizer.param_groups if g["weight_decay"] > 0]
     assert [p.ndim for g in decayed for p in g["params"]] == [2, 2]
     assert all(p.ndim == 1 for g in optimizer.param_groups if g["weight_decay"] == 0 for p in g["params"])

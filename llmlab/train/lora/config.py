@@ -11,7 +11,16 @@ from llmlab.core.config import opt
 from llmlab.core.errors import UserError
 from llmlab.core.io import llmlab_cache
 from llmlab.data.instruct import DEFAULT_PROMPT, DEFAULT_PROMPT_NO_INPUT, check_templates
-from llmlab.train.config import SCHEDULES, CheckpointGroup, EvalGroup, LoggingGroup, OptimGroup, RunGroup, require
+from llmlab.train.config import (
+    OPTIMIZERS,
+    SCHEDULES,
+    CheckpointGroup,
+    EvalGroup,
+    LoggingGroup,
+    OptimGroup,
+    RunGroup,
+    require,
+)
 
 DEFAULT_BASE_MODEL = "runs/pretrain/final"
 # peft's shorthand (peft.utils.INCLUDE_LINEAR_LAYERS_SHORTHAND) for every Linear/Conv1D layer but the output head. The
@@ -134,6 +143,11 @@ class LoraTrainConfig(RunGroup, OptimGroup, CheckpointGroup, EvalGroup, LoggingG
                     f"{self.test_fraction}",
                 ),
                 (0 <= self.lora_dropout < 1, f"--lora_dropout must be in [0, 1), got {self.lora_dropout}"),
+                (
+                    not OPTIMIZERS[self.optimizer].hidden_matrices,
+                    f"--optimizer {self.optimizer} steps a model's hidden matrices, and LoRA trains low-rank "
+                    "factors beside them, which Muon's orthogonalised step is not made for; use --optimizer adamw",
+                ),
             ]
         )
         self.check_run()

@@ -226,7 +226,10 @@ class LoraRun:
         self.total_steps = min(cfg.max_steps or math.inf, cfg.epochs * steps_per_epoch)
         # Stepped by hand once per optimizer step (not prepared): the step counts above are already per process.
         self.scheduler = scaled_schedule(
-            build_schedule(self.optimizer, cfg.lr_scheduler, cfg.warmup_steps, self.total_steps), session.state
+            build_schedule(
+                self.optimizer, cfg.lr_scheduler, cfg.warmup_steps, self.total_steps, options=cfg.schedule_options
+            ),
+            session.state,
         )
         self.clipper = GradClipper(cfg.clip, warmup_steps=cfg.warmup_steps, clip_mode=cfg.clip_mode)
         split = partial(

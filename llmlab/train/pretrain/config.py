@@ -39,6 +39,8 @@ RESUMABLE = (
     "learning_rate",
     "min_lr",
     "warmup_steps",
+    "decay_fraction",  # a wsd trunk resumed into a cooldown of another length or shape
+    "decay_shape",
     "eval_every",
     "eval_batches",
     "log_every",

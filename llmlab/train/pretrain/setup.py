@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from llmlab.core.errors import UserError
 from llmlab.core.io import publish_dir
 from llmlab.models.gpt2 import build_gpt2_model, load_pretrained_model
-from llmlab.models.mup import fold_readout, lr_multipliers
+from llmlab.models.mup import fold_readout, hidden_matrices, lr_multipliers
 from llmlab.train.checkpointing import assert_finite
 from llmlab.train.config import parse_clip
 from llmlab.train.optim import build_optimizer as build
@@ -111,7 +111,7 @@ def build_optimizer(cfg, model):
     """--optimizer from the shared factory (weight decay on matrices only; Lion's lr / wd convention there), with
     muP's per-layer lr multipliers (all 1 under the standard parametrization)."""
     hf_model = model.model  # inside the loss wrapper
-    multipliers = lr_multipliers(hf_model)
+    multipliers, matrices = lr_multipliers(hf_model), hidden_matrices(hf_model)
     return build(
         cfg.optimizer,
         model.parameters(),
@@ -120,6 +120,7 @@ def build_optimizer(cfg, model):
         betas=(cfg.adam_beta1, cfg.adam_beta2),
         eps=cfg.adam_eps if cfg.optimizer == "adamw" else None,
         lr_multipliers={id(p): multipliers[name] for name, p in hf_model.named_parameters()},
+        matrices={id(p): matrices[name] for name, p in hf_model.named_parameters() if name in matrices},
     )
 
 
@@ -128,7 +129,14 @@ def make_scheduler(cfg, optimizer, state):
     Stepped once per optimizer step."""
 
     return scaled_schedule(
-        build_schedule(optimizer, cfg.lr_scheduler, cfg.warmup_steps, cfg.max_steps, cfg.min_lr / cfg.learning_rate),
+        build_schedule(
+            optimizer,
+            cfg.lr_scheduler,
+            cfg.warmup_steps,
+            cfg.max_steps,
+            cfg.min_lr / cfg.learning_rate,
+            cfg.schedule_options,
+        ),
         state,
     )
 
