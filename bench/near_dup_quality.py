@@ -47,7 +47,7 @@ def planted_corpus(folder: Path, bases: int, seed: int, copies_per_base=(1, 1)) 
     vocabulary = " ".join(rng.choice(pool) for _ in range(2000)).split()
     copies, group = [], []
     for index, text in enumerate(originals):
-        size = rng.randint(*copies_per_base)
+        size = rng.randint(*copies_per_base) if copies_per_base != (1, 1) else 1  # one copy: the original corpus
         for _ in range(size):
             words = text.split()
             share = rng.uniform(0.0, 0.06)

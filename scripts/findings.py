@@ -519,6 +519,52 @@ def near_dup_quality() -> str:
     )
 
 
+def near_dup_groups() -> str:
+    """bench/near_dup_quality.py --copies 2 10 --before: recall per group size, now and before, side by side."""
+    data = json.loads((FINDINGS / "data-scale" / "near_dup_groups.json").read_text())
+    before = data["before"]
+    lines = ["| group size (copies of one base) | true duplicates | recall now (95 % CI) | recall before |",
+             "|---|---|---|---|"]  # fmt: skip
+    for now_row, old_row in zip(data["by_group_size"], before["by_group_size"]):
+        lines.append(
+            f"| {now_row['group_size']} | {now_row['true_duplicates']} | {now_row['recall']:.3f} "
+            f"[{now_row['ci95'][0]:.3f}, {now_row['ci95'][1]:.3f}] | {old_row['recall']:.3f} |"
+        )
+    s, b = data["summary"], before["summary"]
+    copies = sum(row["copies"] for row in data["bins"])
+    return "\n".join(lines) + (
+        f"\n\n{data['bases']} bases, each with {data['copies_per_base'][0]}-{data['copies_per_base'][1]} copies "
+        f"({copies} in all, each with 0-6 % of its words replaced on its own, shuffled after the bases), threshold "
+        f"{data['threshold']}, on {data['machine']}. Copies at Jaccard ≥ {data['threshold']} to their base that "
+        f"survive: {s['surviving_true_duplicates']} now, {b['surviving_true_duplicates']} before ({before['commit']}): "
+        f"recall {s['recall_at_threshold']:.4f} against {b['recall_at_threshold']:.4f}. Precision "
+        f"{s['precision']:.3f} now and {b['precision']:.3f} before: {s['removed_below_threshold']} copies below the "
+        f"threshold and {s['bases_removed']} bases removed. The near-dup stage took {s['near_dup_seconds']:.1f} s "
+        f"now and {b['near_dup_seconds']:.1f} s before ({s['near_dup_seconds'] / b['near_dup_seconds']:.2f}x, one "
+        f"run each, side by side), its disk {s['near_dup_disk_bytes_per_document']:.0f} bytes a document against "
+        f"{b['near_dup_disk_bytes_per_document']:.0f}."
+    )
+
+
+def one_document() -> str:
+    """bench/one_document.py: peak memory against the size of a one-document corpus, now and before."""
+    data = json.loads((FINDINGS / "data-scale" / "one_document.json").read_text())
+    rows = {(r["tree"], r["document_mb"]): r for r in data["rows"]}
+    lines = ["| one document of | peak now | peak before | tokens | seconds now |", "|---|---|---|---|---|"]
+    for size in sorted({mb for _, mb in rows}):
+        now, old = rows[("now", size)], rows.get(("before", size))
+        before = f"{old['peak_rss_mb']:,.0f} MB" if old else "not run"
+        lines.append(
+            f"| {size:,} MB | {now['peak_rss_mb']:,.0f} MB | {before} | {now['tokens']:,} | {now['seconds']:.0f} |"
+        )
+    refused = data["json_line"]
+    return "\n".join(lines) + (
+        f"\n\nPeak PSS of the whole process tree ({data['workers']} workers), the corpus a single .txt.gz; before = "
+        f"{data['before']}, run side by side up to 256 MB. A single JSON line of {data['json_line_gb']:g} GB is "
+        f"refused in {refused['seconds']:.0f} s, before it is read whole. On {data['machine']}."
+    )
+
+
 def minhash_speed() -> str:
     """bench/minhash_speed.py's table: signature cost per token against tiktoken's, one core."""
     data = json.loads((FINDINGS / "data-scale" / "minhash_speed.json").read_text())
@@ -1078,6 +1124,8 @@ BLOCKS = {
     "lr-forecast-power": realised_power,
     "lr-forecast-machines": forecast_machines,
     "host-syncs": host_syncs,
+    "near-dup-groups": near_dup_groups,
+    "one-document": one_document,
     "coord-check": coord_check,
     "fast-path-cpu": fast_path_cpu,
 }
