@@ -7,12 +7,16 @@ every bracketing window, instead of preferring one, leaves no choice to be made 
 
 Its interval is a parametric bootstrap of the whole estimator: a smooth curve (one quadratic over the lrs those
 windows span, its noise scaled up by the Birge ratio where it misses them) plus Gaussian seed noise at each lr
-(sigma at that lr, from the pure error, / sqrt(seeds)), re-estimated BOOTSTRAP times. A draw without a vertex inside
-the grid (its minimum on the first or last lr, or no bracketing window) is censored: it counts on the side its
-minimum points to and is never clipped to a value. When more than CENSOR_SHARE of the draws are censored on one side
-the 95 % interval is open there, so the cell is a bound (`censored_low` / `censored_high`), not a measurement: the scan
-extends the grid there (llmlab.sweep.scan) and the fits across sizes leave it out. The variance a fit uses is the
-squared half-width of the central 68 % of the draws, which censored draws (at +-inf) only widen.
+(sigma at that lr, from the pure error, / sqrt(seeds)), re-estimated BOOTSTRAP times. The draws' errors (each draw
+minus the same estimator on the smooth curve) are set around the point estimate (the basic bootstrap), so the point
+and its interval come from one estimator: v2 put the percentile interval of the draws themselves beside the point,
+centred on the smooth curve's vertex, which could leave the point outside its own interval.
+
+A draw without a vertex inside the grid (its minimum on the first or last lr, or no bracketing window) is censored: it
+counts on the side its minimum points to and is never clipped to a value. When more than CENSOR_SHARE of the draws are
+censored on one side the 95 % interval is open there, so the cell is a bound (`censored_low` / `censored_high`), not a
+measurement: the scan extends the grid there (llmlab.sweep.scan) and the fits across sizes leave it out. The variance
+a fit uses is the squared half-width of the central 68 % of the draws, which censored draws (at +-inf) only widen.
 """
 
 from __future__ import annotations
@@ -28,17 +32,23 @@ SEED = 0
 CENSOR_SHARE = 0.025  # per side: from there on the 95 % interval is open on that side
 FAR = 1e6  # where a censored draw is placed, in ln lr
 ESTIMATOR = {
-    "name": "bracketing-window-mean/v2",
+    "name": "bracketing-window-mean/v3",
     "vertex": f"mean vertex of every {WINDOW}-lr window containing the seed-mean minimum whose weighted quadratic in "
     "ln lr has its vertex inside the window",
     "interval": f"parametric bootstrap of the whole estimator ({BOOTSTRAP} draws, seed {SEED}) around one quadratic "
-    "over the bracketing windows' lrs, Birge-scaled seed noise sigma(size, lr) / sqrt(seeds)",
+    "over the bracketing windows' lrs, Birge-scaled seed noise sigma(size, lr) / sqrt(seeds); the draws' errors "
+    "(draw - the estimator on that quadratic) set around the point estimate (basic bootstrap)",
     "censoring": f"a draw with its minimum on the grid's edge or no bracketing window is censored on that side; "
     f">= {CENSOR_SHARE:.1%} censored on a side makes the cell a bound (extend the grid), never a value",
     "variance": "((q84 - q16) / 2)^2 of the draws, censored draws at +-inf",
     "noise": "pure-error sigma per size (pooled over sizes below 5 df), times exp(b/2 (ln lr - mean ln lr)) when the "
     "lr slope b of ln s^2 is significant at 5 %",
 }
+
+
+# Earlier versions whose vertex and variance, all a verdict uses, this one computes the same way (v3 only centres the
+# displayed interval on the point): a registration that recorded one is judged as registered.
+SAME_VERDICT = ("bracketing-window-mean/v2",)
 
 
 def finite(value) -> Optional[float]:
@@ -191,6 +201,7 @@ def cell_optimum(trials: list[dict], sigma, confidence: float = 0.95) -> dict:
     shares = {"low": float(low.mean()), "high": float(high.mean())}
     tail = (1 - confidence) / 2
     q = np.quantile(placed, [tail, 0.1587, 0.8413, 1 - tail])
+    centre = _centre(x, truth, seeds, placed)
     result.update(censored_share=shares["low"] + shares["high"], censored=shares)
     for side in sorted(shares, key=shares.get, reverse=True):  # the more open side names the bound
         if shares[side] >= CENSOR_SHARE:
@@ -202,7 +213,15 @@ def cell_optimum(trials: list[dict], sigma, confidence: float = 0.95) -> dict:
                 "reason": f"{shares[side]:.0%} of the bootstrap's vertices fall beyond the {side} end of the grid "
                 f"(>= {CENSOR_SHARE:.1%}): the interval is open there; extend the grid or add seeds",
             }
-    return {**result, "var_ln": float(((q[2] - q[1]) / 2) ** 2), "ci": [math.exp(q[0]), math.exp(q[3])]}
+    interval = [vertex - (q[3] - centre), vertex + (centre - q[0])]  # the draws' errors around the point
+    return {**result, "var_ln": float(((q[2] - q[1]) / 2) ** 2), "ci": [math.exp(v) for v in interval]}
+
+
+def _centre(x: np.ndarray, truth: np.ndarray, seeds: np.ndarray, placed: np.ndarray) -> float:
+    """The estimator on the bootstrap's smooth curve (what its draws scatter around); the draws' median where the
+    curve itself has no bracketed vertex."""
+    on_truth = float(window_vertices(x, truth[:, None], seeds)[0][0])
+    return on_truth if math.isfinite(on_truth) else float(np.median(placed))
 
 
 def _sigma_per_lr(sigma, lrs: np.ndarray) -> Optional[np.ndarray]:

@@ -27,7 +27,7 @@ from llmlab.core.runinfo import machine_label
 from llmlab.scaling.fits import ScalingOptions, feasible_region
 from llmlab.scaling.law import fit_law, predict
 from llmlab.scaling.machines import MACHINE_RULE, machine_adjust
-from llmlab.scaling.optimum import ESTIMATOR, cell_optimum, finite, grid_extension
+from llmlab.scaling.optimum import ESTIMATOR, SAME_VERDICT, cell_optimum, finite, grid_extension
 from llmlab.scaling.transfer import BAND, VERDICT_RULE, flat_forecast, seed_noise, sigma_model, size_points
 from llmlab.sweep.design import CONTROL, in_blocks, parse_size, replicate
 from llmlab.sweep.factors import REGISTRY
@@ -483,10 +483,18 @@ def read_preregistration(out_dir: Path) -> Optional[dict]:
         **registration,
         "sha256": file_sha256(path),
         "file": PREREGISTRATION,
-        "estimator_unchanged": registration.get("estimator") == ESTIMATOR
+        "estimator_unchanged": estimator_matches(registration.get("estimator"))
         and registration.get("machine_term") in (None, MACHINE_RULE),
         "rule_unchanged": registration.get("verdict_rule") == VERDICT_RULE,
     }
+
+
+def estimator_matches(recorded) -> bool:
+    """Whether a registration's estimator gives today's verdict: today's, or an earlier version with the same vertex
+    and variance (optimum.SAME_VERDICT: only the displayed interval changed since)."""
+    if recorded == ESTIMATOR:
+        return True
+    return isinstance(recorded, dict) and recorded.get("name") in SAME_VERDICT
 
 
 def held_out_trials(size: str, model: str, folders: list[Path]) -> list[Path]:
