@@ -608,6 +608,30 @@ def host_syncs() -> str:
     return "\n".join(lines)
 
 
+def forecast_fragility(short: bool = False) -> str:
+    """bench/forecast_fragility.py: the first forecast's verdict under fair alternative analyses, and Holm."""
+    data = json.loads((FINDINGS / "lr-forecast" / "fragility.json").read_text())
+    rows, holm = data["analyses"], {h["scan"]: h for h in data["holm"]}
+    first = holm["lr-forecast"]
+    others = [r for r in rows[2:] if r["verdict"] != "failed"]
+    if short:
+        return (
+            f"**That `failed` is fragile:** {len(others)} of {len(rows) - 2} fair alternative analyses give undecided "
+            f"(each seed block left out in turn, one machine's trials alone, a quadratic over all the held-out lrs, "
+            f"the bootstrap's centre), and Holm over the lab's three registered forecasts takes its p from "
+            f"{first['p']:.3f} to {first['p_holm']:.3f} (undecided); "
+            "[docs/findings](docs/findings/README.md#the-pre-registered-forecast-issue-26--lr-forecast) has the table."
+        )
+    lines = ["| analysis | verdict | R (95 % CI) | note |", "|---|---|---|---|"]
+    for row in rows:
+        ratio = f"{row['ratio']:.2f} [{row['ci95'][0]:.2f}, {row['ci95'][1]:.2f}]" if "ratio" in row else "–"
+        lines.append(f"| {row['analysis']} | {row['verdict']} | {ratio} | {row.get('note', '')} |")
+    family = "; ".join(
+        f"{h['scan']} R {h['ratio']:.2f}, p {h['p']:.3f}, Holm p {h['p_holm']:.3f}" for h in holm.values()
+    )
+    return "\n".join(lines) + f"\n\nHolm over the three registered forecasts (two-sided t of ln R = 0): {family}."
+
+
 def coord_check() -> str:
     """bench/coord_check.py: the slope of ln RMS on ln width per parametrization, coordinate and step."""
     folder = FINDINGS / "coord-check"
@@ -1127,6 +1151,8 @@ BLOCKS = {
     "near-dup-groups": near_dup_groups,
     "one-document": one_document,
     "coord-check": coord_check,
+    "lr-forecast-fragility": forecast_fragility,
+    "lr-forecast-fragility-short": lambda: forecast_fragility(short=True),
     "fast-path-cpu": fast_path_cpu,
 }
 PATTERN = re.compile(r"(<!-- findings:([\w-]+) -->\n)(.*?)(<!-- /findings:\2 -->)", re.S)

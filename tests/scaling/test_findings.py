@@ -311,3 +311,24 @@ def test_coordinate_check_slopes_in_the_findings_recompute_from_the_shipped_rows
             means = picked[picked.what == what].groupby("width").rms.mean()
             cells.append(f"{np.polyfit(np.log(means.index), np.log(means.values), 1)[0]:+.2f}")
         assert f"| {label} | 8 | {' | '.join(cells)} |" in text
+
+
+def test_the_first_forecasts_fragility_table_is_the_bench_rerun_and_its_holm_recomputes(tmp_path):
+    """bench/forecast_fragility.py rerun from the shipped trials gives the shipped JSON; its Holm line, recomputed from
+    the three scans' stored verdicts with scipy and statsmodels alone, is the one the findings print."""
+    import json
+
+    from scipy import stats
+    from statsmodels.stats.multitest import multipletests
+
+    bench = load_script("bench/forecast_fragility.py")
+    assert bench.main(["--output", str(tmp_path / "again.json")]) == 0
+    shipped = REPO / "docs" / "findings" / "lr-forecast" / "fragility.json"
+    assert json.loads((tmp_path / "again.json").read_text()) == json.loads(shipped.read_text())
+    ps = []
+    for name in ("lr-forecast", "lr-forecast-sp", "lr-forecast-mup"):
+        holdout = json.loads((REPO / "docs" / "findings" / name / "scaling_fits.json").read_text())["transfer"]
+        row = (holdout["holdout"].get("as_registered") or holdout["holdout"])["rows"][0]
+        ps.append(2 * stats.t.sf(abs(math.log(row["ratio"]) / row["se_ln"]), row["df"]))
+    holm = multipletests(ps, method="holm")[1]
+    assert f"lr-forecast R 1.65, p {ps[0]:.3f}, Holm p {holm[0]:.3f}" in (REPO / "docs/findings/README.md").read_text()
