@@ -194,7 +194,7 @@ def previous_tree(commit: str, work: Path) -> Path:
     return tree
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes_mb", type=int, nargs="+", default=[16, 64, 256], help="corpus sizes (MB of .jsonl)")
     parser.add_argument("--num_proc", type=int, default=0, help="workers for llmlab and nanogpt (0: every core)")
@@ -211,7 +211,60 @@ def main(argv=None) -> int:
         nargs="+",
         help="run only these (e.g. llmlab nanogpt); rows of the others are kept from an existing --output",
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def pipelines(args, corpus: Path, size: int, workers: int, tokenizer_json: Path) -> list[tuple]:
+    """(name, command, shard file pattern) of every pipeline run on one corpus size."""
+    runs = [
+        ("llmlab", [sys.executable, "-c", LLMLAB, str(corpus), "{out}", str(workers), "0.85"], "*.bin"),
+        ("llmlab, near-dup off", [sys.executable, "-c", LLMLAB, str(corpus), "{out}", str(workers), "0"], "*.bin"),
+        ("nanogpt", [sys.executable, "-c", NANOGPT, str(corpus), "{out}", str(workers)], "train.bin"),
+    ]
+    if args.compare_python:
+        litdata_script = args.work / "litdata_prepare.py"  # its workers are spawned: a file, not -c
+        litdata_script.write_text(LITDATA)
+        datatrove = [args.compare_python, "-c", DATATROVE, str(corpus), "{out}", str(workers), str(tokenizer_json)]
+        runs += [
+            ("datatrove", datatrove, "*.ds"),
+            ("litdata", [args.compare_python, str(litdata_script), str(corpus), "{out}", str(workers)], "*.bin"),
+        ]
+    if size <= args.previous_max_mb and args.previous_commit:
+        previous = LLMLAB.replace(", num_proc=int(sys.argv[3])", "").replace(
+            "near_dup_threshold=float(sys.argv[4])", "near_dup_threshold=0.85"
+        )
+        runs.append(("previous", [sys.executable, "-c", previous, str(corpus), "{out}", "1", "0.85"], "*.arrow"))
+    return [r for r in runs if not args.pipelines or r[0].split(",")[0] in args.pipelines]
+
+
+def measure_pipeline(args, name: str, command: list, pattern: str, corpus: Path, size: int, index: int, env) -> dict:
+    """One pipeline on one corpus, in a fresh process tree: its seconds, peak memory, tokens and bytes a token."""
+    out = args.work / f"out-{size}-{name.split(',')[0]}-{index}"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    cwd = previous_tree(args.previous_commit, args.work) if name == "previous" else REPO
+    result = run_measured([c.replace("{out}", str(out)) for c in command], cwd, {**env, "PYTHONPATH": str(cwd)})
+    documents = sum(1 for f in corpus.glob("*.jsonl") for _ in open(f))
+    result.update(
+        pipeline=name,
+        corpus_mb=size,
+        bytes_per_token=disk_bytes(out, pattern) / result["tokens"],
+        documents=documents,
+        tokens_per_second=result["tokens"] / result["seconds"],
+    )
+    print(
+        f"{size:>5} MB {name:<22} {result['tokens']:>12,} tokens {result['seconds']:8.1f} s "
+        f"{result['tokens_per_second']:>10,.0f} tok/s peak RSS {result['peak_rss_mb']:8.0f} MB "
+        f"{result['bytes_per_token']:.2f} B/token",
+        flush=True,
+    )
+    if name != "llmlab":
+        shutil.rmtree(out, ignore_errors=True)
+    return result
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     workers = args.num_proc or len(os.sched_getaffinity(0))
     args.work.mkdir(parents=True, exist_ok=True)
     pool = sentence_pool()
@@ -225,65 +278,8 @@ def main(argv=None) -> int:
     for size in args.sizes_mb:
         corpus = args.work / f"corpus-{size}mb"
         build_corpus(corpus, size, pool, seed=size)
-        runs = [
-            ("llmlab", [sys.executable, "-c", LLMLAB, str(corpus), "{out}", str(workers), "0.85"], "*.bin"),
-            ("llmlab, near-dup off", [sys.executable, "-c", LLMLAB, str(corpus), "{out}", str(workers), "0"], "*.bin"),
-            ("nanogpt", [sys.executable, "-c", NANOGPT, str(corpus), "{out}", str(workers)], "train.bin"),
-        ]
-        if args.compare_python:
-            litdata_script = args.work / "litdata_prepare.py"  # its workers are spawned: a file, not -c
-            litdata_script.write_text(LITDATA)
-            runs += [
-                (
-                    "datatrove",
-                    [args.compare_python, "-c", DATATROVE, str(corpus), "{out}", str(workers), str(tokenizer_json)],
-                    "*.ds",
-                ),
-                ("litdata", [args.compare_python, str(litdata_script), str(corpus), "{out}", str(workers)], "*.bin"),
-            ]
-        if size <= args.previous_max_mb and args.previous_commit:
-            tree = previous_tree(args.previous_commit, args.work)
-            runs.append(
-                (
-                    "previous",
-                    [
-                        sys.executable,
-                        "-c",
-                        LLMLAB.replace(", num_proc=int(sys.argv[3])", "").replace(
-                            "near_dup_threshold=float(sys.argv[4])", "near_dup_threshold=0.85"
-                        ),
-                        str(corpus),
-                        "{out}",
-                        "1",
-                        "0.85",
-                    ],
-                    "*.arrow",
-                )
-            )
-        for name, command, pattern in [r for r in runs if not args.pipelines or r[0].split(",")[0] in args.pipelines]:
-            out = args.work / f"out-{size}-{name.split(',')[0]}-{len(rows)}"
-            shutil.rmtree(out, ignore_errors=True)
-            out.mkdir()
-            cwd = tree if name == "previous" else REPO
-            run_env = {**env, "PYTHONPATH": str(cwd)}
-            result = run_measured([c.replace("{out}", str(out)) for c in command], cwd, run_env)
-            documents = sum(1 for f in corpus.glob("*.jsonl") for _ in open(f))
-            result.update(
-                pipeline=name,
-                corpus_mb=size,
-                bytes_per_token=disk_bytes(out, pattern) / result["tokens"],
-                documents=documents,
-                tokens_per_second=result["tokens"] / result["seconds"],
-            )
-            rows.append(result)
-            print(
-                f"{size:>5} MB {name:<22} {result['tokens']:>12,} tokens {result['seconds']:8.1f} s "
-                f"{result['tokens_per_second']:>10,.0f} tok/s peak RSS {result['peak_rss_mb']:8.0f} MB "
-                f"{result['bytes_per_token']:.2f} B/token",
-                flush=True,
-            )
-            if name != "llmlab":
-                shutil.rmtree(out, ignore_errors=True)
+        for name, command, pattern in pipelines(args, corpus, size, workers, tokenizer_json):
+            rows.append(measure_pipeline(args, name, command, pattern, corpus, size, len(rows), env))
     if args.pipelines and args.output.is_file():  # keep the rows of the pipelines not rerun
         earlier = json.loads(args.output.read_text())
         kept = [
@@ -295,19 +291,9 @@ def main(argv=None) -> int:
     summary = summarise(rows, workers)
     loader = loader_check(args, env) if args.train_steps else None
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(
-        json.dumps(
-            {
-                "rows": rows,
-                "summary": summary,
-                "loader": loader,
-                "workers": workers,
-                "machine": __import__("llmlab.core.runinfo", fromlist=["x"]).machine_label(),
-                "sizes_mb": args.sizes_mb,
-            },
-            indent=1,
-        )
-    )
+    machine = __import__("llmlab.core.runinfo", fromlist=["x"]).machine_label()
+    result = {"rows": rows, "summary": summary, "loader": loader, "workers": workers, "machine": machine}
+    args.output.write_text(json.dumps({**result, "sizes_mb": args.sizes_mb}, indent=1))
     print(json.dumps(summary, indent=1))
     return 0
 

@@ -137,6 +137,7 @@ def scan_worlds(
     judged world keeps sigma at least that beyond the largest fit size (a plateau measured elsewhere, for fit cells
     too few to show their own). Reported only: the fit cells' pooled sigma at every size, which the smallest
     sizes' larger noise dominates."""
+    # long: one simulated world after another, each the whole pipeline; the arguments take a third of it
     rows = [r for r in rows_of(folder) if r["size"] in fit_sizes]
     noise, shape = seed_noise(rows), scan_shape(folder, exclude=(held_out,))
     n_of = {s: float(size_parameters(s, "minimal", head_dim)) for s in (*fit_sizes, held_out, *more_sizes)}

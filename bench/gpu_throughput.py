@@ -178,7 +178,7 @@ def peak_table() -> list[str]:
     return lines + [f"| {name} | {peaks.get('bf16', '-')} |" for name, peaks in PEAK_TFLOPS.items()]
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gpt2", help="GPT-2 preset (gpt2 = 124M)")
     parser.add_argument("--block_size", type=int, default=1024, help="tokens per sequence")
@@ -210,6 +210,11 @@ def main(argv=None) -> int:
         args.ablate = ["compile", *(key for key in args.ablate if key != "compile")]
     if args.max_documents == 0:
         args.max_documents = 10**9
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args)))
         return 0
@@ -225,6 +230,17 @@ def main(argv=None) -> int:
     merged = {name: merge_rounds([r[name] for r in rounds]) for name in rounds[0]}
     rows = {name: merged[name] for name in args.trainers}
     variants = {key: merged[f"variant:{key}"] for key in args.ablate}
+    print_tables(args, rows, variants, device, peak, per_token)
+    if args.output:
+        result = {"device": device, "cpu": machine_label(), "peak_flops": peak, "flops_per_token": per_token}
+        result["args"] = {k: v for k, v in vars(args).items() if k != "output"}
+        atomic_write_text(
+            args.output, json.dumps({**result, "rows": rows, "ablations": variants}, indent=1, default=str)
+        )
+    return 0 if all(math.isfinite(r["tokens_per_sec"]) for r in [*rows.values(), *variants.values()]) else 1
+
+
+def print_tables(args, rows: dict, variants: dict, device: str, peak, per_token: float) -> None:
     print("\n".join(peak_table()) + "\n")
     print(
         f"{args.model} at block {args.block_size}, batch {args.batch_size}, {args.steps} steps (first {args.skip} "
@@ -243,24 +259,6 @@ def main(argv=None) -> int:
         print(f"| {name} | {row['tokens_per_sec']:,.0f} | {ratio} | {mfu} | {row['loss']:.3f} |")
     if variants:
         print(ablation_table(variants, rows.get("llmlab"), args))
-    if args.output:
-        atomic_write_text(
-            args.output,
-            json.dumps(
-                {
-                    "device": device,
-                    "cpu": machine_label(),
-                    "peak_flops": peak,
-                    "flops_per_token": per_token,
-                    "args": {k: v for k, v in vars(args).items() if k != "output"},
-                    "rows": rows,
-                    "ablations": variants,
-                },
-                indent=1,
-                default=str,
-            ),
-        )
-    return 0 if all(math.isfinite(r["tokens_per_sec"]) for r in [*rows.values(), *variants.values()]) else 1
 
 
 def run_worker(worker_args: list[str]) -> dict:

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main() -> None:
+    # long: options, model, batches and the timed step in order; the measuring and the table are functions
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--model", default="gpt2-tiny", help="llmlab.models.gpt2 preset (random init) or a model folder"
@@ -32,8 +33,6 @@ def main() -> None:
     parser.add_argument("--max_length", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     args = parser.parse_args()
-
-    import os
 
     import torch
 
@@ -85,21 +84,35 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
         return time.perf_counter() - wall, time.process_time() - cpu, loss.item()
 
+    timings, losses = interleaved(step, batches, variants)
+    report(args, batches, variants, timings, losses)
+
+
+def interleaved(step, batches: list, variants: dict) -> tuple[dict, dict]:
+    """Each variant's (wall, cpu) seconds and loss per batch, one warmup step each, the variants interleaved batch by
+    batch (background load hits every variant alike) with the same LoRA dropout masks."""
+    import torch
+
     timings = {mode: [] for mode in variants}
     losses = {mode: [] for mode in variants}
     for mode in variants:
         step(batches[0], mode)  # warmup
     for batch in batches[1:]:
-        for mode in variants:  # interleaved: background load hits every variant alike
+        for mode in variants:
             with torch.random.fork_rng():
-                torch.manual_seed(1)  # same LoRA dropout masks for every variant
+                torch.manual_seed(1)
                 wall, cpu, loss = step(batch, mode)
             timings[mode].append((wall, cpu))
             losses[mode].append(loss)
+    return timings, losses
+
+
+def report(args, batches: list, variants: dict, timings: dict, losses: dict) -> None:
+    import os
+
     tokens = sum(int(b["attention_mask"].sum()) for b in batches[1:]) / args.steps
     answer_share = sum(int((b["labels"] != -100).sum()) for b in batches[1:]) / args.steps / tokens
     max_loss_diff = max(abs(a - b) for mode in ("trim", "gather") for a, b in zip(losses["full"], losses[mode]))
-
     print(
         f"model {args.model}, {args.steps} steps of batch {args.batch_size} (~{tokens:.0f} tokens/step, "
         f"{100 * answer_share:.0f}% of them answer tokens), {args.threads} threads, "

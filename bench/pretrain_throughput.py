@@ -90,6 +90,7 @@ def run_ours(args, seed: int) -> dict:
 
 
 def run_hf_trainer(args, seed: int, bf16: bool) -> dict:
+    # long: the Trainer's arguments, its step-timing callback and the run, as its docs build one
     import torch
     from transformers import Trainer, TrainerCallback, TrainingArguments
 

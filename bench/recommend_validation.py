@@ -84,7 +84,7 @@ def comparison(losses: dict[str, list[float]], a: str, b: str) -> dict:
     return {"difference": diff, "ci": [diff - half, diff + half], "seed_sd": sd, "df": df}
 
 
-def main() -> None:
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/recommend_validation")
     parser.add_argument("--sizes", nargs="+", default=["64x2", "128x2", "192x2"])
@@ -96,75 +96,29 @@ def main() -> None:
         "--grid", nargs="+", type=float, default=[1e-3, 1.41e-3, 2e-3, 2.83e-3, 4e-3], help="lr grid at the target"
     )
     parser.add_argument("--seeds", type=int, default=2, help="runs per configuration")
-    args = parser.parse_args()
-    out = Path(args.out)
-    subprocess.run(
-        [
-            sys.executable,
-            "sweep.py",
-            "--grid",
-            "lr_bs",
-            "--budget",
-            "cpu",
-            "--model",
-            "gpt2-tiny",
-            "--sizes",
-            *args.sizes,
-            "--lr_points",
-            str(args.lr_points),
-            "--workers",
-            "2",
-            "--output_dir",
-            str(out / "scan"),
-        ],
-        cwd=REPO,
-        check=True,
-    )
+    return parser.parse_args()
+
+
+def scan_and_recommend(args, out: Path) -> tuple[Path, int]:
+    """The lr scan of the small GPT-2s, then recommend's YAML for the target: its path and the target's N."""
+    scan = ["--grid", "lr_bs", "--budget", "cpu", "--model", "gpt2-tiny", "--sizes", *args.sizes]
+    scan += ["--lr_points", str(args.lr_points), "--workers", "2", "--output_dir", str(out / "scan")]
+    subprocess.run([sys.executable, "sweep.py", *scan], cwd=REPO, check=True)
     n_target = target_params(args.target)
     recommended = out / "recommended.yaml"
     width, depth = (int(v) for v in args.target.split("x"))
-    subprocess.run(
-        [
-            sys.executable,
-            "sweep.py",
-            "recommend",
-            "--from",
-            str(out / "scan"),
-            "--params",
-            str(n_target),
-            "--n_layer",
-            str(depth),
-            "--n_embd",
-            str(width),
-            "--tokens",
-            str(args.tokens),
-            "--seq_len",
-            "128",
-            "--effective_batch_size",
-            str(args.batch),
-            "--memory-gb",
-            "8",
-            "--output",
-            str(recommended),
-        ],
-        cwd=REPO,
-        check=True,
-    )
-    rec = yaml.safe_load(recommended.read_text())
-    shape = [
-        "--model",
-        "gpt2-tiny",
-        "--n_embd",
-        str(width),
-        "--n_layer",
-        str(depth),
-        "--n_head",
-        str(width // 64),
-        "--batch_size",
-        str(args.batch),
-        "--effective_batch_size",
-        str(args.batch),
-    ]
+    ask = ["--from", str(out / "scan"), "--params", str(n_target), "--n_layer", str(depth), "--n_embd", str(width)]
+    ask += ["--tokens", str(args.tokens), "--seq_len", "128", "--effective_batch_size", str(args.batch)]
+    ask += ["--memory-gb", "8", "--output", str(recommended)]
+    subprocess.run([sys.executable, "sweep.py", "recommend", *ask], cwd=REPO, check=True)
+    return recommended, n_target
+
+
+def target_configs(args, rec: dict, recommended: Path) -> dict:
+    """name -> (lr, train_pretrain.py flags) of every configuration trained at the target."""
+    width, depth = (int(v) for v in args.target.split("x"))
+    shape = ["--model", "gpt2-tiny", "--n_embd", str(width), "--n_layer", str(depth), "--n_head", str(width // 64)]
+    shape += ["--batch_size", str(args.batch), "--effective_batch_size", str(args.batch)]
     steps = ["--max_steps", str(args.tokens // (args.batch * 128))]
     configs = {
         "recommended": (rec["learning_rate"], [*shape, "--config", str(recommended)]),
@@ -175,6 +129,15 @@ def main() -> None:
             lr,
             [*shape, "--config", str(recommended), "--learning_rate", str(lr), "--min_lr", str(lr / 10)],
         )
+    return configs
+
+
+def main() -> None:
+    args = parse_args()
+    out = Path(args.out)
+    recommended, n_target = scan_and_recommend(args, out)
+    rec = yaml.safe_load(recommended.read_text())
+    configs = target_configs(args, rec, recommended)
     jobs = [(name, seed) for name in configs for seed in range(args.seeds)]
 
     def run(job):

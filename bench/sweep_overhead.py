@@ -82,6 +82,7 @@ def trial_module_only(specs) -> dict:
 
 
 def main() -> None:
+    # long: options, then each launcher timed in turn and the table, in the order they run
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=4, help="trials per configuration (default 4)")
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps per trial (default 8)")

@@ -126,7 +126,6 @@ def cell_optimum(trials: list[dict], sigma, confidence: float = 0.95) -> dict:
     censored_low / censored_high (the bootstrap puts more than CENSOR_SHARE of the vertex beyond that side of the
     grid), no_vertex (no window around the minimum brackets a parabola's vertex), or too_few. Only `measured` is a
     value; the rest are bounds."""
-    # long: 92 lines once ruff's layout puts its long calls one argument a line; one step, read top to bottom
     lrs, losses = lr_table(trials)
     means = np.array([np.mean(v) for v in losses])
     seeds = seed_counts(trials, lrs)
@@ -147,22 +146,14 @@ def cell_optimum(trials: list[dict], sigma, confidence: float = 0.95) -> dict:
     x = np.log(lrs)
     estimate, best, brackets = window_vertices(x, means[:, None], seeds)
     best = int(best[0])
-    base.update(grid_lr=float(lrs[best]), best_loss=float(means[best]))
+    base.update(grid_lr=float(lrs[best]), best_loss=float(means[best]), lr_opt=float(lrs[best]))
     if best == 0 or best == len(lrs) - 1:
-        side = "below_grid" if best == 0 else "above_grid"
-        return {
-            **base,
-            "status": side,
-            "lr_opt": float(lrs[best]),
-            "reason": f"the lowest seed-mean loss is at the {'smallest' if best == 0 else 'largest'} scanned lr",
-        }
+        edge = "smallest" if best == 0 else "largest"
+        reason = f"the lowest seed-mean loss is at the {edge} scanned lr"
+        return {**base, "status": "below_grid" if best == 0 else "above_grid", "reason": reason}
     if math.isnan(estimate[0]):
-        return {
-            **base,
-            "status": "no_vertex",
-            "lr_opt": float(lrs[best]),
-            "reason": "no window of lrs around the minimum puts a parabola's vertex inside it",
-        }
+        reason = "no window of lrs around the minimum puts a parabola's vertex inside it"
+        return {**base, "status": "no_vertex", "reason": reason}
     vertex = float(estimate[0])
     used = np.flatnonzero(brackets[:, 0])
     span = slice(int(used[0]), int(used[-1]) + min(WINDOW, len(lrs)))
@@ -184,6 +175,14 @@ def cell_optimum(trials: list[dict], sigma, confidence: float = 0.95) -> dict:
             "censored_share": None,
             "reason": "no seed SD to put an interval on the vertex",
         }
+    return _with_interval(result, x, means, seeds, sigmas, span, confidence)
+
+
+def _with_interval(
+    result: dict, x: np.ndarray, means: np.ndarray, seeds: np.ndarray, sigmas: np.ndarray, span: slice, confidence
+) -> dict:
+    """The measured vertex with its bootstrap interval and variance, or a censored bound (the module's docstring)."""
+    vertex = result["ln_lr_opt"]
     truth, birge, curve = _smooth_curve(x, means, seeds, sigmas, span)
     result.update(
         loss_at_opt=curve["loss_at_opt"],

@@ -373,8 +373,7 @@ def transfer_markdown(analysis: dict) -> list[str]:
 
 
 def report_markdown(analysis: dict, plots: list[str]) -> str:
-    # long: a Markdown template, section by section in the order the page reads
-    level = f"{analysis['options']['confidence']:.0%}"
+    """The scaling report, section by section in the order the page reads."""
     thresholds = analysis["thresholds"]
     lines = [
         "# lr x batch-size scaling report",
@@ -396,7 +395,21 @@ def report_markdown(analysis: dict, plots: list[str]) -> str:
         ]
     else:
         lines.append("None.")
+    lines += [*_per_batch_markdown(analysis), *_fits_markdown(analysis)]
+    lines += ["", "## Plots", ""] + [f"![{Path(p).stem}](plots/{Path(p).name})" for p in plots]
     lines += [
+        "",
+        "## Next step",
+        "",
+        "`python sweep.py recommend --from THIS_FOLDER --memory-gb 24` turns these fits into a training "
+        "config (YAML for `train_pretrain.py --config`).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _per_batch_markdown(analysis: dict) -> list[str]:
+    lines = [
         "",
         "## Best learning rate per batch size",
         "",
@@ -415,7 +428,12 @@ def report_markdown(analysis: dict, plots: list[str]) -> str:
             f"| {short(point['batch_size'])} | {short(point['lr_opt'])} | {method} | {short(point['grid_lr'])} "
             f"| {short(point['best_final_loss'], 4)} | {point['n_lrs']} | {used} |"
         )
-    lines += [
+    return lines
+
+
+def _fits_markdown(analysis: dict) -> list[str]:
+    level = f"{analysis['options']['confidence']:.0%}"
+    lines = [
         "",
         f"## Fits ({level} bootstrap intervals, RANSAC outlier rejection in log space)",
         "",
@@ -426,10 +444,7 @@ def report_markdown(analysis: dict, plots: list[str]) -> str:
         if fit["status"] != "ok":
             lines.append(f"| {name} | not fitted: {fit['reason']} | | | |")
             continue
-        if name == "loss_std":
-            keys = ["k0", "k1", "k2"]
-        else:
-            keys = ["a", "b"] if name == "lr_opt" else ["c", "d"]
+        keys = ["k0", "k1", "k2"] if name == "loss_std" else (["a", "b"] if name == "lr_opt" else ["c", "d"])
         estimate = f"{fit['formula']}: " + ", ".join(f"{k} = {short(fit[k])}" for k in keys)
         interval = ", ".join(f"{k} {_interval(fit[f'{k}_ci'])}" for k in keys)
         note = f" ({fit['note']})" if fit.get("note") else ""
@@ -440,23 +455,13 @@ def report_markdown(analysis: dict, plots: list[str]) -> str:
     warning = analysis["fits"]["lr_opt"].get("warning")
     if warning:
         lines += ["", f"**Warning:** {warning}."]
-    lines += [
+    return lines + [
         "",
         "Intervals come from a residual bootstrap on the RANSAC inliers (scipy.stats.bootstrap, "
         f"{analysis['options']['n_bootstrap']} resamples, widened by t/z for the few points of the lr fit).",
         "Early loss std is the raw std of the first 100 training losses, so it also grows with how fast "
         "the loss falls; the default instability threshold is relative to the sweep's median for that reason.",
     ]
-    lines += ["", "## Plots", ""] + [f"![{Path(p).stem}](plots/{Path(p).name})" for p in plots]
-    lines += [
-        "",
-        "## Next step",
-        "",
-        "`python sweep.py recommend --from THIS_FOLDER --memory-gb 24` turns these fits into a training "
-        "config (YAML for `train_pretrain.py --config`).",
-        "",
-    ]
-    return "\n".join(lines)
 
 
 def _save(fig, path: Path) -> None:
