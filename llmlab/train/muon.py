@@ -33,7 +33,7 @@ class MuonAdamW(torch.optim.Optimizer):
         defaults = dict(lr=lr, weight_decay=0.0, muon=False, momentum=MOMENTUM, nesterov=True)
         super().__init__(groups, defaults)
         adam = {k: v for k, v in (("betas", betas), ("eps", eps)) if v is not None}
-        self._adamw = torch.optim.AdamW([g for g in self.param_groups if not g["muon"]], lr=lr, foreach=True, **adam)
+        self._adamw = torch.optim.AdamW([g for g in self.param_groups if not g["muon"]], lr=lr, fused=True, **adam)
         self._link()
 
     def _link(self) -> None:
