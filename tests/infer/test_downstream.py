@@ -188,22 +188,31 @@ def broken_task(folder) -> str:
     return str(path)
 
 
-def test_a_task_that_cannot_work_is_refused_before_any_training_or_model_load(tmp_path, tiny_gpt2_dir):
-    """Checked before the run folder exists: a typo or a hub task offline costs the task index, not a run; and
-    merge_and_infer.py eval checks before it loads the model."""
+def test_a_task_that_cannot_work_is_refused_before_any_training_or_model_load(tmp_path, tiny_gpt2_dir, monkeypatch):
+    """A task that cannot work costs seconds, not a run: train_pretrain.py refuses before its run folder exists (a
+    real process), and the check, which merge_and_infer.py eval also makes before it loads the model, names a typo
+    and a hub task offline in one line each."""
+    from llmlab.core.config import parse_config
+    from llmlab.infer import evaluate
+    from llmlab.infer.config import EvalConfig
+    from llmlab.infer.downstream import check_tasks
     from tests.conftest import run_script, tiny_pretrain_args
 
-    for task, message in (
-        ("no_such_task", "lm-eval knows no task 'no_such_task'"),
-        ("hellaswag", "need data from the Hugging Face hub and it cannot be reached (offline)"),
-    ):
-        args = tiny_pretrain_args(max_steps=20, eval_tasks=task, output_dir=tmp_path / "run")
-        proc = run_script(["train_pretrain.py", *args])
-        assert proc.returncode == 2 and message in proc.stderr.splitlines()[-1], proc.stderr[-2000:]
-        assert "Traceback" not in proc.stderr and "pretrain:" not in proc.stderr  # no training step ran
-        assert not (tmp_path / "run").exists()
-    evaluated = run_script(["merge_and_infer.py", "eval", "--model", str(tiny_gpt2_dir), "--tasks", "no_such_task"])
-    assert evaluated.returncode == 2 and "knows no task 'no_such_task'" in evaluated.stderr.splitlines()[-1]
+    missing = tmp_path / "missing_task.yaml"  # a file task: refused before lm-eval's 10 s task index is built
+    proc = run_script(
+        ["train_pretrain.py", *tiny_pretrain_args(max_steps=20, eval_tasks=missing, output_dir=tmp_path / "run")]
+    )
+    assert proc.returncode == 2 and f"task file {missing} does not exist" in proc.stderr.splitlines()[-1]
+    assert "Traceback" not in proc.stderr and "pretrain:" not in proc.stderr  # no training step ran
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(UserError, match="lm-eval knows no task 'no_such_task'"):
+        check_tasks(["no_such_task"])
+    with pytest.raises(UserError, match="need data from the Hugging Face hub and it cannot be reached"):
+        check_tasks(["hellaswag"])
+    monkeypatch.setattr(evaluate, "load_from_config", lambda *a, **k: pytest.fail("the model loaded first"))
+    cfg = parse_config(EvalConfig, ["--model", str(tiny_gpt2_dir), "--tasks", "no_such_task"])
+    with pytest.raises(UserError, match="knows no task 'no_such_task'"):
+        evaluate.run_eval(cfg)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from tests.conftest import kill_when_ready, run_script, tiny_pretrain_args
 
 # 64 wide at base width 32: m = 2, so every muP rule is visible (hidden lr / 2, readout / 2, init std / sqrt 2)
 MUP = ["--parametrization", "mup", "--mup_base_width", "32"]
-STEPS = 18
+STEPS = 9
 
 
 def run_args(out: Path, cache: Path, *extra: str) -> list[str]:
@@ -68,8 +68,17 @@ def test_mup_scales_hidden_init_and_lr_and_the_readout_by_width():
     assert math.isclose(float(model.transformer.wte.weight.detach().std()), 0.02, rel_tol=0.02)  # embeddings unchanged
 
 
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory) -> tuple[Path, Path, str]:
+    """A muP run of STEPS steps: (its folder, the data cache, its stdout)."""
+    tmp = tmp_path_factory.mktemp("mup")
+    proc = run_script(run_args(tmp / "whole", tmp / "cache", "--max_steps", str(STEPS)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp / "whole", tmp / "cache", proc.stdout
+
+
 @pytest.mark.slow
-def test_final_is_a_plain_gpt2_with_the_trained_models_logits_and_resume_is_exact(tmp_path):
+def test_final_is_a_plain_gpt2_with_the_trained_models_logits_and_resume_is_exact(tmp_path, whole_run):
     """A muP run's final/ loads in plain transformers and gives the logits the muP model of its last checkpoint
     gives; a run SIGKILLed after a checkpoint and resumed matches the uninterrupted run step by step."""
     from safetensors.torch import load_file
@@ -77,10 +86,8 @@ def test_final_is_a_plain_gpt2_with_the_trained_models_logits_and_resume_is_exac
 
     from llmlab.models.gpt2 import build_gpt2_model
 
-    whole, cache = tmp_path / "whole", tmp_path / "cache"
-    proc = run_script(run_args(whole, cache, "--max_steps", str(STEPS)))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "muP (base width 32, m = 2)" in proc.stdout
+    whole, cache, stdout = whole_run
+    assert "muP (base width 32, m = 2)" in stdout
 
     plain = AutoModelForCausalLM.from_pretrained(whole / "final").eval()
     assert type(plain.transformer.ln_f) is torch.nn.LayerNorm  # a plain GPT-2: nothing of llmlab in it
@@ -110,13 +117,11 @@ def test_final_is_a_plain_gpt2_with_the_trained_models_logits_and_resume_is_exac
 
 
 @pytest.mark.slow
-def test_lora_adapts_a_mup_runs_final_model(tmp_path, pydoc_cache_dir):
+def test_lora_adapts_a_mup_runs_final_model(tmp_path, pydoc_cache_dir, whole_run):
     """final/ of a muP run is a plain GPT-2, so train_lora.py adapts it as any other base (and lowers its loss)."""
     from tests.train.test_lora import _lora
 
-    base = tmp_path / "base"
-    proc = run_script(run_args(base, tmp_path / "cache", "--max_steps", "3"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    base = whole_run[0]
     _, report = _lora(["--learning_rate", "1e-2", "--max_steps", "6"], base / "final", pydoc_cache_dir, tmp_path / "l")
     assert report["after"]["validation"]["loss"] < report["before"]["validation"]["loss"], report
 

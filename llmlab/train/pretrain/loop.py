@@ -55,7 +55,9 @@ def train(cfg: PretrainConfig) -> dict:
         run = Pretraining(cfg, session)
         cfg, acc, state, meter = run.cfg, session.accelerator, session.state, session.meter
         run.batches = setup.batch_stream(acc, run.train_dl, state.micro_batches)  # a rollback restarts it
-        micro_batches, last_val, last_loss = acc.gradient_accumulation_steps, None, None
+        micro_batches, last_loss = acc.gradient_accumulation_steps, None
+        # resumed: its checkpoint was saved before that step's evaluations, which a run killed in between never ran
+        last_val = run.evaluations() if 0 < state.step < cfg.max_steps else None
         run.model.train()
         while state.step < cfg.max_steps:
             drill_factor = run.drill_factor(state.step + 1)
@@ -83,12 +85,8 @@ def train(cfg: PretrainConfig) -> dict:
             meter.log_step(results[-1], cfg.log_every, {"train/loss_scale": setup.loss_scale(acc, run.optimizer)})
             # the step's checkpoint first: an evaluation that fails never costs the training before it
             session.checkpointer.maybe_save(state.step, allowed=run.detector.streak == 0)  # never mid-spike
-            if len(run.val_dl) and meter.due(cfg.eval_every):
-                with meter.paused():
-                    last_val = run.evaluate()
-            if cfg.eval_tasks and cfg.eval_tasks_every and meter.due(cfg.eval_tasks_every):
-                with meter.paused():
-                    run.downstream(periodic=True)
+            val = run.evaluations()
+            last_val = val if val is not None else last_val
         return run.finish(last_val, last_loss)
 
 
@@ -231,6 +229,18 @@ class Pretraining:
         if scores is not None:  # a failed periodic evaluation leaves the final one to run
             self.scored_at, self.last_scores = self.session.state.step, scores
         return scores
+
+    def evaluations(self) -> Optional[float]:
+        """The evaluations due at this step, after its checkpoint: the validation loss (returned) and --eval_tasks
+        every --eval_tasks_every steps; neither counts as training time."""
+        cfg, meter, val = self.cfg, self.session.meter, None
+        if len(self.val_dl) and meter.due(cfg.eval_every):
+            with meter.paused():
+                val = self.evaluate()
+        if cfg.eval_tasks and cfg.eval_tasks_every and meter.due(cfg.eval_tasks_every):
+            with meter.paused():
+                self.downstream(periodic=True)
+        return val
 
     def evaluation_failed(self, err: Exception, periodic: bool) -> None:
         """A periodic --eval_tasks evaluation that raised: logged (events.jsonl, a warning), training goes on. The
