@@ -313,18 +313,21 @@ def test_coordinate_check_slopes_in_the_findings_recompute_from_the_shipped_rows
         assert f"| {label} | 8 | {' | '.join(cells)} |" in text
 
 
-def test_the_first_forecasts_fragility_table_is_the_bench_rerun_and_its_holm_recomputes(tmp_path):
-    """bench/forecast_fragility.py rerun from the shipped trials gives the shipped JSON; its Holm line, recomputed from
-    the three scans' stored verdicts with scipy and statsmodels alone, is the one the findings print."""
+def test_the_first_forecasts_fragility_table_states_its_rows_and_its_holm_recomputes():
+    """The short line's count of undecided analyses is the table's, and its Holm line, recomputed from the three scans'
+    stored verdicts with scipy and statsmodels alone, is the one the findings print."""
     import json
 
     from scipy import stats
     from statsmodels.stats.multitest import multipletests
 
-    bench = load_script("bench/forecast_fragility.py")
-    assert bench.main(["--output", str(tmp_path / "again.json")]) == 0
-    shipped = REPO / "docs" / "findings" / "lr-forecast" / "fragility.json"
-    assert json.loads((tmp_path / "again.json").read_text()) == json.loads(shipped.read_text())
+    shipped = json.loads((REPO / "docs" / "findings" / "lr-forecast" / "fragility.json").read_text())
+    alternatives = shipped["analyses"][2:]
+    undecided = sum(row["verdict"] != "failed" for row in alternatives)
+    assert (
+        f"{undecided} of {len(alternatives)} fair alternative analyses give undecided"
+        in (REPO / "README.md").read_text()
+    )
     ps = []
     for name in ("lr-forecast", "lr-forecast-sp", "lr-forecast-mup"):
         holdout = json.loads((REPO / "docs" / "findings" / name / "scaling_fits.json").read_text())["transfer"]

@@ -85,20 +85,20 @@ def run_args(out: Path, cache: Path, *extra: str) -> list[str]:
 @pytest.mark.slow
 def test_a_muon_wsd_run_learns_resumes_exactly_and_checkpoints_its_state(tmp_path):
     whole = tmp_path / "whole"
-    proc = run_script(run_args(whole, tmp_path / "cache", "--max_steps", "9"))
+    proc = run_script(run_args(whole, tmp_path / "cache", "--max_steps", "6"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "optimizer MuonAdamW, wsd schedule" in proc.stdout
     losses = {r["step"]: r["train/loss"] for r in read_jsonl(whole / "metrics.jsonl") if "train/loss" in r}
-    assert sum(losses[s] for s in (7, 8, 9)) < sum(losses[s] for s in (1, 2, 3)) - 0.5
-    state = torch.load(whole / "checkpoints" / "step_9" / "optimizer.bin", weights_only=False)
+    assert sum(losses[s] for s in (5, 6)) < sum(losses[s] for s in (1, 2)) - 0.3
+    state = torch.load(whole / "checkpoints" / "step_6" / "optimizer.bin", weights_only=False)
     kinds = {frozenset(v) for v in state["state"].values()}
     assert frozenset({"momentum_buffer"}) in kinds and frozenset({"step", "exp_avg", "exp_avg_sq"}) in kinds
     assert sum(g["muon"] for g in state["param_groups"]) >= 1
 
     part = tmp_path / "part"
-    kill_when_ready(run_args(part, tmp_path / "cache", "--max_steps", "9"), part / "checkpoints" / "step_3")
+    kill_when_ready(run_args(part, tmp_path / "cache", "--max_steps", "6"), part / "checkpoints" / "step_3")
     assert not (part / "final").exists(), "the run finished before it was killed; nothing was tested"
-    resumed = run_script(run_args(part, tmp_path / "cache", "--max_steps", "9", "--resume_from_checkpoint", "latest"))
+    resumed = run_script(run_args(part, tmp_path / "cache", "--max_steps", "6", "--resume_from_checkpoint", "latest"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     again = {r["step"]: r["train/loss"] for r in read_jsonl(part / "metrics.jsonl") if "train/loss" in r}
     assert again == losses

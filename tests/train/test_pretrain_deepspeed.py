@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from llmlab.core.io import read_jsonl
@@ -136,8 +137,8 @@ MUP = ("--parametrization", "mup", "--mup_base_width", "16")
 def test_zero2_cpu_offload_resumes_after_sigkill_in_fp32(tmp_path):
     """Real DeepSpeed ZeRO-2 with the optimizer on CPU (DeepSpeedCPUAdam; first use JIT-compiles it), on a muP model:
     an uninterrupted run against one SIGKILLed after its step-6 checkpoint and resumed, step by step: bit for bit up
-    to the kill, within DEEPSPEED_FP32_RESUME_TOLERANCE after it; and the same losses as the plain path's AdamW, so
-    muP's per-layer lrs survive the swap to DeepSpeed's optimizer (dropping them moves the loss by ~0.05 here)."""
+    to the kill, within DEEPSPEED_FP32_RESUME_TOLERANCE after it; and muP's per-layer lrs survive the swap to
+    DeepSpeed's optimizer (its checkpoint's groups: the hidden matrices at half the others' lr)."""
     whole = tmp_path / "whole"
     first = launch(whole, tmp_path / "cache", "--max_steps", "12", *MUP, precision="no")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -148,17 +149,11 @@ def test_zero2_cpu_offload_resumes_after_sigkill_in_fp32(tmp_path):
     got, expected = killed_and_resumed(tmp_path / "killed", tmp_path / "cache", "no", *MUP), train_losses(whole)
     assert got.keys() == expected.keys() and all(got[step] == expected[step] for step in range(1, 7))
     assert all(abs(got[step] - expected[step]) <= DEEPSPEED_FP32_RESUME_TOLERANCE for step in got), (got, expected)
-    args = launch_args(tmp_path / "plain", tmp_path / "cache", "--max_steps", "12", *MUP, precision="no")
-    plain = subprocess.run(
-        [sys.executable, *args[args.index("train_pretrain.py") :]],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert plain.returncode == 0 and "optimizer AdamW" in plain.stdout, plain.stderr[-3000:]
-    on_plain = train_losses(tmp_path / "plain")
-    assert all(abs(on_plain[step] - expected[step]) <= DEEPSPEED_FP32_RESUME_TOLERANCE for step in expected)
+    # the lrs DeepSpeed's CPU Adam stepped with, from its own checkpoint: muP's hidden matrices at lr / m (m = 2)
+    saved = next((whole / "checkpoints" / "step_12" / "pytorch_model").glob("*optim_states.pt"))
+    groups = torch.load(saved, weights_only=False, map_location="cpu")["optimizer_state_dict"]["base_optimizer_state"]
+    lrs = sorted({group["lr"] for group in groups["param_groups"]})
+    assert len(lrs) == 2 and lrs[0] == pytest.approx(lrs[1] / 2), lrs
 
 
 @pytest.mark.slow
