@@ -22,6 +22,7 @@ from typing import Literal, Optional
 
 import numpy as np
 import yaml
+from scipy import stats
 
 import llmlab.scaling.memory as memory
 from llmlab.core.config import Parser, add_dataclass_args, config_from_namespace, load_yaml, opt
@@ -30,6 +31,7 @@ from llmlab.core.io import atomic_write_text
 from llmlab.models.gpt2 import GPT2_PRESETS
 from llmlab.scaling.fits import ScalingOptions, predict_band
 from llmlab.scaling.law import predict
+from llmlab.scaling.length import combine, length_shift
 from llmlab.scaling.report import FITS_FILE, write_lr_bs_report
 from llmlab.sweep import report
 from llmlab.train.components import OPTIMIZERS
@@ -80,6 +82,12 @@ class RecommendConfig(ScalingOptions):
         False,
         "carry a law measured on another architecture (the lab's minimal Transformer) into the GPT-2 this "
         "configures, printed as an extrapolation (refused without it)",
+    )
+    length_from: Optional[str] = opt(
+        None,
+        "a length scan's folder (its scaling_fits.json holds the law ln lr = a + beta ln D): moves the lr from the "
+        "scan's training tokens to the target's, with its prediction interval (unset: the lr stays at the scan's "
+        "length, with a WARNING)",
     )
     output: Optional[str] = opt(None, "YAML file to write; unset = FROM/recommended_config.yaml")
     memory_headroom: float = opt(0.10, "fraction of --memory-gb kept free on top of the prediction")
@@ -166,11 +174,13 @@ def recommend(cfg: RecommendConfig, reanalyse: tuple[str, ...] = ()) -> dict:
     plan.update(parametrization)
     plan.update(_batch_plan(cfg, shape, tokens, methods["optimizer"], fits, notes))
     plan.update(_learning_rate(cfg, fits, shape.non_embedding, plan["effective_batch_size"] * cfg.seq_len, notes))
+    if cfg.length_from:
+        plan.update(_at_length(cfg, probe, plan, fits["options"]["confidence"], notes))
     plan.update(_schedule(tokens, plan["effective_batch_size"], cfg.seq_len, notes))
     plan.update(_clip(fits, plan["learning_rate"], notes))
     plan["extrapolations"] = extrapolations(probe, plan, cfg.seq_len)
     length = next(row for row in plan["extrapolations"] if row["quantity"] == "training tokens")
-    if length["factor"] > 1 and length["scanned"]:
+    if length["factor"] > 1 and length["scanned"] and not cfg.length_from:
         notes.append(
             f"WARNING: the target trains {tokens:,} tokens, {length['factor']:,.0f}x the scan's longest trials "
             f"({length['scanned'][-1]:,.0f}); how the optimal lr moves with training length is not measured here: "
@@ -250,7 +260,7 @@ def extrapolations(probe: dict, plan: dict, seq_len: int) -> list[dict]:
         ("N (non-embedding)", probe["n_params"], shape.non_embedding),
         ("depth (layers)", probe["depths"], shape.n_layer),
         ("tokens per step", probe["tokens_per_step"], plan["effective_batch_size"] * seq_len),
-        ("training tokens", probe["train_tokens"], plan["tokens"]),
+        ("training tokens", plan.get("length_range") or probe["train_tokens"], plan["tokens"]),
     ]
     out = []
     for name, scanned, target in rows:
@@ -261,6 +271,8 @@ def extrapolations(probe: dict, plan: dict, seq_len: int) -> list[dict]:
             factor = target / scanned[0]
         if name.startswith("N"):
             validated = f"{validated_n:.1f}x past the largest (held-out verdict)" if validated_n > 1 else "none"
+        elif name.startswith("training") and plan.get("length_range"):
+            validated = "the length law's fit lengths (beta carries the lr between them)"
         else:
             validated = "none beyond the scanned values" + (" (no length scan)" if name.startswith("training") else "")
         out.append({"quantity": name, "scanned": scanned, "target": target, "factor": factor, "validated": validated})
@@ -410,6 +422,8 @@ def _learning_rate(cfg: RecommendConfig, fits: dict, params: float, batch_tokens
     return {
         "learning_rate": lr,
         "learning_rate_interval": [float(math.exp(low[0])), float(math.exp(high[0]))],
+        "lr_se_ln": float(high[0] - low[0]) / (2 * stats.norm.ppf((1 + fits["options"]["confidence"]) / 2)),
+        "lr_df": None,
         "extrapolation": None,
         "lr_basis": f"lr_opt = a * batch^b fit of the swept model at batch {batch:.3g}",
         "confirm_lrs": [float(f"{lr * m:.3g}") for m in (0.5, 1.0, 2.0)],
@@ -463,11 +477,50 @@ def _lr_across_sizes(fits: dict, transfer: dict, params: float, batch_tokens: fl
     return {
         "learning_rate": forecast["lr"],
         "learning_rate_interval": forecast["pi"],
+        "lr_se_ln": forecast["se_pred"],
+        "lr_df": forecast["df"],
         "extrapolation": factor,
         "validated_extrapolation": validated,
         "heldout_verdict": verdict,
         "lr_basis": basis,
         "confirm_lrs": [float(f"{forecast['lr'] * m:.3g}") for m in (0.5, 1.0, 2.0)],
+    }
+
+
+def _at_length(cfg: RecommendConfig, probe: dict, plan: dict, confidence: float, notes: list[str]) -> dict:
+    """The lr moved from the width scan's training tokens to the target's by the length law's beta, the interval
+    combining both (llmlab.scaling.length); a target beyond the law's fit lengths is named with a WARNING."""
+    fits = load_fits(cfg.length_from)
+    law = fits.get("length") or {"status": "missing", "reason": f"{cfg.length_from} holds no length law"}
+    other = probe_of(cfg.length_from, fits)
+    if (other["family"], other["parametrization"]) != (probe["family"], probe["parametrization"]):
+        raise UserError(
+            f"--length_from {cfg.length_from} scanned {other['parametrization']} {other['family']} probes and "
+            f"--from {probe['parametrization']} {probe['family']} ones: a length law carries only within one "
+            "architecture and parametrization"
+        )
+    d0 = probe["train_tokens"][-1]
+    shift = length_shift(law, d0, plan["tokens"])
+    moved = combine(math.log(plan["learning_rate"]), plan["lr_se_ln"], plan["lr_df"], shift, confidence)
+    low, high = law["d_range"]
+    notes.append(
+        f"lr moved from the scan's {d0:,.0f} training tokens to {plan['tokens']:,}: x{shift['factor']:.3g} "
+        f"(beta {law['beta']:+.3f} [{law['beta_ci'][0]:+.3f}, {law['beta_ci'][1]:+.3f}], {law['df']} df)"
+    )
+    if not low <= plan["tokens"] <= high:
+        notes.append(
+            f"WARNING: the target trains {plan['tokens']:,} tokens, outside the length law's measured "
+            f"{low:,.0f}-{high:,.0f}: beta is extrapolated {max(plan['tokens'] / high, low / plan['tokens']):,.0f}x; "
+            "the confirmation runs bracket it"
+        )
+    lr = moved["lr"]
+    return {
+        "learning_rate": lr,
+        "learning_rate_interval": moved["interval"],
+        "length_shift": shift["factor"],
+        "length_range": [low, high],
+        "lr_basis": plan["lr_basis"] + f"; moved by the length law's beta {law['beta']:+.3f} to the target's tokens",
+        "confirm_lrs": [float(f"{lr * m:.3g}") for m in (0.5, 1.0, 2.0)],
     }
 
 

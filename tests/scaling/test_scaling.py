@@ -1018,3 +1018,50 @@ def test_the_transfer_plot_draws_a_vertex_that_lies_outside_its_bootstrap_interv
     point["ci"] = [point["lr_opt"] * 1.05, point["lr_opt"] * 1.6]
     path = _plot_transfer(tmp_path, {"transfer": transfer})
     assert path and (tmp_path / "lr_transfer.png").stat().st_size > 10_000
+
+
+def test_recommend_moves_the_lr_to_the_targets_length_by_a_planted_beta(tmp_path):
+    """A length law planted at beta -0.5 (optima at four training lengths, fitted by the lab's estimator): recommend
+    moves the width scan's lr by (D / D0)^beta exactly, widens the interval by the slope's uncertainty, warns beyond
+    the law's lengths naming them, and refuses a length law of another parametrization."""
+    import json
+
+    from llmlab.scaling.length import fit_length_law
+
+    width, length = tmp_path / "width", tmp_path / "length"
+    write_lr_bs_report(width, planted_scan(seed=0), SYNTHETIC_OPTIONS)
+    (width / "config.yaml").write_text("model: gpt2\nparametrization: mup\nmup_base_width: 128\n")
+    rng = np.random.default_rng(0)
+    points = [
+        {"size": f"{d:.0f}", "tokens": d, "ln_lr_opt": math.log(3e-3) - 0.5 * math.log(d / 1e5) + rng.normal(0, 0.05)}
+        for d in (1e5, 2e5, 4e5, 8e5)
+    ]
+    law = fit_length_law([{**p, "var_ln": 0.05**2} for p in points])
+    assert law["status"] == "ok" and law["beta_ci"][0] < -0.5 < law["beta_ci"][1] and law["d_range"] == [1e5, 8e5]
+    length.mkdir()
+    (length / "config.yaml").write_text("model: gpt2\nparametrization: mup\nmup_base_width: 128\n")
+    fits = json.loads((width / "scaling_fits.json").read_text())
+    (length / "scaling_fits.json").write_text(json.dumps({**fits, "length": law}))
+
+    base = ["--from", str(width), "--memory-gb", "24", "--n_layer", "2", "--n_embd", "128"]
+    plain = recommend_main([*base, "--tokens", "400000", "--output", str(tmp_path / "plain.yaml")])
+    d0 = plain["probe"]["train_tokens"][-1]
+    inside = recommend_main(
+        [*base, "--tokens", "400000", "--length_from", str(length), "--output", str(tmp_path / "in.yaml")]
+    )
+    expected = plain["learning_rate"] * (400000 / d0) ** law["beta"]
+    assert inside["learning_rate"] == pytest.approx(expected, rel=1e-9)
+    assert yaml.safe_load((tmp_path / "in.yaml").read_text())["learning_rate"] == pytest.approx(expected, rel=1e-3)
+    ratio = lambda r: r["learning_rate_interval"][1] / r["learning_rate_interval"][0]  # noqa: E731
+    assert ratio(inside) > ratio(plain)  # the slope's uncertainty is added, never dropped
+    assert not any(n.startswith("WARNING") and "tokens" in n for n in inside["notes"])
+    far = recommend_main(
+        [*base, "--tokens", "80000000", "--length_from", str(length), "--output", str(tmp_path / "far.yaml")]
+    )
+    assert any("outside the length law's measured 100,000-800,000" in n and "100x" in n for n in far["notes"])
+    assert ratio(far) > ratio(inside)
+
+    (length / "config.yaml").write_text("model: gpt2\nparametrization: standard\n")
+    with pytest.raises(UserError, match="a length law carries only within one architecture and parametrization"):
+        recommend_main([*base, "--length_from", str(length), "--output", str(tmp_path / "x.yaml")])
+    assert not (tmp_path / "x.yaml").exists()
