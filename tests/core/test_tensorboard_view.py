@@ -26,7 +26,7 @@ def post(url: str, payload: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_hparams_tab_shows_every_kind_of_run_with_metrics(tmp_path, tiny_gpt2_dir, pydoc_cache_dir):
+def test_hparams_tab_shows_every_kind_of_run_with_metrics(tmp_path, tiny_gpt2_dir, pydoc_cache_dir, pretrain_cache):
     runs = tmp_path / "runs"
     assert (
         run_script(
@@ -38,7 +38,7 @@ def test_hparams_tab_shows_every_kind_of_run_with_metrics(tmp_path, tiny_gpt2_di
                 "--eval_every",
                 "3",
                 "--cache_dir",
-                str(tmp_path / "cache"),
+                str(pretrain_cache),
                 "--output_dir",
                 str(runs / "pretrain"),
             ],

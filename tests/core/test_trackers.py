@@ -49,7 +49,9 @@ def single_process(monkeypatch):
     AcceleratorState._reset_state(True)
 
 
-def test_a_plugged_in_tracker_and_tensorboard_get_the_config_and_the_metrics(tmp_path, monkeypatch, single_process):
+def test_a_plugged_in_tracker_and_tensorboard_get_the_config_and_the_metrics(
+    tmp_path, monkeypatch, single_process, pretrain_cache
+):
     from accelerate.tracking import GeneralTracker
 
     from llmlab.core import tracking
@@ -69,7 +71,7 @@ def test_a_plugged_in_tracker_and_tensorboard_get_the_config_and_the_metrics(tmp
             "--max_documents",
             "3",
             "--cache_dir",
-            str(tmp_path / "cache"),
+            str(pretrain_cache),
             "--output_dir",
             str(out),
             "--max_steps",
@@ -101,7 +103,7 @@ def test_a_plugged_in_tracker_and_tensorboard_get_the_config_and_the_metrics(tmp
     assert summary["step"] == 4
 
 
-def test_report_to_none_keeps_metrics_jsonl_only(tmp_path):
+def test_report_to_none_keeps_metrics_jsonl_only(tmp_path, pretrain_cache):
     out = tmp_path / "run"
     proc = run_script(
         [
@@ -110,7 +112,7 @@ def test_report_to_none_keeps_metrics_jsonl_only(tmp_path):
             "--max_documents",
             "3",
             "--cache_dir",
-            str(tmp_path / "cache"),
+            str(pretrain_cache),
             "--output_dir",
             str(out),
             "--max_steps",

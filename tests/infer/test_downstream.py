@@ -79,7 +79,7 @@ def test_a_hub_task_while_offline_and_an_unknown_task_are_one_line(tmp_path, tin
     assert task_manager.cache_info().misses == 1  # lm-eval's bundled index, built once for both
 
 
-def test_pretraining_reports_the_tasks_and_merge_and_infer_eval_scores_its_final_model(tmp_path):
+def test_pretraining_reports_the_tasks_and_merge_and_infer_eval_scores_its_final_model(tmp_path, pretrain_cache):
     """--eval_tasks every 2 steps and at the end (once, not twice at the last step), into metrics.jsonl and
     TensorBoard; `merge_and_infer.py eval` on the saved final model gives the trainer's final scores."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -98,7 +98,7 @@ def test_pretraining_reports_the_tasks_and_merge_and_infer_eval_scores_its_final
         "--save_every",
         "100",
         "--cache_dir",
-        str(tmp_path / "cache"),
+        str(pretrain_cache),
         "--output_dir",
         str(run),
         "--eval_tasks",

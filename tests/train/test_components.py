@@ -72,7 +72,9 @@ def test_a_plugin_that_cannot_be_imported_is_one_line(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_an_optimizer_and_schedule_registered_in_one_place_train_everywhere(tmp_path, tiny_gpt2_dir, pydoc_cache_dir):
+def test_an_optimizer_and_schedule_registered_in_one_place_train_everywhere(
+    tmp_path, tiny_gpt2_dir, pydoc_cache_dir, pretrain_cache
+):
     """One plugin module (LLMLAB_PLUGINS) registers SGD, a step schedule and a tracker: pretraining, LoRA and a sweep
     trial build and log to them. Real processes: each imports the plugin itself."""
     (tmp_path / "llmlab_test_plugin.py").write_text(PLUGIN)
@@ -86,7 +88,7 @@ def test_an_optimizer_and_schedule_registered_in_one_place_train_everywhere(tmp_
             "train_pretrain.py",
             *SMALL,
             "--cache_dir",
-            str(tmp_path / "cache"),
+            str(pretrain_cache),
             "--max_steps",
             "3",
             "--output_dir",

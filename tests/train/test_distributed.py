@@ -100,8 +100,10 @@ def test_two_cpu_processes_equal_one_process_with_accumulation(single, name):
         assert got[key] == pytest.approx(value, abs=1e-5), key
 
 
-MACHINE_LAUNCHES = {  # what each machine runs, with --machine_rank R
-    "ddp": (["--multi_gpu"], "MULTI_CPU"),
+# what each machine runs, with --machine_rank R: the shipped multi-machine config. (Plain DDP across two machines is
+# the same rendezvous with accelerate's --multi_gpu, whose one-machine launch the test above runs; it passed here and
+# was dropped for CI time.)
+MACHINE_LAUNCHES = {
     "zero2": (["--config_file", str(REPO / "accelerate_configs" / "multi_gpu_zero2.yaml")], "DEEPSPEED"),
 }
 
@@ -110,8 +112,8 @@ MACHINE_LAUNCHES = {  # what each machine runs, with --machine_rank R
 @pytest.mark.parametrize("kind", MACHINE_LAUNCHES)
 def test_two_machines_equal_one_process_with_accumulation(single, kind, tmp_path):
     """Two "machines" on this host (machine rank 0 and 1, one process each, gloo over 127.0.0.1), each with its own
-    output and cache folder as on separate disks: one model, the same per-step losses as one process. Plain DDP
-    and DeepSpeed ZeRO-2 (the shipped multi-machine config, on DeepSpeed's CPU backend)."""
+    output and cache folder as on separate disks: one model, the same per-step losses as one process, under DeepSpeed
+    ZeRO-2 (the shipped multi-machine config, on DeepSpeed's CPU backend)."""
     root, expected = single
     port = str(free_port())
     flags, distributed = MACHINE_LAUNCHES[kind]

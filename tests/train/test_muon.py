@@ -83,9 +83,9 @@ def run_args(out: Path, cache: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_muon_wsd_run_learns_resumes_exactly_and_checkpoints_its_state(tmp_path):
+def test_a_muon_wsd_run_learns_resumes_exactly_and_checkpoints_its_state(tmp_path, pretrain_cache):
     whole = tmp_path / "whole"
-    proc = run_script(run_args(whole, tmp_path / "cache", "--max_steps", "6"))
+    proc = run_script(run_args(whole, pretrain_cache, "--max_steps", "6"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "optimizer MuonAdamW, wsd schedule" in proc.stdout
     losses = {r["step"]: r["train/loss"] for r in read_jsonl(whole / "metrics.jsonl") if "train/loss" in r}
@@ -96,9 +96,9 @@ def test_a_muon_wsd_run_learns_resumes_exactly_and_checkpoints_its_state(tmp_pat
     assert sum(g["muon"] for g in state["param_groups"]) >= 1
 
     part = tmp_path / "part"
-    kill_when_ready(run_args(part, tmp_path / "cache", "--max_steps", "6"), part / "checkpoints" / "step_3")
+    kill_when_ready(run_args(part, pretrain_cache, "--max_steps", "6"), part / "checkpoints" / "step_3")
     assert not (part / "final").exists(), "the run finished before it was killed; nothing was tested"
-    resumed = run_script(run_args(part, tmp_path / "cache", "--max_steps", "6", "--resume_from_checkpoint", "latest"))
+    resumed = run_script(run_args(part, pretrain_cache, "--max_steps", "6", "--resume_from_checkpoint", "latest"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     again = {r["step"]: r["train/loss"] for r in read_jsonl(part / "metrics.jsonl") if "train/loss" in r}
     assert again == losses

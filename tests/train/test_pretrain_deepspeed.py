@@ -119,9 +119,6 @@ def train_losses(run: Path) -> dict[int, float]:
     return {r["step"]: r["train/loss"] for r in read_jsonl(run / "metrics.jsonl") if "train/loss" in r}
 
 
-# DeepSpeed's bf16 restore is close, not bit-exact: measured on an AMD EPYC without bf16 units, the two steps after a
-# resume are identical and the next four drift to 1.4e-4 (1.9e-6 on one with bf16 units).
-DEEPSPEED_BF16_RESUME_TOLERANCE = 1e-3
 # In fp32 it is bit-exact on the AMD EPYCs measured (families 23 and 26). On an Intel Xeon (family 6 model 207, AMX)
 # one logged loss after the resume came out one float32 ulp away (9.5e-7 at a loss of 10), while two uninterrupted
 # runs there were identical: the steps before the kill must be equal, the rest within a few ulps.
@@ -134,19 +131,19 @@ MUP = ("--parametrization", "mup", "--mup_base_width", "16")
 
 
 @pytest.mark.slow
-def test_zero2_cpu_offload_resumes_after_sigkill_in_fp32(tmp_path):
+def test_zero2_cpu_offload_resumes_after_sigkill_in_fp32(tmp_path, pretrain_cache):
     """Real DeepSpeed ZeRO-2 with the optimizer on CPU (DeepSpeedCPUAdam; first use JIT-compiles it), on a muP model:
     an uninterrupted run against one SIGKILLed after its step-6 checkpoint and resumed, step by step: bit for bit up
     to the kill, within DEEPSPEED_FP32_RESUME_TOLERANCE after it; and muP's per-layer lrs survive the swap to
     DeepSpeed's optimizer (its checkpoint's groups: the hidden matrices at half the others' lr)."""
     whole = tmp_path / "whole"
-    first = launch(whole, tmp_path / "cache", "--max_steps", "12", *MUP, precision="no")
+    first = launch(whole, pretrain_cache, "--max_steps", "12", *MUP, precision="no")
     assert first.returncode == 0, first.stderr[-3000:]
     assert "optimizer DeepSpeedCPUAdam" in first.stdout and "DEEPSPEED" in first.stdout
     # training reduces through torch.distributed: DeepSpeed's shared-memory allreduce is neither compiled nor loaded
     assert "shm_comm" not in first.stdout + first.stderr
     assert (whole / "checkpoints" / "step_12" / "pytorch_model").is_dir()  # ZeRO's own checkpoint layout
-    got, expected = killed_and_resumed(tmp_path / "killed", tmp_path / "cache", "no", *MUP), train_losses(whole)
+    got, expected = killed_and_resumed(tmp_path / "killed", pretrain_cache, "no", *MUP), train_losses(whole)
     assert got.keys() == expected.keys() and all(got[step] == expected[step] for step in range(1, 7))
     assert all(abs(got[step] - expected[step]) <= DEEPSPEED_FP32_RESUME_TOLERANCE for step in got), (got, expected)
     # the lrs DeepSpeed's CPU Adam stepped with, from its own checkpoint: muP's hidden matrices at lr / m (m = 2)
@@ -157,15 +154,16 @@ def test_zero2_cpu_offload_resumes_after_sigkill_in_fp32(tmp_path):
 
 
 @pytest.mark.slow
-def test_zero2_bf16_final_model_is_the_fp32_master_copy_and_resume_stays_close(tmp_path):
-    """final/ under DeepSpeed bf16 holds what the plain path holds: fp32, the tied matrix once, loadable as is; and
-    a SIGKILLed bf16 run resumes to within the stated tolerance."""
+def test_zero2_bf16_final_model_is_the_fp32_master_copy(tmp_path, pretrain_cache):
+    """final/ under DeepSpeed bf16 holds what the plain path holds: fp32, the tied matrix once, loadable as is. (Its
+    resume is the fp32 test's path with bf16 weights: close, not bit-exact, within 1.4e-4 over four steps as measured
+    on an AMD EPYC without bf16 units, 1.9e-6 with them; not rerun here, for CI time.)"""
     import torch
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "ds"
-    proc = launch(out, tmp_path / "cache", "--max_steps", "12")
+    proc = launch(out, pretrain_cache, "--max_steps", "12")
     assert proc.returncode == 0, proc.stderr[-3000:]
     with safe_open(str(out / "final" / "model.safetensors"), "pt") as f:
         keys = list(f.keys())
@@ -175,9 +173,6 @@ def test_zero2_bf16_final_model_is_the_fp32_master_copy_and_resume_stays_close(t
     # fp32 masters, not a bf16 copy cast up: most values carry bits bf16 cannot hold
     assert float((wte.to(torch.bfloat16).float() != wte).float().mean()) > 0.9
     assert AutoModelForCausalLM.from_pretrained(out / "final").config.n_embd == 32
-    want, got = train_losses(out), killed_and_resumed(tmp_path / "killed", tmp_path / "cache", "bf16")
-    assert sorted(got) == list(range(1, 13))
-    assert all(abs(got[step] - want[step]) <= DEEPSPEED_BF16_RESUME_TOLERANCE for step in want), (got, want)
 
 
 def test_fp16_on_cpu_is_refused_clearly(tmp_path):
