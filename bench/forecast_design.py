@@ -330,6 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a scan folder whose trials' step times price each design in trial-hours (step time linear in N)",
     )
+    parser.add_argument(
+        "--step_times",
+        type=Path,
+        default=None,
+        help="with --seconds_from: bench/probe_step_time.py's JSON; a step's seconds come from its line in total "
+        "parameters (measured side by side on a quiet machine) instead of the scan's own step times",
+    )
     parser.add_argument("--fit_lrs", type=int, default=5, help="with --fit_sizes: lrs per fit size (the scan's)")
     parser.add_argument(
         "--law_scatter_from",
@@ -388,25 +395,41 @@ def simulate(designs: dict, truths: dict, args) -> dict:
     return {name: table[name] for name in designs}
 
 
-def trial_hours(folder: Path, designs: dict, truths: dict) -> dict:
-    """Each design's planned trials priced in hours of one core: a trial's seconds = steps x a step time linear in N
-    (fitted on the scan's finished trials' median step times per size) + the median of their other seconds."""
+def trial_hours(folder: Path, designs: dict, truths: dict, step_times: Path | None = None) -> dict:
+    """Each design's planned trials priced in hours of one core: a trial's seconds = steps x its step time + the
+    median of the scan's finished trials' other seconds. The step time is linear in N fitted on the scan's median
+    step times per size, or (--step_times) the bench's line in total parameters, which holds beyond the sizes the
+    scan ran and is not skewed by whatever shared the machine with the scan."""
     rows = [json.loads(p.read_text()) for p in sorted(folder.glob("trials/*/result.json"))]
     rows = [r for r in rows if r.get("status") == "ok"]
     n_params = next(iter(truths.values())).n_params
     sizes = sorted({r["hparams"]["size"] for r in rows}, key=lambda s: n_params.get(s, 0))
     per_step = {s: float(np.median([r["time_per_step_s"] for r in rows if r["hparams"]["size"] == s])) for s in sizes}
-    slope, intercept = np.polyfit([n_params[s] for s in sizes], [per_step[s] for s in sizes], 1)
     steps = int(np.median([r["steps"] for r in rows]))
     overhead = float(np.median([r["wall_time_s"] - r["steps"] * r["time_per_step_s"] for r in rows]))
-    seconds = lambda size: steps * (intercept + slope * n_params[size]) + overhead  # noqa: E731
+    if step_times:
+        line = json.loads(step_times.read_text())["line"]
+        block = int(np.median([r["seq_len"] for r in rows]))
+        total = lambda size: n_params[size] + (50257 + block) * int(size.split("x")[0])  # noqa: E731  wte + wpe
+        step_s = lambda size: line["intercept"] + line["slope"] * total(size)  # noqa: E731
+    else:
+        slope, intercept = np.polyfit([n_params[s] for s in sizes], [per_step[s] for s in sizes], 1)
+        step_s = lambda size: intercept + slope * n_params[size]  # noqa: E731
+    seconds = lambda size: steps * step_s(size) + overhead  # noqa: E731
     hours = {}
     for name, d in designs.items():
-        total = sum(d.fit_lrs * d.fit_seeds * seconds(s) for s in d.fit_sizes) + d.held_lrs * d.held_seeds * seconds(
-            d.held_out
-        )
-        hours[name] = round(total / 3600, 1)
-    return {"per_step_s": per_step, "steps": steps, "overhead_s": overhead, "hours": hours}
+        total_s = sum(d.fit_lrs * d.fit_seeds * seconds(s) for s in d.fit_sizes)
+        hours[name] = round((total_s + d.held_lrs * d.held_seeds * seconds(d.held_out)) / 3600, 1)
+    trial_s = {size: round(seconds(size)) for d in designs.values() for size in (*d.fit_sizes, d.held_out)}
+    priced_by = f"bench line from {step_times}" if step_times else "the scan's step times, linear in N"
+    return {
+        "per_step_s": per_step,
+        "steps": steps,
+        "overhead_s": overhead,
+        "trial_s": trial_s,
+        "priced_by": priced_by,
+        "hours": hours,
+    }
 
 
 def print_table(table: dict, worlds_: list[str], chosen: str) -> None:
@@ -451,7 +474,7 @@ def main(argv=None) -> int:
         "designs": table,
         "world": {w: {k: getattr(t, k) for k in WORLD_FIELDS} for w, t in truths.items()},
         "judge": args.judge,
-        "trial_hours": trial_hours(args.seconds_from, designs, truths) if args.seconds_from else None,
+        "trial_hours": trial_hours(args.seconds_from, designs, truths, args.step_times) if args.seconds_from else None,
         "facts": facts,
         "seconds": round(time.time() - started),
     }
