@@ -236,11 +236,13 @@ def scan_candidates(fit_sizes: tuple[str, ...], held_out: str, fit_lrs: int, ste
         )
         for fit, lrs, held in ((3, 7, 6), (3, 7, 12), (6, 7, 12), (9, 7, 12))
     } | {
-        # more sizes by the same rule, each held-out size the next one up: what a GPU or a Ray cluster can run
-        f"{len(fit)} sizes ({fit[0]}-{fit[-1]}) x {fit_lrs} lrs x 6 seeds, held {held} 7 x 12": Design(
-            fit, held, fit_lrs, 6, 7, 12
+        # more sizes by the same rule, each held-out size the next one up (at the fit sizes' own 3 seeds, or 6): what
+        # two cores, a GPU or a Ray cluster can run
+        f"{len(fit)} sizes ({fit[0]}-{fit[-1]}) x {fit_lrs} lrs x {seeds} seeds, held {held} 7 x 12": Design(
+            fit, held, fit_lrs, seeds, 7, 12
         )
         for fit, held in larger_families(fit_sizes, step)
+        for seeds in (3, 6)
     }
 
 
