@@ -20,7 +20,7 @@ from llmlab.core.errors import cli_entry
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "recommend":
-        from llmlab.sweep.recommend import recommend_main
+        from llmlab.scaling.recommend import recommend_main
 
         return recommend_main(argv[1:])
     from llmlab.core.config import parse_config
@@ -33,9 +33,10 @@ def main(argv: list[str] | None = None) -> None:
         from llmlab.sweep.design import build_design
 
         build_design(cfg)  # a bad grid answers in a second too, before torch and the statistics load
-    from llmlab.sweep.runner import run_sweep  # after parsing: a bad flag answers before torch loads
+    from llmlab.scaling.scan import study_for  # after parsing: a bad flag answers before torch loads
+    from llmlab.sweep.runner import run_sweep
 
-    rows = run_sweep(cfg)
+    rows = run_sweep(cfg, study_for(cfg))
     statuses = {s: sum(r.get("status") == s for r in rows) for s in {r.get("status") for r in rows}}
     print(f"sweep done: {statuses}; report: {cfg.output_dir}/report.md")
 

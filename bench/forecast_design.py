@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llmlab.core.io import atomic_write_text  # noqa: E402
 from llmlab.core.runinfo import machine_label  # noqa: E402
 from llmlab.scaling.law import predict  # noqa: E402
+from llmlab.scaling.scan import size_parameters  # noqa: E402
 from llmlab.scaling.simulate import Design, Truth, operating_characteristics  # noqa: E402
 from llmlab.scaling.transfer import analyse_sizes, seed_noise  # noqa: E402
 from llmlab.sweep.report import flat_row  # noqa: E402
-from llmlab.sweep.scan import size_parameters  # noqa: E402
 
 SHIPPED = Path(__file__).resolve().parents[1] / "docs" / "findings" / "lr-sizes-std"
 FIT_FINE = tuple(f"{w}x2" for w in range(32, 161, 16))

@@ -33,7 +33,7 @@ def load(name: str) -> tuple[list[dict], dict, dict]:
     fits = json.loads((FINDINGS / name / "scaling_fits.json").read_text())
     feasible = set(fits["feasible_ids"])
     rows = [t for t in fits["trials"] if t["trial_id"] in feasible]
-    from llmlab.sweep.scan import read_preregistration
+    from llmlab.scaling.scan import read_preregistration
 
     return rows, read_preregistration(FINDINGS / name), fits
 

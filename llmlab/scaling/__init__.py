@@ -1,5 +1,7 @@
-"""Scaling laws from small lr x batch-size sweeps: per-size optima, the law across sizes, its held-out verdict,
-single-size fits and report (recommendations, which also read a doe sweep, are llmlab.sweep.recommend)."""
+"""The scaling study, in one place: the lr scans that run it (`scan`: the multi-size scan, its registration and the
+machines it admits, run by the lab's runner as a `Study`), what they measure (per-size optima, the law across sizes
+and across training lengths, the held-out verdict, single-size fits, the report), and `recommend`, which turns them
+(and a doe sweep's resolved contrasts) into a trainer's config. The analysis modules import no sweep machinery."""
 
 from llmlab.scaling.analysis import analyse
 from llmlab.scaling.fits import ScalingOptions, feasible_region, fit_loglinear, lr_optimum, predict_band

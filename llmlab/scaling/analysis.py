@@ -30,7 +30,7 @@ def analyse(rows: list[dict], options: ScalingOptions) -> dict:
     feasible, dropped, thresholds = feasible_region(rows, options)
     transfer, sized_rows, sized_feasible = None, rows, feasible
     if len({str(r.get("size")) for r in rows if r.get("size") not in (None, "")}) >= 2:
-        # the scan's own rule (llmlab.sweep.scan): every finished, finite run below the uniform guess is a measurement
+        # the scan's own rule (llmlab.scaling.scan): every finished, finite run below the uniform guess is a measurement
         transfer = analyse_sizes(
             feasible_region(rows, replace(options, unstable_std=math.inf))[0],
             options.confidence,

@@ -1,6 +1,6 @@
 """The machine term of an analysis that pools blocks run on different CPUs.
 
-A scan runs in blocks (llmlab.sweep.scan); a new machine whose replay of a finished trial is not bit-identical starts
+A scan runs in blocks (llmlab.scaling.scan); a new machine whose replay of a finished trial is not bit-identical starts
 new blocks, and its trials carry its label. Per (size, batch) cell the analysis then fits
 
     final_loss ~ lr (a factor: one mean per scanned lr) + machine (additive, the first machine is the reference)
@@ -23,7 +23,7 @@ from typing import Optional
 import numpy as np
 from scipy import stats
 
-# what a pre-registration states about trials from several machines (llmlab.sweep.scan.preregister): registered, the
+# what a pre-registration states about trials from several machines (llmlab.scaling.scan.preregister): registered, the
 # blocked verdict is the registered one and the pooled verdict a sensitivity, not the other way round
 MACHINE_RULE = (
     "per (size, batch) cell whose trials ran on machines with different numerics: final_loss ~ lr (one mean per "

@@ -15,7 +15,7 @@ centred on the smooth curve's vertex, which could leave the point outside its ow
 A draw without a vertex inside the grid (its minimum on the first or last lr, or no bracketing window) is censored: it
 counts on the side its minimum points to and is never clipped to a value. When more than CENSOR_SHARE of the draws are
 censored on one side the 95 % interval is open there, so the cell is a bound (`censored_low` / `censored_high`), not a
-measurement: the scan extends the grid there (llmlab.sweep.scan) and the fits across sizes leave it out. The variance
+measurement: the scan extends the grid there (llmlab.scaling.scan) and the fits across sizes leave it out. The variance
 a fit uses is the squared half-width of the central 68 % of the draws, which censored draws (at +-inf) only widen.
 """
 

@@ -306,7 +306,7 @@ def registered_trials(registration: Optional[dict], size: str) -> int:
 
 def holdout_verdict(points: list[dict], confidence: float = 0.95, registration: Optional[dict] = None) -> dict:
     """Fit the law on every size but the largest, forecast the largest, and judge the forecast: the pre-registered
-    one (llmlab.sweep.scan.preregister) when there is one, else the law refitted now (exploratory)."""
+    one (llmlab.scaling.scan.preregister) when there is one, else the law refitted now (exploratory)."""
     # long: 62 lines once ruff's layout puts its long calls one argument a line; one step, read top to bottom
     sizes = sorted({(p["n_params"], p["size"]) for p in points})
     if len(sizes) < 3:

@@ -27,22 +27,11 @@ from llmlab.core.runinfo import write_run_info
 from llmlab.data.prepare import DataConfig, prepare_dataset
 from llmlab.data.tokenizer import load_tokenizer
 from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig, parameter_table
-from llmlab.scaling import ScalingOptions, write_lr_bs_report
 from llmlab.sweep import report
 from llmlab.sweep.config import FULL_NOMINAL_STEPS, SweepConfig
 from llmlab.sweep.design import base_design, build_design, design_table, parse_size, run_order
 from llmlab.sweep.factors import resolve
 from llmlab.sweep.launchers import LAUNCHERS, SPLITS, load_target, save_token_arrays
-from llmlab.sweep.scan import (
-    DEFAULT_SEEDS,
-    design_for,
-    load_plan,
-    machine_order,
-    read_preregistration,
-    run_scan,
-    scan_precision,
-    with_machines,
-)
 from llmlab.sweep.spec import Hparams, TrialSpec
 from llmlab.train.config import parse_clip
 
@@ -253,10 +242,29 @@ def trial_hparams(cfg: SweepConfig, trial: dict) -> Hparams:
     return Hparams(**resolve(cfg, as_run(cfg, trial)))
 
 
-# A multi-size scan may grow: sizes after the ones it ran, and the held-out check of the last one with its design,
-# may be added once the fit sizes have run (so the check's power can be simulated from their noise). What ran is
-# kept in scan_plan.json, and scan.check_growth refuses a change to it.
-SCAN_GROWTH_OPTIONS = frozenset({"sizes", "holdout", "holdout_lr_points", "holdout_replicates", "design_rationale"})
+class Study:
+    """What a kind of sweep adds to the runner, so that the runner never asks which kind it runs. This one is the
+    lab's fixed designs (doe20, YAML grids): the whole design, built from the options, runs once, and the lab's report
+    is the analysis. The scaling study (llmlab.scaling.scan.study_for) analyses an lr x batch grid with its fits, and
+    a multi-size scan plans its grids as it runs."""
+
+    growth_options: frozenset = frozenset()  # options a rerun may change to grow the sweep: not in its fingerprint
+    plans_as_it_runs = False  # the design is read back from the study's own plan, not built from the options
+
+    def precision(self, cfg: SweepConfig, out_dir: Path) -> Optional[str]:
+        """A precision pinned for every trial before anything is written (None: each trial resolves its own)."""
+        return None
+
+    def design(self, cfg: SweepConfig, out_dir: Path) -> list[dict]:
+        return build_design(cfg)
+
+    def run(self, cfg, out_dir: Path, design: list[dict], precision, run_design, finished, replay) -> list[dict]:
+        """Run the sweep: `run_design(design)` runs what is pending and returns every finished row, `finished(design)`
+        only returns them, `replay(trial, folder)` runs one trial again in another folder."""
+        return run_design(design, announce=True)
+
+    def analyse(self, cfg: SweepConfig, out_dir: Path, rows: list[dict]) -> None:
+        """What the study adds to report.md, which every sweep writes."""
 
 
 # Options whose default changed after sweeps were fingerprinted, at the default those sweeps left out: a folder keeps
@@ -264,20 +272,21 @@ SCAN_GROWTH_OPTIONS = frozenset({"sizes", "holdout", "holdout_lr_points", "holdo
 FINGERPRINT_DEFAULTS = {"model": "minimal", "mup_base_width": 192}
 
 
-def settings_fingerprint(cfg: SweepConfig, before_growth: bool = False) -> str:
+def settings_fingerprint(cfg: SweepConfig, before_growth: bool = False, study: Optional[Study] = None) -> str:
     """What must match for a rerun to resume rather than mix two different sweeps in one folder. Replication is
     left out: adding replicates to a finished sweep runs only the new ones. `before_growth`: the fingerprint scans
     wrote before they could grow (it held the growth options too), which such a folder still resumes with."""
     # options declared with outcome=False (where and how trials run, what is reported) change no trial's numbers
     ignore = {f.name for f in fields(SweepConfig) if f.metadata.get("outcome") is False}
-    if is_size_scan(cfg) and not before_growth:
-        ignore |= SCAN_GROWTH_OPTIONS
+    study = study or Study()
+    if study.plans_as_it_runs and not before_growth:
+        ignore |= study.growth_options
     defaults = {**asdict(SweepConfig()), **FINGERPRINT_DEFAULTS}
     # Options at their default are left out, so a new option added to llmlab never orphans an existing sweep.
     settings = {k: v for k, v in asdict(cfg).items() if k not in ignore and v != defaults.get(k)}
     design = (
         None
-        if is_size_scan(cfg)
+        if study.plans_as_it_runs
         else base_design(
             cfg.grid, lrs=cfg.lrs, batch_sizes=cfg.batch_sizes, model=cfg.model, seed=cfg.seed, sizes=cfg.sizes
         )[0]
@@ -324,57 +333,45 @@ def read_sweep_state(state_path: Path) -> Optional[dict]:
         ) from None
 
 
-def is_size_scan(cfg: SweepConfig) -> bool:
-    return cfg.grid == "lr_bs" and bool(cfg.sizes)
-
-
-def scan_design(cfg: SweepConfig, out_dir: Path) -> list[dict]:
-    """Every trial a multi-size scan has planned so far (its grids grow as it runs)."""
-    return design_for(load_plan(out_dir), cfg.replicates or DEFAULT_SEEDS, cfg.seed)
-
-
-def run_sweep(cfg: SweepConfig) -> list[dict]:
+def run_sweep(cfg: SweepConfig, study: Optional[Study] = None) -> list[dict]:
+    study = study or Study()
     out_dir = check_output_dir(cfg.output_dir)
-    design = [] if is_size_scan(cfg) else build_design(cfg)
+    design = [] if study.plans_as_it_runs else study.design(cfg, out_dir)
     check = None if cfg.launcher == "auto" else LAUNCHERS[cfg.launcher].check
     if check and not cfg.report_only:
         load_target(check)(cfg)  # e.g. no Ray cluster: one line, before anything is written
-    precision = None
-    if is_size_scan(cfg) and not cfg.report_only:  # a bf16 scan on emulated bf16: refused before anything is written
-        device, resolved = trial_device(cfg)
-        precision = scan_precision(cfg, out_dir, resolved, device)
+    precision = None if cfg.report_only else study.precision(cfg, out_dir)  # refusals come before anything is written
     # one driver per folder (a second would run every trial twice), and never in another kind of run's folder
     _, note = claim_run_folder(out_dir, (), resume=True, overwrite=False, what="sweep")
     try:
         if note:
             print(note, flush=True)
         reap_stale_trials(out_dir)
-        fingerprint = settings_fingerprint(cfg)
+        fingerprint = settings_fingerprint(cfg, study=study)
         state = read_sweep_state(out_dir / "sweep.json")
-        known = {fingerprint, settings_fingerprint(cfg, before_growth=True)}
+        known = {fingerprint, settings_fingerprint(cfg, before_growth=True, study=study)}
         if state is not None and state.get("fingerprint") not in known:
             raise UserError(
                 f"{out_dir} holds a sweep with different settings; rerun with its original options to "
                 "resume, or pick a new --output_dir"
             )
         if cfg.report_only:
-            design = scan_design(cfg, out_dir) if is_size_scan(cfg) else design
+            design = study.design(cfg, out_dir) if study.plans_as_it_runs else design
             rows = load_results(out_dir, design, rerun=False)
             if not rows:
                 raise UserError(f"{out_dir} has no finished trials to report on; run the sweep first")
         else:
-            rows = _run_trials(cfg, design, out_dir, fingerprint, precision)
-            design = scan_design(cfg, out_dir) if is_size_scan(cfg) else design
+            rows = _run_trials(cfg, study, design, out_dir, fingerprint, precision)
+            design = study.design(cfg, out_dir) if study.plans_as_it_runs else design
         report.write_report(out_dir, [as_run(cfg, trial) for trial in design], rows, cfg)
-        if cfg.grid == "lr_bs":
-            _scaling_hook(out_dir, rows, cfg.holdout)
+        study.analyse(cfg, out_dir, rows)
         return rows
     finally:
         release_lock(out_dir)
 
 
 def _run_trials(
-    cfg: SweepConfig, design: list[dict], out_dir: Path, fingerprint: str, precision: Optional[str] = None
+    cfg: SweepConfig, study: Study, design: list[dict], out_dir: Path, fingerprint: str, precision: Optional[str] = None
 ) -> list[dict]:
     atomic_write_json(out_dir / "sweep.json", {"fingerprint": fingerprint, "grid": cfg.grid, "budget": cfg.budget})
     write_run_info(out_dir, cfg)
@@ -414,17 +411,7 @@ def _run_trials(
         spec = trial_specs(cfg, [trial], data_info, out_dir, precision)[0]
         return launch.run(replace(spec, trial_dir=str(folder)), 0)
 
-    if is_size_scan(cfg):
-        return run_scan(
-            cfg,
-            out_dir,
-            cfg.replicates or DEFAULT_SEEDS,
-            precision,
-            run_design,
-            lambda design: load_results(out_dir, design),
-            replay,
-        )
-    return run_design(design, announce=True)
+    return study.run(cfg, out_dir, design, precision, run_design, lambda design: load_results(out_dir, design), replay)
 
 
 def _launch_all(launch, pending: list[dict], total: int, done: int) -> None:
@@ -498,17 +485,4 @@ def _print_parameters(cfg: SweepConfig) -> None:
         f"minimal Transformer ({cfg.position_encoding} positions, {cfg.embedding} embedding): {trainable:,} "
         f"trainable, {frozen:,} frozen parameters\n{table}",
         flush=True,
-    )
-
-
-def _scaling_hook(out_dir: Path, rows: list[dict], holdout: str = "auto") -> None:
-    """Hand lr_bs results to the scaling analysis: fits, the held-out check across sizes, the report. A scan's rows
-    carry the numerics group of their machine (machines that replayed bit-identically share one)."""
-    plan = load_plan(out_dir)
-    write_lr_bs_report(
-        out_dir,
-        with_machines([report.flat_row(r) for r in rows], plan),
-        ScalingOptions(
-            holdout=holdout, preregistration=read_preregistration(out_dir), machine_order=machine_order(plan) or None
-        ),
     )

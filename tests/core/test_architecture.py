@@ -59,7 +59,7 @@ def test_no_import_cycles():
             visit(name, [name])
 
 
-LAYERS = {"core": 0, "data": 1, "models": 1, "train": 2, "infer": 2, "scaling": 3, "sweep": 4}
+LAYERS = {"core": 0, "data": 1, "models": 1, "train": 2, "infer": 2, "sweep": 3, "scaling": 4}
 LAUNCHED = {"llmlab.sweep.trial": ("llmlab.sweep.runner", "llmlab.sweep.launchers")}  # never imports what starts it
 
 

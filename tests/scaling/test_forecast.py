@@ -211,7 +211,7 @@ def test_the_power_simulation_takes_its_world_from_the_fit_cells_noise_and_recov
     (seeds at the same lr), the law from their vertices; planted values are recovered within their stated error."""
     import csv
 
-    from llmlab.sweep.scan import size_parameters
+    from llmlab.scaling.scan import size_parameters
     from tests.conftest import load_script
 
     bench = load_script("bench/forecast_design.py")
@@ -298,7 +298,7 @@ def test_a_mup_scan_registers_its_flat_prediction_and_the_verdict_judges_it(tmp_
 
     from llmlab.scaling.law import fit_law, predict
     from llmlab.scaling.report import verdict_markdown
-    from llmlab.sweep.scan import preregister
+    from llmlab.scaling.scan import preregister
 
     fit_sizes = {"64x4": 131648.0, "96x4": 295776.0, "128x4": 525440.0}
     rows = [r for k, (s, n) in enumerate(fit_sizes.items()) for r in sized_bowl(s, n, 3e-3, k)]

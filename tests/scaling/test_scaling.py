@@ -15,8 +15,8 @@ from llmlab.core.errors import UserError
 from llmlab.core.identity import file_sha256
 from llmlab.scaling import ScalingOptions, analyse, feasible_region, lr_optimum, write_lr_bs_report
 from llmlab.scaling.law import predict
+from llmlab.scaling.recommend import recommend_main
 from llmlab.scaling.transfer import analyse_sizes
-from llmlab.sweep.recommend import recommend_main
 
 TRUE_A, TRUE_B = 1e-4, 0.5  # lr_opt = a * batch^b
 TRUE_C, TRUE_D = 300.0, 0.8  # peak_mem_mb = c * batch^d
@@ -508,8 +508,8 @@ def test_worst_held_out_ratio_is_the_largest_miss_never_an_average():
 
 def test_an_edge_optimum_extends_the_grid_and_never_enters_the_fit_as_a_value():
     from llmlab.scaling.optimum import cell_optimum
+    from llmlab.scaling.scan import extension
     from llmlab.scaling.transfer import analyse_sizes
-    from llmlab.sweep.scan import extension
 
     rows = planted_scan(seed=1)
     edge = [r for r in rows if r["size"] == "96x2"]
@@ -856,7 +856,7 @@ def test_a_machine_that_joins_between_sizes_gets_bridge_blocks_at_the_last_fit_s
     (before bridges) gets it on its next run there, once."""
     from types import SimpleNamespace
 
-    from llmlab.sweep.scan import admit_machine, design_for
+    from llmlab.scaling.scan import admit_machine, design_for
 
     lrs = [1e-3, 2e-3, 4e-3]
     plan = {
@@ -904,8 +904,8 @@ def test_a_machine_that_joins_between_sizes_gets_bridge_blocks_at_the_last_fit_s
 
 
 def test_the_run_order_is_balanced_blocks_reproducible_from_the_order_seed():
+    from llmlab.scaling.scan import design_for
     from llmlab.sweep.design import run_order
-    from llmlab.sweep.scan import design_for
 
     plan = {
         "order_seed": 7,
@@ -967,8 +967,8 @@ def test_a_bf16_trial_on_a_node_without_bf16_units_stops_in_one_line(tmp_path):
 
 def test_a_registration_is_refused_once_a_trial_of_the_held_out_size_exists(tmp_path):
     from llmlab.core.config import parse_config
+    from llmlab.scaling.scan import PREREGISTRATION, preregister
     from llmlab.sweep.config import SweepConfig
-    from llmlab.sweep.scan import PREREGISTRATION, preregister
 
     elsewhere = tmp_path / "findings" / "sigma-study" / "trials" / "96x1_lr1e-3_bs2"
     elsewhere.mkdir(parents=True)

@@ -258,17 +258,18 @@ def test_a_size_scan_may_grow_by_later_sizes_and_a_held_out_check_but_not_change
     from dataclasses import replace
 
     from llmlab.core.errors import UserError
+    from llmlab.scaling.scan import PREREGISTRATION, check_growth, grow_seeds, study_for
     from llmlab.sweep.config import SweepConfig
     from llmlab.sweep.runner import settings_fingerprint
-    from llmlab.sweep.scan import PREREGISTRATION, check_growth, grow_seeds
 
+    fingerprint = lambda c, **k: settings_fingerprint(c, study=study_for(c), **k)  # noqa: E731  as sweep.py runs it
     fit = SweepConfig(grid="lr_bs", sizes=["64x2", "96x3", "128x4"], holdout="none")
     grown = replace(fit, sizes=fit.sizes + ["192x6"], holdout="largest", holdout_replicates=6)
-    assert settings_fingerprint(grown) == settings_fingerprint(fit)
-    assert settings_fingerprint(grown, before_growth=True) != settings_fingerprint(fit, before_growth=True)
-    assert settings_fingerprint(replace(fit, lr_points=5)) != settings_fingerprint(fit)  # grids stay fixed
+    assert fingerprint(grown) == fingerprint(fit)
+    assert fingerprint(grown, before_growth=True) != fingerprint(fit, before_growth=True)
+    assert fingerprint(replace(fit, lr_points=5)) != fingerprint(fit)  # grids stay fixed
     doe = SweepConfig(grid="doe20")
-    assert settings_fingerprint(replace(doe, sizes=["64x2"])) != settings_fingerprint(doe)
+    assert fingerprint(replace(doe, sizes=["64x2"])) != fingerprint(doe)
 
     plan = {"sizes": ["64x2", "96x3", "128x4"], "held_out": None, "cells": [{"size": s} for s in fit.sizes]}
     check_growth(plan, fit.sizes + ["192x6"], "192x6", tmp_path)  # adds a size and holds it out: fine

@@ -153,7 +153,7 @@ def test_an_optimizer_and_schedule_registered_in_one_place_train_everywhere(
 def test_recommend_and_the_memory_model_read_the_registry(monkeypatch):
     from llmlab.core.config import build_config
     from llmlab.scaling import memory
-    from llmlab.sweep.recommend import RecommendConfig
+    from llmlab.scaling.recommend import RecommendConfig
 
     with pytest.raises(
         UserError, match="--optimizer: 'plugin_sgd' is not one of adamw, adamw-foreach, lion, adafactor"

@@ -330,8 +330,8 @@ def test_recommended_yaml_drives_a_real_run_with_its_optimizer_and_schedule(data
     command line to stay tiny, and logs the lr that schedule gives."""
     import yaml
 
+    from llmlab.scaling.recommend import recommend_main
     from llmlab.scaling.report import write_lr_bs_report
-    from llmlab.sweep.recommend import recommend_main
     from llmlab.train.optim import OPTIMIZERS, lr_multiplier
     from tests.scaling.test_scaling import SYNTHETIC_OPTIONS, planted_scan
 

@@ -1,4 +1,5 @@
-"""The adaptive multi-size lr scan (`--grid lr_bs --sizes ...`).
+"""The scaling study's runs: `--grid lr_bs`, analysed by the scaling fits, and the adaptive multi-size lr scan
+(`--grid lr_bs --sizes ...`), each a `Study` the lab's runner (llmlab.sweep.runner) drives.
 
 Sizes run in order of N. Each size's lr grid (--lr_points lrs, a factor --lr_step apart) is centred on the running
 forecast: the law fitted on the sizes already measured (two or more), the one measured optimum, or --lr_center for
@@ -28,10 +29,12 @@ from llmlab.scaling.fits import ScalingOptions, feasible_region
 from llmlab.scaling.law import fit_law, predict
 from llmlab.scaling.machines import MACHINE_RULE, machine_adjust
 from llmlab.scaling.optimum import ESTIMATOR, SAME_VERDICT, cell_optimum, finite, grid_extension
+from llmlab.scaling.report import write_lr_bs_report
 from llmlab.scaling.transfer import BAND, VERDICT_RULE, flat_forecast, seed_noise, sigma_model, size_points
 from llmlab.sweep.design import CONTROL, in_blocks, parse_size, replicate
 from llmlab.sweep.factors import REGISTRY
 from llmlab.sweep.report import flat_row
+from llmlab.sweep.runner import Study, trial_device
 from llmlab.sweep.spec import Hparams, TrialSpec
 from llmlab.sweep.trial import build_trial_model, non_embedding_parameters
 
@@ -612,3 +615,47 @@ def _run_size(cfg, out_dir: Path, plan: dict, size: str, seeds: int, run_design)
         atomic_write_json(out_dir / PLAN_FILE, plan)
         if not grew:
             return rows
+
+
+# A multi-size scan may grow: sizes after the ones it ran, and the held-out check of the last one with its design,
+# may be added once the fit sizes have run (so the check's power can be simulated from their noise). What ran is
+# kept in scan_plan.json, and check_growth refuses a change to it.
+SCAN_GROWTH_OPTIONS = frozenset({"sizes", "holdout", "holdout_lr_points", "holdout_replicates", "design_rationale"})
+
+
+class LrStudy(Study):
+    """`--grid lr_bs` at one size: the lab's fixed lr x batch design, analysed by the scaling fits (and, for a scan,
+    the held-out check across sizes). A scan's rows carry the numerics group of their machine (machines that replayed
+    bit-identically share one)."""
+
+    def analyse(self, cfg, out_dir: Path, rows: list[dict]) -> None:
+        plan = load_plan(out_dir)
+        registration, order = read_preregistration(out_dir), machine_order(plan) or None
+        options = ScalingOptions(holdout=cfg.holdout, preregistration=registration, machine_order=order)
+        write_lr_bs_report(out_dir, with_machines([flat_row(r) for r in rows], plan), options)
+
+
+class ScanStudy(LrStudy):
+    """The multi-size scan: its grids are planned as it runs (scan_plan.json), its precision is pinned for every
+    machine, and it may grow (SCAN_GROWTH_OPTIONS)."""
+
+    growth_options = SCAN_GROWTH_OPTIONS
+    plans_as_it_runs = True
+
+    def precision(self, cfg, out_dir: Path) -> Optional[str]:
+        device, resolved = trial_device(cfg)  # a bf16 scan on emulated bf16 is refused here, before anything is written
+        return scan_precision(cfg, out_dir, resolved, device)
+
+    def design(self, cfg, out_dir: Path) -> list[dict]:
+        """Every trial the scan has planned so far (its grids grow as it runs)."""
+        return design_for(load_plan(out_dir), cfg.replicates or DEFAULT_SEEDS, cfg.seed)
+
+    def run(self, cfg, out_dir: Path, design: list[dict], precision, run_design, finished, replay) -> list[dict]:
+        return run_scan(cfg, out_dir, cfg.replicates or DEFAULT_SEEDS, precision, run_design, finished, replay)
+
+
+def study_for(cfg) -> Study:
+    """The study a sweep config runs: the scaling study for --grid lr_bs (a scan with --sizes), else the lab's own."""
+    if cfg.grid != "lr_bs":
+        return Study()
+    return ScanStudy() if cfg.sizes else LrStudy()
