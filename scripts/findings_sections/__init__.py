@@ -1,0 +1,1 @@
+"""The findings generator's sections, one module per part of docs/findings/README.md (scripts/findings.py runs them)."""
