@@ -54,11 +54,12 @@ def length_shift(law: dict, d_from: float, d_to: float) -> dict:
     }
 
 
-def combine(ln_lr: float, se_lr: float, df_lr: float, shift: dict, confidence: float) -> dict:
-    """ln lr + the shift, with a t interval on the Welch-Satterthwaite df of the two independent parts."""
+def combine(ln_lr: float, se_lr: float, df_lr, shift: dict, confidence: float) -> dict:
+    """ln lr + the shift, with a t interval on the smaller df of the two independent parts (`df_lr` None: normal).
+    Conservative on purpose: Welch-Satterthwaite's df can exceed the width forecast's own, so a small shift would
+    narrow the interval; on the smaller df, adding the length law's uncertainty never does."""
     variance = se_lr**2 + shift["se"] ** 2
-    terms = (se_lr**4 / df_lr if df_lr else 0.0) + shift["se"] ** 4 / shift["df"]
-    df = variance**2 / terms if terms > 0 else math.inf
+    df = min(df_lr if df_lr else math.inf, shift["df"])
     t = stats.t.ppf((1 + confidence) / 2, df) if math.isfinite(df) else stats.norm.ppf((1 + confidence) / 2)
     centre = ln_lr + shift["ln_shift"]
     half = t * math.sqrt(variance)

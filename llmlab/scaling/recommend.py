@@ -173,7 +173,8 @@ def recommend(cfg: RecommendConfig, reanalyse: tuple[str, ...] = ()) -> dict:
     plan = {"shape": shape, "tokens": tokens, "gradient_checkpointing": cfg.gradient_checkpointing, **methods}
     plan.update(parametrization)
     plan.update(_batch_plan(cfg, shape, tokens, methods["optimizer"], fits, notes))
-    plan.update(_learning_rate(cfg, fits, shape.non_embedding, plan["effective_batch_size"] * cfg.seq_len, notes))
+    step_tokens = plan["effective_batch_size"] * cfg.seq_len
+    plan.update(_learning_rate(cfg, fits, shape.non_embedding, step_tokens, notes, plan["parametrization"] == "mup"))
     if cfg.length_from:
         plan.update(_at_length(cfg, probe, plan, fits["options"]["confidence"], notes))
     plan.update(_schedule(tokens, plan["effective_batch_size"], cfg.seq_len, notes))
@@ -394,9 +395,14 @@ def _batch_plan(
     }
 
 
-def _learning_rate(cfg: RecommendConfig, fits: dict, params: float, batch_tokens: float, notes: list[str]) -> dict:
-    """From the law across sizes when the scan had them (at the target N), else the one-size lr(B) fit."""
+def _learning_rate(
+    cfg: RecommendConfig, fits: dict, params: float, batch_tokens: float, notes: list[str], mup: bool = False
+) -> dict:
+    """Under muP, its flat forecast across the scanned widths; else the law across sizes when the scan had them (at
+    the target N); else the one-size lr(B) fit."""
     transfer = fits.get("transfer") or {}
+    if mup and sum(p["status"] == "measured" for p in transfer.get("points") or []) >= 2:
+        return _lr_flat(transfer, params, notes)
     if (transfer.get("law") or {}).get("status") == "ok":
         return _lr_across_sizes(fits, transfer, params, batch_tokens, notes)
     lr_fit = fits["fits"].get("lr_opt", {})
@@ -426,6 +432,44 @@ def _learning_rate(cfg: RecommendConfig, fits: dict, params: float, batch_tokens
         "lr_df": None,
         "extrapolation": None,
         "lr_basis": f"lr_opt = a * batch^b fit of the swept model at batch {batch:.3g}",
+        "confirm_lrs": [float(f"{lr * m:.3g}") for m in (0.5, 1.0, 2.0)],
+    }
+
+
+def _lr_flat(transfer: dict, params: float, notes: list[str]) -> dict:
+    """muP's prediction: the lr optimum does not move with width (the lab's decided result: within 1.5x at 416x4), so
+    the target's lr is the scanned widths' mean lr_opt, with the prediction interval of one more width (the widths'
+    scatter about their mean, on their df). Only the scan's own flat held-out verdict validates going past it."""
+    measured = [p for p in transfer["points"] if p["status"] == "measured"]
+    ln = np.array([p["ln_lr_opt"] for p in measured])
+    df = len(ln) - 1
+    se_pred = float(ln.std(ddof=1) * math.sqrt(1 + 1 / len(ln)))
+    half = float(stats.t.ppf(0.975, df)) * se_pred
+    centre, largest = float(ln.mean()), max(p["n_params"] for p in measured)
+    holdout = transfer.get("holdout") or {}
+    flat = [r["flat"] for r in holdout.get("rows") or [] if isinstance(r.get("flat"), dict)]
+    verdict = flat[0]["verdict"] if len(flat) == 1 else None
+    validated = holdout["extrapolation"] if verdict and verdict.startswith("within") else 1.0
+    factor = params / largest
+    if factor > validated:
+        why = f"its flat held-out verdict: {verdict}" if verdict else "no flat held-out verdict in this scan"
+        notes.append(
+            f"WARNING: target N is {factor:.1f}x the largest scanned width's and "
+            + (f"the held-out check validated {validated:.1f}x only" if validated > 1 else "nothing here validated it")
+            + f" ({why}); muP's flat lr held within 1.5x at 416x4 on the minimal Transformer (docs/findings): run "
+            "the confirmation runs before the long job"
+        )
+    lr = math.exp(centre)
+    return {
+        "learning_rate": lr,
+        "learning_rate_interval": [math.exp(centre - half), math.exp(centre + half)],
+        "lr_se_ln": se_pred,
+        "lr_df": df,
+        "extrapolation": factor,
+        "validated_extrapolation": validated,
+        "heldout_verdict": verdict,
+        "lr_basis": f"muP's flat lr: the mean lr_opt of {', '.join(p['size'] for p in measured)}; 95% prediction "
+        f"interval of one more width on {df} df",
         "confirm_lrs": [float(f"{lr * m:.3g}") for m in (0.5, 1.0, 2.0)],
     }
 

@@ -598,7 +598,13 @@ def test_recommend_never_mixes_parametrizations_and_names_every_extrapolation(tm
     rows = {row["quantity"]: row for row in rec["extrapolations"]}
     assert rows["depth (layers)"]["scanned"] == [2.0] and rows["depth (layers)"]["factor"] == 6.0
     assert rows["training tokens"]["target"] == rec["tokens"] and rows["training tokens"]["factor"] > 1000
-    assert rows["N (non-embedding)"]["validated"].startswith("4.0x")
+    # muP's flat lr (the scanned widths' mean lr_opt), not the law's slope; no flat held-out verdict here validates N
+    fits = json.loads((tmp_path / "scaling_fits.json").read_text())
+    measured = [p["ln_lr_opt"] for p in fits["transfer"]["points"] if p["status"] == "measured"]
+    assert rec["learning_rate"] == pytest.approx(math.exp(sum(measured) / len(measured)), rel=1e-9)
+    assert rec["lr_basis"].startswith("muP's flat lr") and rows["N (non-embedding)"]["validated"] == "none"
+    low, high = rec["learning_rate_interval"]
+    assert low < rec["learning_rate"] < high and any("no flat held-out verdict" in n for n in rec["notes"])
     text = (tmp_path / "mup.yaml").read_text()
     assert "# training tokens" in text and "no length scan" in text
     assert any(n.startswith("WARNING: the target trains") for n in rec["notes"])
@@ -611,6 +617,10 @@ def test_recommend_never_mixes_parametrizations_and_names_every_extrapolation(tm
         recommend_main([*base, "--output", str(tmp_path / "minimal.yaml")])
     carried = recommend_main([*base, "--across_architectures", "--output", str(tmp_path / "minimal.yaml")])
     assert yaml.safe_load((tmp_path / "minimal.yaml").read_text())["parametrization"] == "standard"
+    assert (
+        rows["N (non-embedding)"]["validated"] == "none"
+        and carried["extrapolations"][0]["validated"] == "4.0x past the largest (held-out verdict)"
+    )
     assert any(n.startswith("EXTRAPOLATION: the lr law was measured on the lab's minimal") for n in carried["notes"])
 
 
