@@ -180,6 +180,13 @@ def recommend(cfg: RecommendConfig, reanalyse: tuple[str, ...] = ()) -> dict:
     plan.update(_schedule(tokens, plan["effective_batch_size"], cfg.seq_len, notes))
     plan.update(_clip(fits, plan["learning_rate"], notes))
     plan["extrapolations"] = extrapolations(probe, plan, cfg.seq_len)
+    depth = next(row for row in plan["extrapolations"] if row["quantity"] == "depth (layers)")
+    if depth["factor"] != 1 and depth["scanned"]:
+        notes.append(
+            f"WARNING: the target has {shape.n_layer} layers and the probes {depth['scanned'][-1]:.0f}: the lr was "
+            "measured across width at the probes' depth (muP's claim is about width only); scan probes at the "
+            "target's depth, or let the confirmation runs decide"
+        )
     length = next(row for row in plan["extrapolations"] if row["quantity"] == "training tokens")
     if length["factor"] > 1 and length["scanned"] and not cfg.length_from:
         notes.append(

@@ -597,6 +597,7 @@ def test_recommend_never_mixes_parametrizations_and_names_every_extrapolation(tm
     assert written["parametrization"] == "mup" and written["mup_base_width"] == 128 and rec["probe"]["family"] == "gpt2"
     rows = {row["quantity"]: row for row in rec["extrapolations"]}
     assert rows["depth (layers)"]["scanned"] == [2.0] and rows["depth (layers)"]["factor"] == 6.0
+    assert any(n.startswith("WARNING: the target has 12 layers and the probes 2") for n in rec["notes"])
     assert rows["training tokens"]["target"] == rec["tokens"] and rows["training tokens"]["factor"] > 1000
     # muP's flat lr (the scanned widths' mean lr_opt), not the law's slope; no flat held-out verdict here validates N
     fits = json.loads((tmp_path / "scaling_fits.json").read_text())
