@@ -409,7 +409,7 @@ def _learning_rate(
     the target N); else the one-size lr(B) fit."""
     transfer = fits.get("transfer") or {}
     if mup and sum(p["status"] == "measured" for p in transfer.get("points") or []) >= 2:
-        return _lr_flat(transfer, params, notes)
+        return _lr_flat(transfer, params, fits["options"]["confidence"], notes)
     if (transfer.get("law") or {}).get("status") == "ok":
         return _lr_across_sizes(fits, transfer, params, batch_tokens, notes)
     lr_fit = fits["fits"].get("lr_opt", {})
@@ -443,7 +443,7 @@ def _learning_rate(
     }
 
 
-def _lr_flat(transfer: dict, params: float, notes: list[str]) -> dict:
+def _lr_flat(transfer: dict, params: float, confidence: float, notes: list[str]) -> dict:
     """muP's prediction: the lr optimum does not move with width (the lab's decided result: within 1.5x at 416x4), so
     the target's lr is the scanned widths' mean lr_opt, with the prediction interval of one more width (the widths'
     scatter about their mean, on their df). Only the scan's own flat held-out verdict validates going past it."""
@@ -451,7 +451,7 @@ def _lr_flat(transfer: dict, params: float, notes: list[str]) -> dict:
     ln = np.array([p["ln_lr_opt"] for p in measured])
     df = len(ln) - 1
     se_pred = float(ln.std(ddof=1) * math.sqrt(1 + 1 / len(ln)))
-    half = float(stats.t.ppf(0.975, df)) * se_pred
+    half = float(stats.t.ppf((1 + confidence) / 2, df)) * se_pred
     centre, largest = float(ln.mean()), max(p["n_params"] for p in measured)
     holdout = transfer.get("holdout") or {}
     flat = [r["flat"] for r in holdout.get("rows") or [] if isinstance(r.get("flat"), dict)]
@@ -475,8 +475,8 @@ def _lr_flat(transfer: dict, params: float, notes: list[str]) -> dict:
         "extrapolation": factor,
         "validated_extrapolation": validated,
         "heldout_verdict": verdict,
-        "lr_basis": f"muP's flat lr: the mean lr_opt of {', '.join(p['size'] for p in measured)}; 95% prediction "
-        f"interval of one more width on {df} df",
+        "lr_basis": f"muP's flat lr: the mean lr_opt of {', '.join(p['size'] for p in measured)}; {confidence:.0%} "
+        f"prediction interval of one more width on {df} df",
         "confirm_lrs": [float(f"{lr * m:.3g}") for m in (0.5, 1.0, 2.0)],
     }
 

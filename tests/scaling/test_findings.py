@@ -206,13 +206,15 @@ def test_a_scan_summary_states_mups_flat_verdict_where_its_held_out_row_has_one(
 
     from llmlab.scaling.transfer import flat_forecast, flat_verdict
 
-    findings = load_script("scripts/findings.py")
+    load_script("scripts/findings.py")  # puts scripts/ on the path, where its sections live
+    from findings_sections import lr_sizes
+
     transfer = json.loads((REPO / "docs/findings/lr-forecast-sp/scaling_fits.json").read_text())["transfer"]
     held = next(p for p in transfer["points"] if p["size"] == transfer["holdout"]["size"])
     flat = flat_verdict(flat_forecast([p for p in transfer["points"] if p is not held]), held)
     transfer["holdout"]["rows"][0]["flat"] = flat
-    monkeypatch.setattr(findings, "lr_scan", lambda name: transfer)
-    text = findings.lr_summary("any", "label")
+    monkeypatch.setattr(lr_sizes, "lr_scan", lambda name: transfer)
+    text = lr_sizes.lr_summary("any", "label")
     # the standard scan's optimum falls with N, so a flat prediction from its smaller sizes overshoots 288x9
     assert flat["ratio"] > 1.5 and f"**muP's flat prediction: {flat['verdict']}**" in text
     assert f"/ measured = {flat['ratio']:.2f}" in text and f"{flat['df']} df)." in text
@@ -236,15 +238,17 @@ def test_a_registration_is_stated_with_the_files_sha256_and_its_interval_recompu
     low, high = math.exp(law["ln_lr"] - half), math.exp(law["ln_lr"] + half)
     assert f"= **{math.exp(law['ln_lr']):.3g}** (95 % prediction interval [{low:.3g}, {high:.3g}])" in readme
 
-    findings = load_script("scripts/findings.py")
-    monkeypatch.setattr(findings, "FINDINGS", tmp_path)
+    load_script("scripts/findings.py")
+    from findings_sections import forecast_record
+
+    monkeypatch.setattr(forecast_record, "FINDINGS", tmp_path)
     (tmp_path / "mup").mkdir()
     sizes = ["64x4", "96x4", "128x4"]
     flat = {"status": "ok", "lr": 0.0016, "ln_lr": math.log(0.0016), "se_mean": 0.05, "df": 2, "sizes": sizes}
     (tmp_path / "mup" / "preregistration.json").write_text(json.dumps({**registration, "flat_forecast": flat}))
-    text = findings.registration("mup")
+    text = forecast_record.registration("mup")
     assert "muP's flat prediction, the geometric mean of the 3 fit sizes' lr_opt, is **0.0016** (SE 0.050" in text
-    assert "registered nothing yet" in findings.registration("not-yet")
+    assert "registered nothing yet" in forecast_record.registration("not-yet")
 
 
 def test_the_readmes_second_forecast_verdicts_equal_a_recomputation_from_the_registration():
