@@ -124,14 +124,14 @@ class RecommendConfig(ScalingOptions):
             )
 
 
-def load_fits(from_dir: str) -> dict:
+def load_fits(from_dir: str, option: str = "--from") -> dict:
     folder = Path(from_dir)
     if not folder.is_dir():
-        raise UserError(f"--from {folder}: folder not found; pass the output folder of `python sweep.py --grid lr_bs`")
+        raise UserError(f"{option} {folder}: folder not found; pass the output folder of `sweep.py --grid lr_bs`")
     path = folder / FITS_FILE
     if not path.is_file():
         raise UserError(
-            f"--from {folder}: no {FITS_FILE} (no finished lr_bs sweep there); run "
+            f"{option} {folder}: no {FITS_FILE} (no finished lr_bs sweep there); run "
             f"`python sweep.py --grid lr_bs --output_dir {folder}` first (rerunning a finished sweep "
             f"with its original flags skips its trials and only rewrites the reports)"
         )
@@ -541,7 +541,7 @@ def _lr_across_sizes(fits: dict, transfer: dict, params: float, batch_tokens: fl
 def _at_length(cfg: RecommendConfig, probe: dict, plan: dict, confidence: float, notes: list[str]) -> dict:
     """The lr moved from the width scan's training tokens to the target's by the length law's beta, the interval
     combining both (llmlab.scaling.length); a target beyond the law's fit lengths is named with a WARNING."""
-    fits = load_fits(cfg.length_from)
+    fits = load_fits(cfg.length_from, "--length_from")
     law = fits.get("length") or {"status": "missing", "reason": f"{cfg.length_from} holds no length law"}
     other = probe_of(cfg.length_from, fits)
     if (other["family"], other["parametrization"]) != (probe["family"], probe["parametrization"]):

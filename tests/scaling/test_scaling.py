@@ -1072,6 +1072,8 @@ def test_recommend_moves_the_lr_to_the_targets_length_by_a_planted_beta(tmp_path
     assert any("outside the length law's measured 100,000-800,000" in n and "100x" in n for n in far["notes"])
     assert ratio(far) > ratio(inside)
 
+    with pytest.raises(UserError, match="--length_from .*nowhere: folder not found"):
+        recommend_main([*base, "--length_from", str(tmp_path / "nowhere"), "--output", str(tmp_path / "x.yaml")])
     (length / "config.yaml").write_text("model: gpt2\nparametrization: standard\n")
     with pytest.raises(UserError, match="a length law carries only within one architecture and parametrization"):
         recommend_main([*base, "--length_from", str(length), "--output", str(tmp_path / "x.yaml")])
