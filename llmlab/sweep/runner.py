@@ -334,6 +334,10 @@ def read_sweep_state(state_path: Path) -> Optional[dict]:
 
 
 def run_sweep(cfg: SweepConfig, study: Optional[Study] = None) -> list[dict]:
+    """Run (or resume) the sweep `cfg` describes as `study` runs it: the lab's fixed designs by default; an lr scan
+    needs the scaling study, `llmlab.scaling.scan.study_for(cfg)` (sweep.py passes it)."""
+    if study is None and cfg.grid == "lr_bs":
+        raise ValueError("an lr_bs sweep is the scaling study's: pass llmlab.scaling.scan.study_for(cfg)")
     study = study or Study()
     out_dir = check_output_dir(cfg.output_dir)
     design = [] if study.plans_as_it_runs else study.design(cfg, out_dir)
