@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
-import torch
 
 from llmlab.core.device import cpu_has_fast_bf16
 from llmlab.core.errors import UserError
 from llmlab.core.identity import committed_as_is, file_sha256
 from llmlab.core.io import atomic_write_json
 from llmlab.core.runinfo import machine_label
+from llmlab.models.registry import MODELS, model_facts
 from llmlab.scaling.fits import ScalingOptions, feasible_region
 from llmlab.scaling.law import fit_law, predict
 from llmlab.scaling.machines import MACHINE_RULE, machine_adjust
@@ -32,11 +32,8 @@ from llmlab.scaling.optimum import ESTIMATOR, SAME_VERDICT, cell_optimum, finite
 from llmlab.scaling.report import write_lr_bs_report
 from llmlab.scaling.transfer import BAND, VERDICT_RULE, flat_forecast, seed_noise, sigma_model, size_points
 from llmlab.sweep.design import CONTROL, in_blocks, parse_size, replicate
-from llmlab.sweep.factors import REGISTRY
 from llmlab.sweep.report import flat_row
 from llmlab.sweep.runner import Study, trial_device
-from llmlab.sweep.spec import Hparams, TrialSpec
-from llmlab.sweep.trial import build_trial_model, non_embedding_parameters
 
 PLAN_FILE = "scan_plan.json"
 PREREGISTRATION = "preregistration.json"
@@ -67,23 +64,10 @@ def centred_grid(centre: float, points: int, step: float) -> list[float]:
 
 
 def size_parameters(size: str, model: str, head_dim: int = 32) -> int:
-    """Non-embedding N of one scanned size, built on the meta device (no memory, no time)."""
+    """Non-embedding N of one scanned size, from the model registry (built on the meta device: no memory, no time)."""
     width, depth = parse_size(size, model, head_dim)
-    hp = Hparams(**{**{name: None for name in REGISTRY}, "position_encoding": "rope"})
-    spec = TrialSpec(
-        trial_id=size,
-        trial_dir="",
-        data_dir="",
-        hparams=hp,
-        seed=0,
-        steps=1,
-        model=model,
-        model_width=width,
-        model_depth=depth,
-        head_dim=head_dim,
-    )
-    with torch.device("meta"):
-        return non_embedding_parameters(build_trial_model(spec, hp))
+    # any sequence length: N leaves the position table out, and the minimal Transformer's RoPE has none
+    return model_facts(model, width, depth, 1024, head_dim=MODELS[model].head_dim or head_dim)["non_embedding"]
 
 
 def scan_sizes(cfg) -> list[str]:

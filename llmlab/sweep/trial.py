@@ -32,9 +32,8 @@ from llmlab.core.errors import UserError  # noqa: E402
 from llmlab.core.io import atomic_write_json  # noqa: E402
 from llmlab.core.runinfo import machine_label  # noqa: E402
 from llmlab.core.tracking import MetricsLogger  # noqa: E402
-from llmlab.models.gpt2 import build_gpt2_model  # noqa: E402
-from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig  # noqa: E402
 from llmlab.models.mup import hidden_matrices, lr_multipliers  # noqa: E402
+from llmlab.models.registry import MODELS, build_model, non_embedding_parameters  # noqa: E402
 from llmlab.sweep import metrics as M  # noqa: E402
 from llmlab.sweep.failsafes import FailSafes, TrialStop, fallback, precheck  # noqa: E402
 from llmlab.sweep.isolation import die_with_parent, release_compile_workers, watch_driver  # noqa: E402
@@ -51,36 +50,26 @@ AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def build_trial_model(spec: TrialSpec, hp: Hparams) -> torch.nn.Module:
-    width, depth = spec.model_width, spec.model_depth
+    """The trial's model through the registry every trainer builds with (llmlab.models.registry)."""
+    options = dict(head_dim=MODELS[spec.model].head_dim or spec.head_dim)
     if spec.model == "minimal":
-        options = dict(
-            max_seq_len=spec.block_size,
+        options.update(
             embedding=spec.embedding,
             position_encoding=hp.position_encoding,
-            parametrization=spec.parametrization,
-            mup_base_width=spec.mup_base_width,
             gradient_checkpointing=spec.gradient_checkpointing,
         )
-        return MinimalTransformer(MinimalTransformerConfig.of_size(width, depth, spec.head_dim, **options))
-    shape = {"n_embd": width, "n_layer": depth, "n_head": width // 64} if width else {}
-    model = build_gpt2_model(
+    model = build_model(
         spec.model,
-        vocab_size=50257,
-        n_positions=spec.block_size,
-        parametrization=spec.parametrization,
-        mup_base_width=spec.mup_base_width,
-        **shape,
+        spec.model_width,
+        spec.model_depth,
+        spec.block_size,
+        spec.parametrization,
+        spec.mup_base_width,
+        **options,
     )
-    if spec.gradient_checkpointing:
+    if spec.gradient_checkpointing and spec.model != "minimal":
         model.gradient_checkpointing_enable()
     return model
-
-
-def non_embedding_parameters(model) -> int:
-    """N as the scaling-law papers count it: all parameters but token and position embeddings."""
-    if hasattr(model, "non_embedding_parameters"):
-        return model.non_embedding_parameters()
-    return model.num_parameters(exclude_embeddings=True)  # drops every nn.Embedding: GPT-2's wte and wpe
 
 
 def warmup_steps(spec: TrialSpec, hp: Hparams) -> int:

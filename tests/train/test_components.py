@@ -167,3 +167,42 @@ def test_recommend_and_the_memory_model_read_the_registry(monkeypatch):
     with pytest.raises(UserError, match="--from is required"):  # the optimizer passed; the next check speaks
         build_config(RecommendConfig, {"optimizer": "plugin_sgd"})
     assert memory.state_bytes_per_param("plugin_sgd", 0, False, "bf16") == 4.0 + 4.0 + 4.0
+
+
+def test_one_model_registry_builds_the_trainers_and_the_labs_models_with_their_facts():
+    """The trainer, a lab trial and a scan's size all build through llmlab.models.registry: a trial's GPT-2 probe is
+    the registry's (same weights from the same seed), a scan's N is the registry's, its FLOPs per token follow
+    PaLM's 6 N + 12 L d T, and an unknown model or parametrisation is one line."""
+    import torch
+
+    from llmlab.core.errors import UserError
+    from llmlab.models.registry import MODELS, build_model, model_facts
+    from llmlab.scaling.scan import size_parameters
+    from llmlab.sweep.factors import REGISTRY
+    from llmlab.sweep.spec import Hparams, TrialSpec
+    from llmlab.sweep.trial import build_trial_model
+
+    hp = Hparams(**{**{name: None for name in REGISTRY}, "position_encoding": "rope"})
+    shape = dict(model="gpt2", model_width=128, model_depth=2, parametrization="mup", mup_base_width=64, block_size=64)
+    spec = TrialSpec(trial_id="t", trial_dir="", data_dir="", hparams=hp, seed=0, steps=1, **shape)
+    torch.manual_seed(0)
+    trial = build_trial_model(spec, hp)
+    torch.manual_seed(0)
+    direct = build_model("gpt2", 128, 2, 64, "mup", 64, head_dim=MODELS["gpt2"].head_dim)
+    assert trial.config.n_head == 2 and all(torch.equal(a, b) for a, b in zip(trial.parameters(), direct.parameters()))
+    facts = model_facts("gpt2", 128, 2, 64)
+    assert (
+        facts["non_embedding"] == size_parameters("128x2", "gpt2", 64) == trial.num_parameters(exclude_embeddings=True)
+    )
+    assert (
+        facts["flops_per_token"] == 6 * facts["total"] + 12 * 2 * 128 * 64 and facts["total"] == trial.num_parameters()
+    )
+    minimal = model_facts("minimal", 64, 2, 128, head_dim=32)
+    assert minimal["non_embedding"] == size_parameters("64x2", "minimal", 32) and minimal["parametrizations"] == (
+        "standard",
+        "mup",
+    )
+    with pytest.raises(UserError, match="unknown model 'gpt5'"):
+        build_model("gpt5")
+    with pytest.raises(UserError, match="no 'ntk' parametrization"):
+        build_model("gpt2-tiny", parametrization="ntk")

@@ -12,8 +12,9 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from llmlab.core.errors import UserError
 from llmlab.core.io import publish_dir
-from llmlab.models.gpt2 import build_gpt2_model, load_pretrained_model
+from llmlab.models.gpt2 import load_pretrained_model
 from llmlab.models.mup import fold_readout, hidden_matrices, lr_multipliers
+from llmlab.models.registry import build_model
 from llmlab.train.checkpointing import assert_finite
 from llmlab.train.config import parse_clip
 from llmlab.train.optim import build_optimizer as build
@@ -71,13 +72,13 @@ def build_pretrain_model(cfg, tokenizer):
                 f"token embeddings but the tokenizer has {len(tokenizer)}; pass its own --tokenizer"
             )
     else:
-        model = build_gpt2_model(
+        model = build_model(  # the registry the lab's probes are built by
             cfg.model,
-            vocab_size=len(tokenizer),
+            width=cfg.n_embd,
+            depth=cfg.n_layer,
             parametrization=cfg.parametrization,
             mup_base_width=cfg.mup_base_width,
-            n_layer=cfg.n_layer,
-            n_embd=cfg.n_embd,
+            vocab_size=len(tokenizer),
             n_head=cfg.n_head,
             dropout=cfg.dropout,
         )
