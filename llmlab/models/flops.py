@@ -114,6 +114,10 @@ def mfu(tokens_per_sec: float, flops_per_token: float, peak_per_device: float | 
 
 
 def flops_per_token(model, seq_len: int) -> float:
-    """Training FLOPs per token (forward + backward), PaLM appendix B: 6N + 12·L·d·T (attention)."""
-    config = model.config  # GPT-2's attribute_map gives it the generic names too
-    return 6 * model.num_parameters() + 12 * config.num_hidden_layers * config.hidden_size * seq_len
+    """Training FLOPs per token (forward + backward), PaLM appendix B: 6N + 12·L·d·T (attention). GPT-2 (its config's
+    generic names) or the lab's minimal Transformer (its cfg)."""
+    if hasattr(model, "config"):  # GPT-2's attribute_map gives it the generic names too
+        layers, hidden = model.config.num_hidden_layers, model.config.hidden_size
+    else:
+        layers, hidden = model.cfg.n_layer, model.cfg.width
+    return 6 * sum(p.numel() for p in model.parameters()) + 12 * layers * hidden * seq_len

@@ -14,6 +14,7 @@ from typing import Callable, Optional
 import torch
 
 from llmlab.core.errors import UserError
+from llmlab.models.flops import flops_per_token
 from llmlab.models.gpt2 import GPT2_PRESETS, PARAMETRIZATIONS, build_gpt2_model
 from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig
 
@@ -26,6 +27,10 @@ class ModelEntry:
     build: Callable  # build(width, depth, seq_len, parametrization, mup_base_width, head_dim, **options)
     summary: str
     parametrizations: tuple[str, ...] = PARAMETRIZATIONS
+
+    def probe_head_dim(self, requested: Optional[int]) -> Optional[int]:
+        """A probe's head size: the entry's own where it fixes one (GPT-2's 64), else the requested one."""
+        return self.head_dim or requested
 
 
 def _gpt2(preset: str):
@@ -92,19 +97,15 @@ def non_embedding_parameters(model) -> int:
 
 
 def model_facts(name: str, width: Optional[int], depth: Optional[int], seq_len: int, **options) -> dict:
-    """What a study needs of a model without building it: built on the meta device (no memory, no time). A probe's
-    heads keep the entry's size as it widens (`head_dim` overrides it; the minimal Transformer has none)."""
+    """What a study needs of a model without building it: built on the meta device (no memory, no time), a probe's
+    heads at its entry's size as it widens (models.registry.ModelEntry.probe_head_dim)."""
     entry = MODELS.get(name)
-    head_dim = options.pop("head_dim", None) or (entry.head_dim if entry else None)
+    head_dim = entry.probe_head_dim(options.pop("head_dim", None)) if entry else None
     with torch.device("meta"):
         model = build_model(name, width, depth, seq_len, **options, **({"head_dim": head_dim} if head_dim else {}))
-    total = sum(p.numel() for p in model.parameters())
-    layers = len(model.transformer.h) if hasattr(model, "transformer") else len(model.blocks)
-    hidden = model.config.n_embd if hasattr(model, "config") else model.cfg.width
     return {
         "non_embedding": non_embedding_parameters(model),
-        "total": total,
-        # PaLM appendix B: 6 N (every parameter, forward and backward) + 12 L d T (attention scores and values)
-        "flops_per_token": 6 * total + 12 * layers * hidden * seq_len,
+        "total": sum(p.numel() for p in model.parameters()),
+        "flops_per_token": flops_per_token(model, seq_len),
         "parametrizations": MODELS[name].parametrizations,
     }

@@ -33,6 +33,7 @@ from llmlab.scaling.fits import ScalingOptions, predict_band
 from llmlab.scaling.law import predict
 from llmlab.scaling.length import combine, length_shift
 from llmlab.scaling.report import FITS_FILE, write_lr_bs_report
+from llmlab.scaling.transfer import flat_forecast
 from llmlab.sweep import report
 from llmlab.train.components import OPTIMIZERS
 
@@ -447,15 +448,14 @@ def _lr_flat(transfer: dict, params: float, confidence: float, notes: list[str])
     """muP's prediction: the lr optimum does not move with width (the lab's decided result: within 1.5x at 416x4), so
     the target's lr is the scanned widths' mean lr_opt, with the prediction interval of one more width (the widths'
     scatter about their mean, on their df). Only the scan's own flat held-out verdict validates going past it."""
-    measured = [p for p in transfer["points"] if p["status"] == "measured"]
-    ln = np.array([p["ln_lr_opt"] for p in measured])
-    df = len(ln) - 1
-    se_pred = float(ln.std(ddof=1) * math.sqrt(1 + 1 / len(ln)))
+    flat = flat_forecast(transfer["points"])  # the estimator of the registered flat forecast
+    centre, df, n = flat["ln_lr"], flat["df"], len(flat["sizes"])
+    se_pred = flat["se_mean"] * math.sqrt(n + 1)  # one more width: s sqrt(1 + 1/n), with se_mean = s / sqrt(n)
     half = float(stats.t.ppf((1 + confidence) / 2, df)) * se_pred
-    centre, largest = float(ln.mean()), max(p["n_params"] for p in measured)
+    largest = max(p["n_params"] for p in transfer["points"] if p["status"] == "measured")
     holdout = transfer.get("holdout") or {}
-    flat = [r["flat"] for r in holdout.get("rows") or [] if isinstance(r.get("flat"), dict)]
-    verdict = flat[0]["verdict"] if len(flat) == 1 else None
+    verdicts = [r["flat"] for r in holdout.get("rows") or [] if isinstance(r.get("flat"), dict)]
+    verdict = verdicts[0]["verdict"] if len(verdicts) == 1 else None
     validated = holdout["extrapolation"] if verdict and verdict.startswith("within") else 1.0
     factor = params / largest
     if factor > validated:
@@ -475,7 +475,7 @@ def _lr_flat(transfer: dict, params: float, confidence: float, notes: list[str])
         "extrapolation": factor,
         "validated_extrapolation": validated,
         "heldout_verdict": verdict,
-        "lr_basis": f"muP's flat lr: the mean lr_opt of {', '.join(p['size'] for p in measured)}; {confidence:.0%} "
+        "lr_basis": f"muP's flat lr: the mean lr_opt of {', '.join(flat['sizes'])}; {confidence:.0%} "
         f"prediction interval of one more width on {df} df",
         "confirm_lrs": [float(f"{lr * m:.3g}") for m in (0.5, 1.0, 2.0)],
     }

@@ -24,7 +24,7 @@ from llmlab.core.errors import UserError
 from llmlab.core.identity import committed_as_is, file_sha256
 from llmlab.core.io import atomic_write_json
 from llmlab.core.runinfo import machine_label
-from llmlab.models.registry import MODELS, model_facts
+from llmlab.models.registry import model_facts
 from llmlab.scaling.fits import ScalingOptions, feasible_region
 from llmlab.scaling.law import fit_law, predict
 from llmlab.scaling.machines import MACHINE_RULE, machine_adjust
@@ -67,7 +67,7 @@ def size_parameters(size: str, model: str, head_dim: int = 32) -> int:
     """Non-embedding N of one scanned size, from the model registry (built on the meta device: no memory, no time)."""
     width, depth = parse_size(size, model, head_dim)
     # any sequence length: N leaves the position table out, and the minimal Transformer's RoPE has none
-    return model_facts(model, width, depth, 1024, head_dim=MODELS[model].head_dim or head_dim)["non_embedding"]
+    return model_facts(model, width, depth, 1024, head_dim=head_dim)["non_embedding"]
 
 
 def scan_sizes(cfg) -> list[str]:

@@ -51,7 +51,7 @@ AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 def build_trial_model(spec: TrialSpec, hp: Hparams) -> torch.nn.Module:
     """The trial's model through the registry every trainer builds with (llmlab.models.registry)."""
-    options = dict(head_dim=MODELS[spec.model].head_dim or spec.head_dim)
+    options = dict(head_dim=MODELS[spec.model].probe_head_dim(spec.head_dim))
     if spec.model == "minimal":
         options.update(
             embedding=spec.embedding,
