@@ -1,10 +1,14 @@
-"""A trial's data feed: seeded, epoch-wise shuffled rows of a token array, with their labels (whole rows, one
-document per row with padding masked, or a fixed share of the targets left out)."""
+"""Batches of token blocks, for the trainers and the lab's trials: the trainers' loaders (`make_dataloaders`,
+shuffled per epoch from the seed, sharded and resumed by accelerate; `batch_stream` from any data position) and a
+trial's feed (`Batches`: seeded, epoch-wise shuffled rows with their labels: whole rows, one document per row with
+padding masked, or a fixed share of the targets left out). The trial keeps its numpy order: the lab's registered
+scans' recorded losses depend on it."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader, DistributedSampler
 
 EOS = 50256  # GPT-2's <|endoftext|>: every document of the lab's data ends with it
 
@@ -59,3 +63,41 @@ class Batches:
         if self.real is not None:
             keep &= self.real[picked]
         return torch.from_numpy(ids), torch.from_numpy(np.where(keep, ids, -100))
+
+
+def make_dataloaders(cfg, data):
+    """Shuffled training batches (a fixed permutation per epoch from the seed) and in-order validation.
+
+    Loaders get their own generators so that creating an iterator never draws from the global RNG: a
+    resumed run then sees the same dropout masks as an uninterrupted one.
+    """
+
+    train = data.train.with_format("torch")
+    val = data.validation.with_format("torch")
+    sampler = DistributedSampler(train, num_replicas=1, rank=0, shuffle=True, seed=cfg.seed)
+    train_dl = DataLoader(
+        train,
+        batch_size=cfg.batch_size,
+        sampler=sampler,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(cfg.seed),
+        pin_memory=cfg.pin_memory and torch.cuda.is_available(),  # accelerate then copies it without blocking
+    )
+    val_dl = DataLoader(
+        val,
+        batch_size=cfg.batch_size,
+        shuffle=False,
+        drop_last=len(val) >= cfg.batch_size,
+        generator=torch.Generator().manual_seed(cfg.seed),
+    )
+    return train_dl, val_dl
+
+
+def batch_stream(accelerator, train_dl, position: int):
+    """Endless micro-batches starting at data position `position` (micro-batches consumed so far)."""
+    epoch, offset = divmod(position, len(train_dl))
+    while True:
+        train_dl.set_epoch(epoch)
+        loader = accelerator.skip_first_batches(train_dl, offset) if offset else train_dl
+        yield from loader
+        epoch, offset = epoch + 1, 0

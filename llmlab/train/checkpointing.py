@@ -26,6 +26,7 @@ from llmlab.core.config import to_dict
 from llmlab.core.errors import UserError, write_failure
 from llmlab.core.identity import file_sha256
 from llmlab.core.io import atomic_write_json, publish_dir
+from llmlab.train.config import CheckpointGroup
 
 STATE_FILE = "trainer_state.json"
 FORMAT = "llmlab-checkpoint/2"
@@ -268,11 +269,11 @@ def set_aside_newer_checkpoints(output_dir: str | os.PathLike, resume_path: Path
 
 
 class Checkpointer:
-    """Owns the checkpoint cadence: `maybe_save(step)` saves every `save_every` steps, and a save that falls
-    where the trainer cannot save yet (e.g. in the middle of a loss spike) waits until it can."""
+    """Owns the checkpoint cadence, from its CheckpointGroup: `maybe_save(step)` saves every `save_every` steps, and
+    a save that falls where the trainer cannot save yet (e.g. in the middle of a loss spike) waits until it can."""
 
-    def __init__(self, session, save_every: int, keep_last: int, model, extra_manifest, write_extra):
-        self.session, self.save_every, self.keep_last, self.model = session, save_every, keep_last, model
+    def __init__(self, session, group: CheckpointGroup, model, extra_manifest, write_extra):
+        self.session, self.save_every, self.keep_last, self.model = session, group.save_every, group.keep_last, model
         self.extra_manifest, self.write_extra, self.pending = extra_manifest, write_extra, False
 
     def due(self, step: int) -> bool:

@@ -6,16 +6,19 @@
     EvalGroup        evaluation cadence
     LoggingGroup     logging cadence
 
-A trainer's config inherits the groups (PretrainConfig, LoraTrainConfig) and re-declares only the options whose
-default differs for it. `resolved()` checks every value and returns the config a run uses (defaults that depend on
-other options filled in); nothing mutates a config after it was built. This module imports no torch: a bad flag is
+A trainer's config inherits the groups (PretrainConfig, LoraTrainConfig), so its flags and YAML keys stay flat,
+and re-declares only the options whose default differs for it. A component takes its group as an object and reads
+nothing else (litgpt's TrainArgs / EvalArgs): `CheckpointGroup.of(cfg)` for the checkpointer,
+`LoggingGroup.of(cfg)` for the meter, `EvalGroup.of(cfg)` for an evaluator. `resolved()` checks every value and
+returns the config a run uses (defaults that depend on other options filled in); nothing mutates a config after it
+was built. This module imports no torch: a bad flag is
 answered before the training stack loads (~2 s).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal, Optional
 
 from llmlab.core.config import check_report_to, opt
@@ -50,8 +53,17 @@ def require(checks: list[tuple[bool, str]]) -> None:
             raise UserError(message)
 
 
+class Group:
+    """A documented group of options. A trainer's config inherits it (flat flags); `of(cfg)` is the group's own
+    object, holding that config's values, for the component that needs only them."""
+
+    @classmethod
+    def of(cls, cfg):
+        return cls(**{field.name: getattr(cfg, field.name) for field in fields(cls)})
+
+
 @dataclass
-class RunGroup:
+class RunGroup(Group):
     output_dir: str = opt("runs/run", "run folder")
     overwrite_output_dir: bool = opt(
         False,
@@ -76,7 +88,7 @@ class RunGroup:
 
 
 @dataclass
-class OptimGroup:
+class OptimGroup(Group):
     optimizer: str = opt(
         "adamw",
         "a registered optimizer (llmlab.train.components): adamw, lion (takes lr / 3 and "
@@ -124,7 +136,7 @@ class OptimGroup:
 
 
 @dataclass
-class CheckpointGroup:
+class CheckpointGroup(Group):
     save_every: int = opt(500, "save a resumable checkpoint every N optimizer steps")
     keep_last: int = opt(3, "keep only the newest N checkpoints")
 
@@ -139,12 +151,12 @@ class CheckpointGroup:
 
 
 @dataclass
-class EvalGroup:
+class EvalGroup(Group):
     eval_every: int = opt(100, "optimizer steps between evaluations")
 
 
 @dataclass
-class LoggingGroup:
+class LoggingGroup(Group):
     log_every: int = opt(
         10, "write train metrics every N steps (a log step reads the steps since the last back from the device)"
     )

@@ -1,8 +1,9 @@
 """The training meter: owns the logging cadence (torchtitan's metrics processor), so the session does not.
 
-Between two logs it sums the steps' losses, tokens, wall time and data-loader wait (the window); every `every`
-steps, and at the last, it logs their means, tokens/s and MFU through the session's trackers and shows them on the
-progress bar. Evaluation, sampling and saving run inside `paused()`, so they never count as training time.
+Between two logs it sums the steps' losses, tokens, wall time and data-loader wait (the window); every
+`log_every` steps (its LoggingGroup), and at the last, it logs their means, tokens/s and MFU through the session's
+trackers and shows them on the progress bar. Evaluation, sampling and saving run inside `paused()`, so they never
+count as training time.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Optional
 
 from llmlab.core.io import progress_bar
+from llmlab.train.config import LoggingGroup
 
 
 def _empty_window() -> dict[str, float]:
@@ -27,10 +29,12 @@ class StepMeter:
         desc: str,
         show_bar: bool,
         num_processes: int = 1,
+        logging: LoggingGroup = LoggingGroup(),
     ):
         """`state` is the run's LoopState (its step and tokens_seen, restored by a resume or a rollback); `log`
         sends a dict of values to the trackers."""
         self.state, self.log, self.total_steps, self.num_processes = state, log, total_steps, num_processes
+        self.every = logging.log_every
         self.flops_per_token: Optional[float] = None  # set by a trainer that knows its model's FLOPs
         self.peak_flops: Optional[float] = None
         self.bar = progress_bar(total=total_steps, initial=state.step, desc=desc, disable=not show_bar)
@@ -51,11 +55,10 @@ class StepMeter:
         self._tick = now
         self.bar.update(1)
 
-    def log_step(self, result, every: int, extra: Optional[dict] = None) -> None:
-        """Every `every` steps (and at the end) log the window's mean loss and tokens/s, with the step `result`'s lr
-        and gradient norm."""
+    def log_step(self, result, extra: Optional[dict] = None) -> None:
+        """When a log is due, the window's mean loss and tokens/s, with the step `result`'s lr and gradient norm."""
         window = self._window
-        if not self.due(every):
+        if not self.due(self.state.step):
             return
         tokens_per_sec = window["tokens"] / max(window["seconds"], 1e-9)
         metrics = {
@@ -93,8 +96,9 @@ class StepMeter:
         """Forget the steps since the last log (e.g. the steps a rollback undid)."""
         self._window, self._tick = _empty_window(), time.perf_counter()
 
-    def due(self, every: int) -> bool:
-        return (every > 0 and self.state.step % every == 0) or self.state.step == self.total_steps
+    def due(self, step: int) -> bool:
+        """A log is due every `log_every` steps and at the last."""
+        return (self.every > 0 and step % self.every == 0) or step == self.total_steps
 
     def close(self) -> None:
         self.bar.close()

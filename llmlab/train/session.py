@@ -5,20 +5,23 @@ what is their own (pretraining: spike rollback; LoRA: prompt masking, early stop
     with session:                                            # Ctrl-C and errors end as one line
         model, optimizer, loader = session.prepare(model, optimizer, loader)
         session.register(scheduler, clipper)                 # saved and restored with every checkpoint
-        session.begin(run_cfg, total_steps, layout, save_every, keep_last, model=model)  # run record, resume
+        session.begin(run_cfg, total_steps, layout, CheckpointGroup.of(cfg), LoggingGroup.of(cfg), model=model)
+        validator = session.evaluator(EvalGroup.of(cfg), evaluate)   # an evaluation with its own cadence
         ... the trainer's loop (pretrain/loop.py, lora/loop.py):
             with accelerator.accumulate(model): session.backward(loss, tokens)
             session.record(session.engine.step(params, optimizer, scheduler, clipper, step))   # no host sync
-            if session.collect_due(log_every, eval_every):   # the cadences that need the values, and saves
+            if session.collect_due():                        # asks the meter, the checkpointer, the evaluators
                 results = session.collect()                  # the steps since the last collect, one host read
-                session.meter.log_step(results[-1], every)   # window, tokens/s, MFU (train/meter.py)
-                session.checkpointer.maybe_save(step)        # the cadence of saves (train/checkpointing.py)
+                session.meter.log_step(results[-1])          # when due: window, tokens/s, MFU (train/meter.py)
+                session.checkpointer.maybe_save(step)        # when due (train/checkpointing.py)
+                validator.maybe_run()                        # when due (train/evaluation.py)
 
 What it owns: the Accelerator (train/accelerator.py), the run folder (lock, kind, fresh/resume/overwrite policy,
 config.yaml + run_info.json), resume (a verified checkpoint, a config and setup that may only change where the
 trainer allows it), the engine that runs the step (train/engine.py), rewinding to a checkpoint (rollback), the
-trackers (TensorBoard/wandb/... plus metrics.jsonl), and two components that own their cadence: `StepMeter` and
-`Checkpointer`.
+trackers (TensorBoard/wandb/... plus metrics.jsonl), and the components that own their cadence, each built from
+its config group: `StepMeter` (logging), `Checkpointer` (saves) and any `Evaluator` a trainer adds. Each says when
+it is due; the session only asks them.
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ from llmlab.core.tracking import tracker_config
 from llmlab.train import checkpointing as ckpt
 from llmlab.train.accelerator import make_accelerator
 from llmlab.train.checkpointing import Checkpointer
-from llmlab.train.config import RunGroup
+from llmlab.train.config import CheckpointGroup, EvalGroup, LoggingGroup, RunGroup
 from llmlab.train.engine import AccelerateBackend, Engine, StepOutput
+from llmlab.train.evaluation import Evaluator
 from llmlab.train.meter import StepMeter
 
 ALWAYS_RESUMABLE = (
@@ -116,6 +120,7 @@ class TrainingSession:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", self.accelerator.num_processes))
             set_cpu_threads(cfg.cpu_threads, local, self.accelerator.print)
         self.state, self.meter, self.checkpointer, self._claimed = LoopState(), None, None, False
+        self.evaluators: list[Evaluator] = []
         self.engine = Engine(AccelerateBackend(self.accelerator))
         self._micro_tokens = 0
         self._pending: list[tuple[int, StepOutput, int]] = []  # (step, outcome on the device, local tokens)
@@ -155,8 +160,8 @@ class TrainingSession:
         run_cfg,
         total_steps: int,
         layout: dict,
-        save_every: int,
-        keep_last: int,
+        checkpoint: CheckpointGroup,
+        logging: LoggingGroup = LoggingGroup(),
         model=None,
         desc: Optional[str] = None,
         extra_manifest=None,
@@ -173,7 +178,7 @@ class TrainingSession:
             ckpt.remove_partial_saves(self.out)
             write_run_info(self.out, self.cfg)
         self.accelerator.init_trackers(f"llmlab-{self.kind}", config=tracker_config(to_dict(self.cfg)))
-        self.checkpointer = Checkpointer(self, save_every, keep_last, model, extra_manifest, write_extra)
+        self.checkpointer = Checkpointer(self, checkpoint, model, extra_manifest, write_extra)
         manifest = self._resume(saved) if saved is not None else None
         self.meter = StepMeter(
             self.state,
@@ -182,8 +187,15 @@ class TrainingSession:
             desc or self.kind,
             show_bar=self.accelerator.is_local_main_process,
             num_processes=self.accelerator.num_processes,
+            logging=logging,
         )
         return manifest
+
+    def evaluator(self, group: EvalGroup, run, enabled: bool = True) -> Evaluator:
+        """An evaluation with its own cadence (train/evaluation.py), which `collect_due` asks from now on."""
+        evaluator = Evaluator(self, group, run, enabled)
+        self.evaluators.append(evaluator)
+        return evaluator
 
     def _check_resume(self) -> dict:
         """Every reason to refuse this resume, checked before anything on disk is written or moved."""
@@ -231,10 +243,12 @@ class TrainingSession:
         self._micro_tokens = 0
         self.meter.tick()
 
-    def collect_due(self, *cadences: int) -> bool:
-        """Whether this step must read its values: a cadence that uses them (logging, evaluation) is due, a save is
-        (a checkpoint holds the token count and the spike detector's state), or it is the last step."""
-        return any(self.meter.due(every) for every in cadences) or self.checkpointer.due(self.state.step)
+    def collect_due(self) -> bool:
+        """Whether this step must read its values back, asked of the components that own a cadence: a log or an
+        evaluation is due (the meter, each evaluator: the last step is always one), or a save (a checkpoint holds
+        the token count and the spike detector's state)."""
+        step = self.state.step
+        return any(part.due(step) for part in (self.meter, self.checkpointer, *self.evaluators))
 
     def collect(self) -> list[StepResult]:
         """Every step recorded since the last collect, each loss and token count summed over the processes in one

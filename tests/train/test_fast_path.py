@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from llmlab.core.config import parse_config
+from llmlab.train.batches import make_dataloaders
 from llmlab.train.engine import skips_on_device
 from llmlab.train.optim import build_optimizer
 from llmlab.train.pretrain import setup
@@ -48,7 +49,7 @@ def test_pinned_batches_and_tf32_are_gpu_only_switches():
     class Data:  # the two splits make_dataloaders reads
         train = validation = Dataset.from_dict({"input_ids": [[1, 2, 3]] * 4})
 
-    train, _ = setup.make_dataloaders(config(), Data)
+    train, _ = make_dataloaders(config(), Data)
     assert train.pin_memory is torch.cuda.is_available()  # page-locked memory only where a GPU copies from it
     before = torch.backends.cuda.matmul.fp32_precision
     setup.use_tf32(True)

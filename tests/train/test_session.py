@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from llmlab.core.errors import UserError
-from llmlab.train.config import RunGroup
+from llmlab.train.config import CheckpointGroup, RunGroup
 from llmlab.train.engine import GradClipper
 from llmlab.train.session import LoopState, TrainingSession, scaled_schedule
 
@@ -56,7 +56,7 @@ def step(session, model, optimizer, scheduler, clipper, x):
 def test_optimizer_step_clips_and_never_applies_a_non_finite_update(tmp_path, fresh_state):
     cfg, session, model, optimizer, scheduler, clipper = make(tmp_path)
     with session:
-        session.begin(cfg, 10, {"layout": 1}, save_every=100, keep_last=1)
+        session.begin(cfg, 10, {"layout": 1}, CheckpointGroup(save_every=100, keep_last=1))
         before = model.weight.detach().clone()
         result = step(session, model, optimizer, scheduler, clipper, [[3.0, 4.0]])  # gradient (3, 4): norm 5
         assert result.stepped and result.grad_norm == pytest.approx(5.0)
@@ -102,7 +102,7 @@ def test_a_fused_optimizer_skips_a_non_finite_step_on_the_device_and_the_step_re
     scheduler = scaled_schedule(torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0), session.state)
     clipper = GradClipper("0.5")
     with session:
-        session.begin(cfg, 10, {}, save_every=100, keep_last=1)
+        session.begin(cfg, 10, {}, CheckpointGroup(save_every=100, keep_last=1))
 
         def one_step(x):
             session.backward(model(torch.tensor(x)).sum(), tokens=1)
@@ -147,7 +147,7 @@ def test_fp16_overflow_goes_to_the_loss_scaler_and_the_next_step_runs(tmp_path, 
     scheduler = scaled_schedule(torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0), session.state)
     clipper = GradClipper("0.5")
     with session:
-        session.begin(cfg, 10, {}, save_every=100, keep_last=1)
+        session.begin(cfg, 10, {}, CheckpointGroup(save_every=100, keep_last=1))
         before = model.weight.detach().clone()
         result = step(session, model, optimizer, scheduler, clipper, [[3.0, 4.0]])
         assert not result.stepped and math.isfinite(result.loss) and torch.equal(model.weight.detach(), before)
@@ -162,7 +162,7 @@ def test_fp16_overflow_goes_to_the_loss_scaler_and_the_next_step_runs(tmp_path, 
 def test_value_clipping_clamps_each_element(tmp_path, fresh_state):
     cfg, session, model, optimizer, scheduler, _ = make(tmp_path)
     with session:
-        session.begin(cfg, 10, {}, save_every=100, keep_last=1)
+        session.begin(cfg, 10, {}, CheckpointGroup(save_every=100, keep_last=1))
         before = model.weight.detach().clone()
         step(session, model, optimizer, scheduler, GradClipper("0.5", clip_mode="value"), [[3.0, 0.2]])
         assert torch.allclose(before - model.weight.detach(), 0.1 * torch.tensor([[0.5, 0.2]]))
@@ -171,7 +171,7 @@ def test_value_clipping_clamps_each_element(tmp_path, fresh_state):
 def test_checkpointer_owns_the_cadence_and_waits_when_not_allowed(tmp_path, fresh_state):
     cfg, session, model, optimizer, scheduler, clipper = make(tmp_path)
     with session:
-        session.begin(cfg, 10, {"layout": 1}, save_every=2, keep_last=2, model=model)
+        session.begin(cfg, 10, {"layout": 1}, CheckpointGroup(save_every=2, keep_last=2), model=model)
         saved = []
         for _ in range(6):
             step(session, model, optimizer, scheduler, clipper, [[1.0, 1.0]])
@@ -187,7 +187,7 @@ def test_checkpointer_owns_the_cadence_and_waits_when_not_allowed(tmp_path, fres
 def test_resume_restores_state_and_refuses_other_setups_before_writing(tmp_path, fresh_state):
     cfg, session, model, optimizer, scheduler, clipper = make(tmp_path)
     with session:
-        session.begin(cfg, 10, {"layout": 1}, save_every=2, keep_last=3, model=model)
+        session.begin(cfg, 10, {"layout": 1}, CheckpointGroup(save_every=2, keep_last=3), model=model)
         for _ in range(2):
             step(session, model, optimizer, scheduler, clipper, [[1.0, 2.0]])
         session.checkpointer.maybe_save(2)
@@ -197,21 +197,21 @@ def test_resume_restores_state_and_refuses_other_setups_before_writing(tmp_path,
     AcceleratorState._reset_state(True)
     cfg2, session2, model2, *rest = make(tmp_path, resume_from_checkpoint="latest", learning_rate=0.05)
     with session2:
-        session2.begin(cfg2, 10, {"layout": 1}, save_every=2, keep_last=3, model=model2)
+        session2.begin(cfg2, 10, {"layout": 1}, CheckpointGroup(save_every=2, keep_last=3), model=model2)
         assert session2.state.step == 2 and torch.equal(model2.weight.detach(), weights)
     AcceleratorState._reset_state(True)
     cfg3, session3, model3, *rest = make(tmp_path, resume_from_checkpoint="latest")
     record = (tmp_path / "run" / "run_info.json").stat().st_mtime_ns
     with pytest.raises(UserError, match="written with another setup"):
         with session3:
-            session3.begin(cfg3, 10, {"layout": 2}, save_every=2, keep_last=3, model=model3)
+            session3.begin(cfg3, 10, {"layout": 2}, CheckpointGroup(save_every=2, keep_last=3), model=model3)
     assert (tmp_path / "run" / "run_info.json").stat().st_mtime_ns == record  # refused before writing
 
 
 def test_rewind_restores_a_checkpoint_with_a_lower_lr_and_skips_the_data(tmp_path, fresh_state):
     cfg, session, model, optimizer, scheduler, clipper = make(tmp_path)
     with session:
-        session.begin(cfg, 10, {}, save_every=2, keep_last=3, model=model)
+        session.begin(cfg, 10, {}, CheckpointGroup(save_every=2, keep_last=3), model=model)
         for _ in range(2):
             step(session, model, optimizer, scheduler, clipper, [[1.0, 1.0]])
         path = session.checkpointer.maybe_save(2)
@@ -229,3 +229,26 @@ def test_state_round_trips():
     copy = LoopState()
     copy.load_state_dict(state.state_dict())
     assert copy == state
+
+
+def test_each_component_owns_its_cadence_and_the_session_only_asks(tmp_path, fresh_state):
+    """The meter logs every log_every steps, the checkpointer saves every save_every, an evaluator runs every
+    eval_every, each also at the last step (but saves); `collect_due` is true exactly where one of them is due."""
+    from llmlab.train.config import EvalGroup, LoggingGroup
+
+    cfg, session, model, optimizer, scheduler, clipper = make(tmp_path)
+    with session:
+        session.begin(cfg, 7, {}, CheckpointGroup(save_every=4, keep_last=1), LoggingGroup(log_every=5), model=model)
+        runs, never = [], []
+        evaluator = session.evaluator(EvalGroup(eval_every=3), lambda: runs.append(session.state.step) or "ran")
+        session.evaluator(EvalGroup(eval_every=1), lambda: never.append(1), enabled=False)
+        due = []
+        for _ in range(7):
+            session.backward(model(torch.tensor([[1.0, 1.0]])).sum(), tokens=1)
+            session.record(session.engine.step(model.parameters(), optimizer, scheduler, clipper, session.state.step))
+            if session.collect_due():
+                due.append(session.state.step)
+                session.collect()
+            assert evaluator.maybe_run() == ("ran" if session.state.step in (3, 6, 7) else None)
+    assert runs == [3, 6, 7] and never == []
+    assert due == [3, 4, 5, 6, 7]  # evaluator 3, 6; checkpointer 4; meter 5; the last step 7

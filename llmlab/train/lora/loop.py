@@ -25,6 +25,7 @@ from llmlab.core.identity import model_digest, records_digest
 from llmlab.core.io import atomic_write_json
 from llmlab.data.instruct import collate, load_records, pad_id_for, split_three, tokenize_records
 from llmlab.train.checkpointing import assert_finite
+from llmlab.train.config import CheckpointGroup, EvalGroup, LoggingGroup
 from llmlab.train.engine import GradClipper
 from llmlab.train.lora import evaluation as lora_eval
 from llmlab.train.lora.config import RESUMABLE, RUN_FILES, LoraTrainConfig
@@ -97,8 +98,8 @@ def train(cfg: LoraTrainConfig) -> dict:
                     params = [p for p in run.model.parameters() if p.requires_grad]
                     out = session.engine.step(params, run.optimizer, run.scheduler, run.clipper, state.step)
                 session.record(out)  # the step's values stay on the device until a cadence needs them
-                if session.collect_due(cfg.log_every, cfg.eval_every):
-                    session.meter.log_step(session.collect()[-1], cfg.log_every)
+                if session.collect_due():  # the meter, the checkpointer and the validator each own their cadence
+                    session.meter.log_step(session.collect()[-1])
                 stopped_early = run.after_step()
                 if stopped_early or state.step >= run.total_steps:
                     break
@@ -157,13 +158,18 @@ class LoraRun:
                 "base_model": self.base_digest,
                 "data": self.data_digest,
             },
-            cfg.save_every,
-            cfg.keep_last,
+            CheckpointGroup.of(cfg),
+            LoggingGroup.of(cfg),
             model=self.model,
             desc="lora",
             write_extra=lambda folder: self.save_best(folder / BEST_ADAPTER_FILE),
         )
         session.refresh_lr(self.scheduler, cfg.learning_rate)  # a resume honours a changed --learning_rate
+        # each with its own cadence: samples every --sample_every steps, validation every --eval_every (and the last)
+        self.sampler = session.evaluator(
+            EvalGroup(eval_every=cfg.sample_every), self.sample, enabled=cfg.num_samples > 0
+        )
+        self.validator = session.evaluator(EvalGroup.of(cfg), self.validate)
 
     def load_data(self, context: int) -> None:
         cfg, acc = self.cfg, self.session.accelerator
@@ -304,35 +310,41 @@ class LoraRun:
         return lora_eval.answer_loss(logits, targets, self.cfg.label_smoothing)
 
     def after_step(self) -> bool:
-        """Samples and evaluation at their cadence; True when early stopping ends the run."""
+        """The samples and the validation, each at its own cadence; True when early stopping ends the run."""
+        self.sampler.maybe_run()
+        return bool(self.validator.maybe_run())
+
+    def sample(self) -> None:
+        """Greedy answers to the first --num_samples validation prompts, to TensorBoard's Text tab."""
+        cfg, session = self.cfg, self.session
+        text = lora_eval.samples_markdown(
+            session.accelerator,
+            self.model,
+            self.tokenizer,
+            self.val_examples[: cfg.num_samples],
+            self.pad_id,
+            cfg.max_new_tokens,
+        )
+        session.log({"samples": text}, session.state.step)
+        self.model.train()
+
+    def validate(self) -> bool:
+        """The validation loss; a better one publishes the adapter as the best. True when --patience evaluations
+        in a row did not improve it by more than --min_delta."""
         cfg, session, lora, acc = self.cfg, self.session, self.lora, self.session.accelerator
         step = session.state.step
-        with session.meter.paused():
-            if step % cfg.sample_every == 0 and cfg.num_samples:
-                text = lora_eval.samples_markdown(
-                    acc,
-                    self.model,
-                    self.tokenizer,
-                    self.val_examples[: cfg.num_samples],
-                    self.pad_id,
-                    cfg.max_new_tokens,
-                )
-                session.log({"samples": text}, step)
-                self.model.train()
-            if not session.meter.due(cfg.eval_every):
-                return False
-            val_loss = lora_eval.adapter_validation_loss(self.model, self.val_loader, acc, self.logits_mode, self.head)
-            session.log({"val/loss": val_loss, "val/perplexity": perplexity(val_loss)}, step)
-            if val_loss < lora.best_loss - cfg.min_delta:
-                lora.best_loss, lora.best_step, lora.bad_evals = val_loss, step, 0
-                self.best_state = self.adapter_now()
-                self.publish_best()
-            else:
-                lora.bad_evals += 1
-            session.meter.bar.write(
-                f"step {step}: val loss {val_loss:.4f} (best {lora.best_loss:.4f} at step {lora.best_step})"
-            )
-            self.model.train()
+        val_loss = lora_eval.adapter_validation_loss(self.model, self.val_loader, acc, self.logits_mode, self.head)
+        session.log({"val/loss": val_loss, "val/perplexity": perplexity(val_loss)}, step)
+        if val_loss < lora.best_loss - cfg.min_delta:
+            lora.best_loss, lora.best_step, lora.bad_evals = val_loss, step, 0
+            self.best_state = self.adapter_now()
+            self.publish_best()
+        else:
+            lora.bad_evals += 1
+        session.meter.bar.write(
+            f"step {step}: val loss {val_loss:.4f} (best {lora.best_loss:.4f} at step {lora.best_step})"
+        )
+        self.model.train()
         return lora.bad_evals >= cfg.patience
 
     def finish(self, stopped_early: bool) -> dict:

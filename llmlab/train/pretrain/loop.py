@@ -25,7 +25,10 @@ from llmlab.models.flops import current_device_name, flops_per_token, peak_flops
 from llmlab.models.mup import width_mult
 from llmlab.train import checkpointing as ckpt
 from llmlab.train.accelerator import resolve_mixed_precision
+from llmlab.train.batches import batch_stream, make_dataloaders
+from llmlab.train.config import CheckpointGroup, EvalGroup, LoggingGroup
 from llmlab.train.engine import GradClipper, innermost
+from llmlab.train.evaluation import validation_loss
 from llmlab.train.loss import CausalLMWithLoss, perplexity
 from llmlab.train.pretrain import setup
 from llmlab.train.pretrain.config import RESUMABLE, RUN_FILES, PretrainConfig
@@ -54,7 +57,7 @@ def train(cfg: PretrainConfig) -> dict:
     with session:
         run = Pretraining(cfg, session)
         cfg, acc, state, meter = run.cfg, session.accelerator, session.state, session.meter
-        run.batches = setup.batch_stream(acc, run.train_dl, state.micro_batches)  # a rollback restarts it
+        run.batches = batch_stream(acc, run.train_dl, state.micro_batches)  # a rollback restarts it
         micro_batches, last_loss = acc.gradient_accumulation_steps, None
         # resumed: its checkpoint was saved before that step's evaluations, which a run killed in between never ran
         last_val = run.evaluations() if 0 < state.step < cfg.max_steps else None
@@ -74,7 +77,7 @@ def train(cfg: PretrainConfig) -> dict:
                             run.model.parameters(), run.optimizer, run.scheduler, run.clipper, state.step
                         )
             session.record(out)  # the step's values stay on the device: no host sync until a cadence needs them
-            if not session.collect_due(cfg.log_every, cfg.eval_every, cfg.eval_tasks_every if cfg.eval_tasks else 0):
+            if not session.collect_due():  # the meter, the checkpointer and the evaluators each own their cadence
                 continue
             results = session.collect()  # every step since the last collect, in one host read
             spike = run.detector.first_spike([result.loss for result in results])
@@ -82,7 +85,7 @@ def train(cfg: PretrainConfig) -> dict:
                 run.rollback(results[spike])
                 continue
             last_loss = results[-1].loss
-            meter.log_step(results[-1], cfg.log_every, {"train/loss_scale": setup.loss_scale(acc, run.optimizer)})
+            meter.log_step(results[-1], {"train/loss_scale": setup.loss_scale(acc, run.optimizer)})
             # the step's checkpoint first: an evaluation that fails never costs the training before it
             session.checkpointer.maybe_save(state.step, allowed=run.detector.streak == 0)  # never mid-spike
             val = run.evaluations()
@@ -107,8 +110,8 @@ class Pretraining:
         self.compiled = setup.compile_wanted(cfg, session.accelerator.device)
         if self.compiled:  # the body only, in place (state-dict keys unchanged); the chunked loss stays eager
             model.model.base_model.compile()
-        train_dl, self.val_dl = setup.make_dataloaders(cfg, data)
-        # validation stays unsharded (setup.pretrain_validation_loss): the same tokens at any world size
+        train_dl, self.val_dl = make_dataloaders(cfg, data)
+        # validation stays unsharded (train/evaluation.validation_loss): the same tokens at any world size
         self.model, self.optimizer, self.train_dl = session.prepare(model, setup.build_optimizer(cfg, model), train_dl)
         self.scheduler = setup.make_scheduler(cfg, self.optimizer, session.state)
         self.clipper = GradClipper(cfg.clip, warmup_steps=cfg.warmup_steps, clip_mode=cfg.clip_mode)
@@ -130,13 +133,19 @@ class Pretraining:
             cfg,
             cfg.max_steps,
             layout,
-            cfg.save_every,
-            cfg.keep_last,
+            CheckpointGroup.of(cfg),
+            LoggingGroup.of(cfg),
             model=self.model,
             desc="pretrain",
             extra_manifest=lambda: self.rollbacks.state_dict(),
         )
         session.refresh_lr(self.scheduler, cfg.learning_rate)  # a resume honours a changed --learning_rate
+        # the evaluations, each with its own cadence (every --eval_every / --eval_tasks_every steps, and the last)
+        self.validator = session.evaluator(EvalGroup.of(cfg), self.evaluate, enabled=len(self.val_dl) > 0)
+        tasks = EvalGroup(eval_every=cfg.eval_tasks_every)
+        self.task_scorer = session.evaluator(
+            tasks, lambda: self.downstream(periodic=True), enabled=bool(cfg.eval_tasks and cfg.eval_tasks_every)
+        )
         self.describe()
 
     def describe(self) -> None:
@@ -231,15 +240,10 @@ class Pretraining:
         return scores
 
     def evaluations(self) -> Optional[float]:
-        """The evaluations due at this step, after its checkpoint: the validation loss (returned) and --eval_tasks
-        every --eval_tasks_every steps; neither counts as training time."""
-        cfg, meter, val = self.cfg, self.session.meter, None
-        if len(self.val_dl) and meter.due(cfg.eval_every):
-            with meter.paused():
-                val = self.evaluate()
-        if cfg.eval_tasks and cfg.eval_tasks_every and meter.due(cfg.eval_tasks_every):
-            with meter.paused():
-                self.downstream(periodic=True)
+        """The evaluations due at this step, after its checkpoint: the validation loss (returned, None when not due)
+        and --eval_tasks; each evaluator owns its cadence, and neither counts as training time."""
+        val = self.validator.maybe_run()
+        self.task_scorer.maybe_run()
         return val
 
     def evaluation_failed(self, err: Exception, periodic: bool) -> None:
@@ -259,7 +263,7 @@ class Pretraining:
         return None
 
     def evaluate(self) -> float:
-        loss = setup.pretrain_validation_loss(self.session.accelerator, self.model, self.val_dl, self.cfg.eval_batches)
+        loss = validation_loss(self.session.accelerator, self.model, self.val_dl, self.cfg.eval_batches)
         self.session.log({"val/loss": loss, "val/perplexity": perplexity(loss)})
         self.model.train()
         return loss
@@ -304,7 +308,7 @@ class Pretraining:
         )
         self.rollbacks.load_state_dict({**before, "rollbacks": before["rollbacks"] + 1})
         self.detector.streak = 0
-        self.batches = setup.batch_stream(session.accelerator, self.train_dl, state.micro_batches)
+        self.batches = batch_stream(session.accelerator, self.train_dl, state.micro_batches)
         self.event(
             {
                 "event": "rollback",

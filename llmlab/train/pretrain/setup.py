@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import shutil
 from pathlib import Path
 
 import torch
 from accelerate.utils import GradientAccumulationPlugin
-from torch.utils.data import DataLoader, DistributedSampler
 
 from llmlab.core.errors import UserError
 from llmlab.core.io import publish_dir
@@ -140,59 +138,6 @@ def make_scheduler(cfg, optimizer, state):
         ),
         state,
     )
-
-
-def make_dataloaders(cfg, data):
-    """Shuffled training batches (a fixed permutation per epoch from the seed) and in-order validation.
-
-    Loaders get their own generators so that creating an iterator never draws from the global RNG: a
-    resumed run then sees the same dropout masks as an uninterrupted one.
-    """
-
-    train = data.train.with_format("torch")
-    val = data.validation.with_format("torch")
-    sampler = DistributedSampler(train, num_replicas=1, rank=0, shuffle=True, seed=cfg.seed)
-    train_dl = DataLoader(
-        train,
-        batch_size=cfg.batch_size,
-        sampler=sampler,
-        drop_last=True,
-        generator=torch.Generator().manual_seed(cfg.seed),
-        pin_memory=cfg.pin_memory and torch.cuda.is_available(),  # accelerate then copies it without blocking
-    )
-    val_dl = DataLoader(
-        val,
-        batch_size=cfg.batch_size,
-        shuffle=False,
-        drop_last=len(val) >= cfg.batch_size,
-        generator=torch.Generator().manual_seed(cfg.seed),
-    )
-    return train_dl, val_dl
-
-
-def batch_stream(accelerator, train_dl, position: int):
-    """Endless micro-batches starting at data position `position` (micro-batches consumed so far)."""
-    epoch, offset = divmod(position, len(train_dl))
-    while True:
-        train_dl.set_epoch(epoch)
-        loader = accelerator.skip_first_batches(train_dl, offset) if offset else train_dl
-        yield from loader
-        epoch, offset = epoch + 1, 0
-
-
-@torch.no_grad()
-def pretrain_validation_loss(accelerator, model, val_dl, max_batches: int) -> float:
-    """Mean loss of the first `max_batches` validation batches. The loader is not sharded: every process scores the
-    same batches, so a validation loss means the same tokens at any world size."""
-    model.eval()
-    losses = []
-    for i, batch in enumerate(val_dl):
-        if i >= max_batches:
-            break
-        input_ids = batch["input_ids"].to(accelerator.device)
-        loss = model(input_ids, label_smoothing=0.0)  # the loss wrapper; validation never smooths
-        losses.append(loss.detach().float().reshape(1))
-    return torch.cat(losses).mean().item() if losses else math.nan
 
 
 def loss_scale(accelerator, optimizer) -> float | None:
