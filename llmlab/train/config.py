@@ -7,19 +7,21 @@
     LoggingGroup     logging cadence
 
 A trainer's config inherits the groups (PretrainConfig, LoraTrainConfig), so its flags and YAML keys stay flat,
-and re-declares only the options whose default differs for it. A component takes its group as an object and reads
-nothing else (litgpt's TrainArgs / EvalArgs): `CheckpointGroup.of(cfg)` for the checkpointer,
-`LoggingGroup.of(cfg)` for the meter, `EvalGroup.of(cfg)` for an evaluator. `resolved()` checks every value and
-returns the config a run uses (defaults that depend on other options filled in); nothing mutates a config after it
-was built. This module imports no torch: a bad flag is
-answered before the training stack loads (~2 s).
+and gives its own defaults for the groups' options it wants otherwise (`group_defaults`) without redeclaring them.
+A component takes its group as an object and reads nothing else (litgpt's TrainArgs / EvalArgs):
+`CheckpointGroup.of(cfg)` for the checkpointer, `LoggingGroup.of(cfg)` for the meter, `EvalGroup.of(cfg)` for an
+evaluator. `resolved()` checks every value and returns the config a run uses (defaults that depend on other options
+filled in); nothing mutates a config after it was built. This module imports no torch: a bad flag is answered
+before the training stack loads (~2 s).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import typing
 from dataclasses import dataclass, fields
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from llmlab.core.config import check_report_to, opt
 from llmlab.core.errors import UserError
@@ -60,6 +62,36 @@ class Group:
     @classmethod
     def of(cls, cfg):
         return cls(**{field.name: getattr(cfg, field.name) for field in fields(cls)})
+
+
+def group_defaults(**values: Any):
+    """A trainer's own defaults for options of the groups it inherits, declared without redeclaring the options: each
+    keeps its group's type, help line and place. A value may be `(default, help)` where the option means more for
+    this trainer. Put it under `@dataclass`:
+
+        @dataclass
+        @group_defaults(save_every=100, keep_last=2)
+        class LoraTrainConfig(RunGroup, CheckpointGroup, ...): ...
+    """
+
+    def decorate(cls):
+        inherited, hints = {}, {}
+        for base in reversed(cls.__mro__[1:]):
+            if dataclasses.is_dataclass(base):
+                inherited.update({field.name: field for field in fields(base)})
+                hints.update(typing.get_type_hints(base))
+        annotations = dict(cls.__dict__.get("__annotations__", {}))
+        for name, value in values.items():
+            if name not in inherited or name in annotations:
+                raise TypeError(f"{cls.__name__}: {name!r} is not an inherited option, or is declared again here")
+            field = inherited[name]
+            default, help_line = value if isinstance(value, tuple) else (value, field.metadata["help"])
+            setattr(cls, name, opt(default, help_line, **{k: v for k, v in field.metadata.items() if k != "help"}))
+            annotations[name] = hints[name]  # the type itself: this module's names need not be imported there
+        cls.__annotations__ = annotations
+        return cls
+
+    return decorate
 
 
 @dataclass

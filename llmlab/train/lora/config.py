@@ -19,6 +19,7 @@ from llmlab.train.config import (
     LoggingGroup,
     OptimGroup,
     RunGroup,
+    group_defaults,
     require,
 )
 
@@ -34,6 +35,19 @@ def default_instruct_cache() -> str:
 
 
 @dataclass
+@group_defaults(
+    output_dir=("runs/lora", "run folder: adapter/, eval.json, checkpoints/, config.yaml, tensorboard/"),
+    seed=(0, "seed for LoRA init, dropout and shuffling"),
+    max_steps=(500, "optimizer steps to train (upper bound, like --epochs: whichever ends first)"),
+    weight_decay=(0.01, "weight decay (LoRA's A and B matrices)"),
+    eval_every=(25, "optimizer steps between validation-loss evaluations"),
+    save_every=(
+        100,
+        "save a resumable checkpoint (adapter, optimizer, scheduler, RNG, data position) every N optimizer steps; "
+        "0 = never",
+    ),
+    keep_last=2,
+)
 class LoraTrainConfig(RunGroup, OptimGroup, CheckpointGroup, EvalGroup, LoggingGroup):
     # model and data
     base_model: str = opt(
@@ -78,8 +92,6 @@ class LoraTrainConfig(RunGroup, OptimGroup, CheckpointGroup, EvalGroup, LoggingG
     )
     # optimisation
     learning_rate: float = opt(3e-3, "peak learning rate")
-    max_steps: Optional[int] = opt(500, "optimizer steps to train (upper bound, like --epochs: whichever ends first)")
-    weight_decay: float = opt(0.01, "weight decay (LoRA's A and B matrices)")
     batch_size: int = opt(8, "examples per device per micro-batch")
     gradient_accumulation_steps: int = opt(2, "micro-batches per optimizer step")
     lr_scheduler: str = opt(
@@ -90,7 +102,6 @@ class LoraTrainConfig(RunGroup, OptimGroup, CheckpointGroup, EvalGroup, LoggingG
     warmup_steps: int = opt(25, "linear warmup optimizer steps")
     epochs: int = opt(3, "passes over the training split (upper bound)")
     # evaluation and logging
-    eval_every: int = opt(25, "optimizer steps between validation-loss evaluations")
     patience: int = opt(4, "stop after this many evaluations without a better validation loss")
     min_delta: float = opt(0.0, "an improvement must lower the validation loss by more than this")
     eval_batch_size: int = opt(16, "batch size for validation loss and generation")
@@ -98,16 +109,6 @@ class LoraTrainConfig(RunGroup, OptimGroup, CheckpointGroup, EvalGroup, LoggingG
     max_new_tokens: int = opt(32, "max generated tokens per answer")
     sample_every: int = opt(100, "optimizer steps between sample generations logged to TensorBoard text")
     num_samples: int = opt(3, "validation prompts shown in each sample log")
-    log_every: int = opt(10, "optimizer steps between scalar logs")
-    # checkpoints
-    save_every: int = opt(
-        100,
-        "save a resumable checkpoint (adapter, optimizer, scheduler, RNG, data position) "
-        "every N optimizer steps; 0 = never",
-    )
-    keep_last: int = opt(2, "keep only the newest N checkpoints")
-    seed: int = opt(0, "seed for LoRA init, dropout and shuffling")
-    output_dir: str = opt("runs/lora", "run folder: adapter/, eval.json, checkpoints/, config.yaml, tensorboard/")
 
     def resolved(self) -> "LoraTrainConfig":
         """Every value checked; LoRA has no derived defaults, so the config itself (nothing is changed)."""

@@ -14,7 +14,16 @@ from llmlab.models.gpt2 import (
     GPT2_PRESETS,
     context_length_of,  # transformers' AutoConfig: only for --init_from
 )
-from llmlab.train.config import SCHEDULES, CheckpointGroup, EvalGroup, LoggingGroup, OptimGroup, RunGroup, require
+from llmlab.train.config import (
+    SCHEDULES,
+    CheckpointGroup,
+    EvalGroup,
+    LoggingGroup,
+    OptimGroup,
+    RunGroup,
+    group_defaults,
+    require,
+)
 from llmlab.train.spikes import check_drill, parse_inject_spike
 
 # gpt2-tiny's recipe: about four minutes on two CPU cores (bench/quickstart.py measures it against the old one).
@@ -67,6 +76,13 @@ RESUMABLE = (
 
 
 @dataclass
+@group_defaults(
+    output_dir=("runs/pretrain", "run folder: checkpoints/, final/, tensorboard/, metrics.jsonl"),
+    max_steps=(
+        None,
+        f"optimizer steps to train; default: one pass over the training split, for gpt2-tiny {TINY_MAX_STEPS}",
+    ),
+)
 class PretrainConfig(DataConfig, RunGroup, OptimGroup, CheckpointGroup, EvalGroup, LoggingGroup):
     # model
     model: Literal["gpt2-tiny", "gpt2", "gpt2-medium"] = opt("gpt2-tiny", "GPT-2 preset to train from scratch")
@@ -88,8 +104,6 @@ class PretrainConfig(DataConfig, RunGroup, OptimGroup, CheckpointGroup, EvalGrou
     block_size: Optional[int] = opt(
         None, "tokens per training sequence; default: the model's context length (up to 1024); gpt2-tiny: 128"
     )
-    # run (RunGroup, with pretraining's folder)
-    output_dir: str = opt("runs/pretrain", "run folder: checkpoints/, final/, tensorboard/, metrics.jsonl")
     # optimisation (OptimGroup, with pretraining's defaults)
     learning_rate: Optional[float] = opt(
         None, f"peak learning rate; default 6e-4, for gpt2-tiny {TINY_LEARNING_RATE:g}"
@@ -105,9 +119,6 @@ class PretrainConfig(DataConfig, RunGroup, OptimGroup, CheckpointGroup, EvalGrou
     adam_beta2: float = opt(0.98, "beta2 of AdamW and Lion")
     adam_eps: float = opt(1e-6, "AdamW epsilon")
     warmup_steps: Optional[int] = opt(None, "linear warmup steps; default 2000, for gpt2-tiny 10%% of max_steps")
-    max_steps: Optional[int] = opt(
-        None, f"optimizer steps to train; default: one pass over the training split, for gpt2-tiny {TINY_MAX_STEPS}"
-    )
     batch_size: int = opt(8, "micro-batch: sequences per device per forward pass")
     effective_batch_size: Optional[int] = opt(
         None, "sequences per optimizer step (reached by gradient accumulation); default 512, for gpt2-tiny = batch_size"
