@@ -73,7 +73,10 @@ def analyse(rows: list[dict], options: ScalingOptions) -> dict:
 def _measured(rows: list[dict]) -> dict:
     models = sorted({str(r.get("model")) for r in rows if r.get("model") is not None})
     seq_len = next(filter(None, (_sequence_length(r) for r in rows)), None)
-    params = next(filter(None, (number(r.get("n_params") or r.get("params")) for r in rows)), None)
+    # a scan across lengths carries its D as n_params and the model's N as n_params_model
+    params = next(
+        filter(None, (number(r.get("n_params_model") or r.get("n_params") or r.get("params")) for r in rows)), None
+    )
     if params is None and len(models) == 1:
         params = swept_model_parameters(models[0], int(seq_len or 1024))
     return {

@@ -14,6 +14,7 @@ from llmlab.core.io import atomic_write_json, atomic_write_text
 from llmlab.scaling.analysis import analyse
 from llmlab.scaling.fits import ScalingOptions, memory_batch, predict_band
 from llmlab.scaling.law import predict
+from llmlab.scaling.length import fit_length_law
 from llmlab.scaling.optimum import lr_table
 
 FITS_FILE = "scaling_fits.json"
@@ -28,14 +29,29 @@ PLOT_NAMES = (
 )
 
 
-def write_lr_bs_report(out_dir: str | os.PathLike, rows: list[dict], options: Optional[ScalingOptions] = None) -> dict:
-    """Analyse an lr x batch-size sweep and write its fits, report and plots; returns the analysis."""
+def write_lr_bs_report(
+    out_dir: str | os.PathLike, rows: list[dict], options: Optional[ScalingOptions] = None, length_law: bool = False
+) -> dict:
+    """Analyse an lr x batch-size sweep and write its fits, report and plots; returns the analysis. `length_law`: a
+    scan across training lengths, whose rows carry D as n_params, also fits ln lr_opt = a + beta ln D on its fit
+    lengths (`length`, what `recommend --length_from` reads)."""
     out_dir = Path(out_dir)
     analysis = analyse(rows, options or ScalingOptions())
+    if length_law and analysis.get("transfer"):
+        analysis["length"] = length_law_of(analysis["transfer"])
     atomic_write_json(out_dir / FITS_FILE, analysis)
     plots = write_plots(out_dir / "plots", analysis)
     atomic_write_text(out_dir / REPORT_FILE, report_markdown(analysis, plots))
     return analysis
+
+
+def length_law_of(transfer: dict) -> dict:
+    """The length law on the measured fit lengths (the held-out one left out), by llmlab.scaling.length's estimator."""
+    held = (transfer.get("holdout") or {}).get("size")
+    points = [
+        {**p, "tokens": p["n_params"]} for p in transfer["points"] if p["status"] == "measured" and p["size"] != held
+    ]
+    return fit_length_law(points)
 
 
 def short(value, digits: int = 3) -> str:
@@ -55,6 +71,12 @@ def _lr_ci(point: dict) -> str:
         return f"{short(point.get('lr_opt'))} ({point['status'].replace('_', ' ')}: a bound, not in the fit)"
     ci = point.get("ci")
     return f"{point['lr_opt']:.3g}" + (f" {_interval(ci)}" if ci else " (no seed SD: no interval)")
+
+
+def _length_line(law: dict) -> str:
+    if law.get("status") != "ok":
+        return f"not fitted: {law.get('reason')}"
+    return f"{law['beta']:+.3f} [{law['beta_ci'][0]:+.3f}, {law['beta_ci'][1]:+.3f}] on {law['df']} df"
 
 
 def registration_markdown(registration: Optional[dict]) -> list[str]:
@@ -378,6 +400,15 @@ def report_markdown(analysis: dict, plots: list[str]) -> str:
     lines = [
         "# lr x batch-size scaling report",
         "",
+        *(
+            [
+                "A scan across training length: every N below is D, a probe's training tokens, and alpha is the "
+                f"length law's beta ({_length_line(analysis['length'])}).",
+                "",
+            ]
+            if analysis.get("length")
+            else []
+        ),
         *transfer_markdown(analysis),
         f"{analysis['n_trials']} trials, {analysis['n_feasible']} feasible. A trial is dropped when it did not "
         f"finish (status other than ok: OOM, crashed, failed), diverged (final loss > "

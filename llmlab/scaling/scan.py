@@ -8,6 +8,12 @@ either side is extended past that edge (a side whose larger lrs diverged needs n
 up to --max_lr_extensions times, so an optimum on the grid edge is never taken for a measurement. Every grid is
 written to scan_plan.json before it runs: a rerun resumes with the same grids, and the held-out size's forecast is
 on disk before its first trial.
+
+A scan across training length (`--sizes 128x12@150 128x12@300 ...`: one probe, each size its own steps) is the same
+scan with the training tokens D in place of N: its law is ln lr_opt = a + beta ln D (llmlab.scaling.length), its
+held-out length is forecast and registered the same way, and its null "the optimum does not move with length" is
+registered beside the law (as muP's flat forecast is for width). Warmup keeps its share of each run
+(runner.warmup_scale) and the schedule decays over the run: a rule of the run's length, not a fixed step count.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from llmlab.scaling.machines import MACHINE_RULE, machine_adjust
 from llmlab.scaling.optimum import ESTIMATOR, SAME_VERDICT, cell_optimum, finite, grid_extension
 from llmlab.scaling.report import write_lr_bs_report
 from llmlab.scaling.transfer import BAND, VERDICT_RULE, flat_forecast, seed_noise, sigma_model, size_points
-from llmlab.sweep.design import CONTROL, in_blocks, parse_size, replicate
+from llmlab.sweep.design import CONTROL, in_blocks, parse_size, replicate, size_steps
 from llmlab.sweep.report import flat_row
 from llmlab.sweep.runner import Study, trial_device
 
@@ -71,9 +77,35 @@ def size_parameters(size: str, model: str, head_dim: int = 32) -> int:
 
 
 def scan_sizes(cfg) -> list[str]:
+    """The scan's sizes in the order it runs them: by N, or (a scan across lengths) by steps."""
     family = "minimal" if cfg.model == "minimal" else "gpt2"
     sizes = DEFAULT_SIZES[family] if cfg.sizes == ["default"] else list(cfg.sizes)
-    return sorted(sizes, key=lambda s: size_parameters(s, cfg.model, cfg.head_dim))
+    return sorted(sizes, key=lambda s: (size_parameters(s, cfg.model, cfg.head_dim), size_steps(s) or 0))
+
+
+def scan_axis(sizes: list[str]) -> str:
+    """What the scan varies: "params" (widths, N) or "tokens" (one probe's training lengths, D)."""
+    return "tokens" if any(size_steps(s) for s in sizes) else "params"
+
+
+def scan_scale(cfg, sizes: list[str], batch: int) -> dict[str, float]:
+    """Each size's place on the law's axis: non-embedding N, or for a scan across lengths its training tokens D
+    (steps x batch x block), the x of ln lr_opt = a + beta ln D."""
+    if scan_axis(sizes) == "params":
+        return {size: size_parameters(size, cfg.model, cfg.head_dim) for size in sizes}
+    block = cfg.block_size or cfg.budget_spec.block_size
+    return {size: size_steps(size) * batch * block for size in sizes}
+
+
+def on_axis(rows: list[dict], plan: dict) -> list[dict]:
+    """Rows placed on the scan's axis: a scan across lengths fits on D, so each row's n_params is its training tokens
+    (the model's own N kept as n_params_model)."""
+    if plan.get("axis") != "tokens":
+        return rows
+    return [
+        {**row, "n_params_model": row.get("n_params_model", row.get("n_params")), "n_params": row["train_tokens"]}
+        for row in rows
+    ]
 
 
 def _feasible(rows: list[dict], plan: dict) -> list[dict]:
@@ -91,7 +123,7 @@ def _flat(results: list[dict], plan: dict) -> list[dict]:
 
 def with_machines(rows: list[dict], plan: dict) -> list[dict]:
     groups = machine_groups(plan)
-    return [{**row, "machine": groups.get(str(row.get("cpu")), row.get("cpu"))} for row in rows]
+    return on_axis([{**row, "machine": groups.get(str(row.get("cpu")), row.get("cpu"))} for row in rows], plan)
 
 
 def machine_order(plan: dict) -> list[str]:
@@ -353,13 +385,15 @@ def run_scan(
     """Run the scan size by size; `run_design(design)` runs what is pending and returns every finished row,
     `finished(design)` only returns them, `replay(trial, folder)` runs one trial again in another folder."""
     sizes = scan_sizes(cfg)
-    n_of = {size: size_parameters(size, cfg.model, cfg.head_dim) for size in sizes}
     batches = [int(b) for b in (cfg.batch_sizes or [4])]
+    n_of = scan_scale(cfg, sizes, batches[0])  # N, or D for a scan across lengths (one batch size)
     plan = load_plan(out_dir)
     held_out = sizes[-1] if cfg.holdout != "none" and (cfg.holdout == "largest" or len(sizes) >= 3) else None
     check_growth(plan, sizes, held_out, out_dir)
     grow_seeds(plan, held_out, seeds)
     plan.update(sizes=sizes, n_params=n_of, step=cfg.lr_step, points=cfg.lr_points, held_out=held_out)
+    if scan_axis(sizes) == "tokens":  # a width scan's plan stays as it was written
+        plan["axis"] = "tokens"
     plan.setdefault("order_seed", cfg.seed)
     plan.setdefault("precision", precision)
     admit_machine(cfg, plan, out_dir, seeds, finished, replay)
@@ -537,8 +571,12 @@ def preregister(cfg, out_dir: Path, plan: dict, cell: dict, rows: list[dict]) ->
                 "alpha": cell.get("alpha"),
                 "law": cell.get("law"),
             },
-            # muP claims the optimum does not move with width: that prediction is registered beside the law's
-            "flat_forecast": flat_forecast(size_points(fit, seed_noise(fit))) if cfg.parametrization == "mup" else None,
+            # muP claims the optimum does not move with width, and a length scan's null is that it does not move
+            # with length: that prediction is registered beside the law's
+            "flat_forecast": flat_forecast(size_points(fit, seed_noise(fit)))
+            if cfg.parametrization == "mup" or plan.get("axis") == "tokens"
+            else None,
+            "axis": plan.get("axis", "params"),
             "estimator": ESTIMATOR,
             "machine_term": MACHINE_RULE,  # the held-out size may well run on several machines: say how, now
             "verdict_rule": VERDICT_RULE,
@@ -616,7 +654,8 @@ class LrStudy(Study):
         plan = load_plan(out_dir)
         registration, order = read_preregistration(out_dir), machine_order(plan) or None
         options = ScalingOptions(holdout=cfg.holdout, preregistration=registration, machine_order=order)
-        write_lr_bs_report(out_dir, with_machines([flat_row(r) for r in rows], plan), options)
+        length = plan.get("axis") == "tokens"
+        write_lr_bs_report(out_dir, with_machines([flat_row(r) for r in rows], plan), options, length_law=length)
 
 
 class ScanStudy(LrStudy):

@@ -9,7 +9,7 @@ from typing import Literal, Optional
 from llmlab.core.config import check_report_to, opt
 from llmlab.core.errors import UserError
 from llmlab.models.gpt2 import GPT2_PRESETS
-from llmlab.sweep.design import parse_size
+from llmlab.sweep.design import parse_size, size_steps
 from llmlab.sweep.launchers import LAUNCHERS, LauncherChoices
 from llmlab.train.config import parse_clip
 
@@ -369,6 +369,13 @@ class SweepConfig:
                 "for one size drop --sizes"
             )
         shapes = [parse_size(size, self.model, self.head_dim) for size in self.sizes]
+        lengths = [size_steps(size) for size in self.sizes]
+        if any(lengths) and (None in lengths or len(set(shapes)) > 1 or len(self.batch_sizes or [4]) > 1):
+            raise UserError(
+                "--sizes WIDTHxDEPTH@STEPS scans training length: give one probe at several step counts (e.g. "
+                "128x12@150 128x12@300 128x12@600) and one --batch_sizes; a scan varies the width or the length, "
+                "not both"
+            )
         if self.parametrization == "mup" and len({depth for _, depth in shapes}) > 1:
             raise UserError(
                 "--parametrization mup transfers across width only: give --sizes of one depth (e.g. 64x2 128x2 256x2)"

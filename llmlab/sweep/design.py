@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 import yaml
@@ -113,17 +113,26 @@ def lr_bs_design(lrs: list[float], batch_sizes: list[int], sizes: list[str] | No
     return [{**trial, "trial_id": f"{size}_{trial['trial_id']}", "size": size} for size in sizes for trial in grid]
 
 
+def size_steps(size) -> Optional[int]:
+    """The steps a `WIDTHxDEPTH@STEPS` label trains (a scan across training lengths), else None."""
+    match = SIZE_PATTERN.match(str(size))
+    return int(match.group(3)) if match and match.group(3) else None
+
+
 def parse_size(size: str, model: str, head_dim: int = 32) -> tuple[int, int]:
-    """`WIDTHxDEPTH` (e.g. 192x4) -> (width, layers), checked against the family's head size (the minimal model's
-    is --head_dim)."""
+    """`WIDTHxDEPTH` (e.g. 192x4), or `WIDTHxDEPTH@STEPS`, -> (width, layers), checked against the family's head
+    size (the minimal model's is --head_dim)."""
     match = SIZE_PATTERN.match(str(size))
     if not match:
         family = "minimal Transformer" if model == "minimal" else "GPT-2"
         raise UserError(
-            f"--sizes {size!r} is not WIDTHxDEPTH (e.g. 128x2): every size of one scan is a width and a "
-            f"depth of the {family} family of --model {model}"
+            f"--sizes {size!r} is not WIDTHxDEPTH (e.g. 128x2) or WIDTHxDEPTH@STEPS (e.g. 128x12@600): every size "
+            f"of one scan is a width and a depth of the {family} family of --model {model}, trained for --steps or "
+            "its own STEPS"
         )
     width, depth = int(match.group(1)), int(match.group(2))
+    if match.group(3) is not None and int(match.group(3)) < 1:
+        raise UserError(f"--sizes {size}: a probe trains at least one step")
     head = head_dim if model == "minimal" else 64
     if width < head or width % head or depth < 1:
         hint = (

@@ -17,7 +17,8 @@ from llmlab.train.config import CLIP_MODES, OPTIMIZERS, SCHEDULES, parse_clip
 
 POSITION_ENCODINGS = ("sinusoidal", "learned", "rope")
 LOSS_MASKS = ("full", "padding")  # every next-token position, or none predicting padding (per-document rows)
-SIZE_PATTERN = re.compile(r"^(\d+)x(\d+)$")
+# WIDTHxDEPTH, or WIDTHxDEPTH@STEPS: one probe trained for its own number of steps (a scan across lengths)
+SIZE_PATTERN = re.compile(r"^(\d+)x(\d+)(?:@(\d+))?$")
 
 # doe20's five factors and their three levels (every factor a design may vary: llmlab.sweep.factors.REGISTRY)
 FACTORS: dict[str, list[Any]] = {
@@ -92,7 +93,7 @@ def clip_level(value):
 
 def size_level(value):
     if not isinstance(value, str) or not SIZE_PATTERN.match(value):
-        raise BadLevel("WIDTHxDEPTH, e.g. 128x2")
+        raise BadLevel("WIDTHxDEPTH or WIDTHxDEPTH@STEPS, e.g. 128x2 or 128x12@600")
     return value
 
 

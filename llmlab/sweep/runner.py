@@ -29,7 +29,7 @@ from llmlab.data.tokenizer import load_tokenizer
 from llmlab.models.minimal import MinimalTransformer, MinimalTransformerConfig, parameter_table
 from llmlab.sweep import report
 from llmlab.sweep.config import FULL_NOMINAL_STEPS, SweepConfig
-from llmlab.sweep.design import base_design, build_design, design_table, parse_size, run_order
+from llmlab.sweep.design import base_design, build_design, design_table, parse_size, run_order, size_steps
 from llmlab.sweep.factors import resolve
 from llmlab.sweep.launchers import LAUNCHERS, SPLITS, load_target, save_token_arrays
 from llmlab.sweep.spec import Hparams, TrialSpec
@@ -145,7 +145,8 @@ def trial_specs(
     specs = []
     for trial in design:
         hp = trial_hparams(cfg, trial)
-        run_steps = steps or max(1, budget.epochs * data_info["train_rows"] // hp.batch_size)
+        # a WIDTHxDEPTH@STEPS size trains its own steps (a scan across lengths); warmup keeps its share of them
+        run_steps = size_steps(hp.size) or steps or max(1, budget.epochs * data_info["train_rows"] // hp.batch_size)
         micro = cfg.micro_batch_size or (hp.batch_size if cfg.grid == "lr_bs" else budget.batch_size)
         width, depth = parse_size(hp.size, cfg.model, cfg.head_dim) if hp.size else default_shape(cfg)
         spec = TrialSpec(

@@ -338,3 +338,57 @@ def test_a_mup_scan_registers_its_flat_prediction_and_the_verdict_judges_it(tmp_
     assert verdicts[6e-3]["rows"][0]["flat"]["verdict"] == "failed"
     assert verdicts[6e-3]["rows"][0]["flat"]["ratio"] == pytest.approx(0.5, rel=0.15)
     assert "**muP's flat prediction: failed**" in "\n".join(verdict_markdown(verdicts[6e-3]))
+
+
+def test_a_scan_across_lengths_trains_each_size_its_steps_and_fits_beta_on_tokens(tmp_path):
+    """`--sizes 128x12@150 ...`: one probe at several lengths. Each trial trains its label's steps with warmup
+    keeping its share, the sizes sort by length, the law's axis is the training tokens D (the model's N kept aside),
+    the report fits ln lr_opt = a + beta ln D on the fit lengths (what recommend --length_from reads), and a scan
+    that varies both width and length, or several batch sizes, is refused in one line."""
+    import json
+
+    from llmlab.core.config import parse_config
+    from llmlab.core.errors import UserError
+    from llmlab.scaling.report import write_lr_bs_report
+    from llmlab.scaling.scan import on_axis, scan_axis, scan_scale, scan_sizes
+    from llmlab.sweep.config import SweepConfig
+    from llmlab.sweep.runner import trial_specs
+
+    argv = ["--grid", "lr_bs", "--model", "gpt2", "--budget", "cpu", "--batch_sizes", "4", "--steps", "300"]
+    cfg = parse_config(SweepConfig, [*argv, "--sizes", "128x12@600", "128x12@150", "128x12@300"])
+    sizes = scan_sizes(cfg)
+    assert sizes == ["128x12@150", "128x12@300", "128x12@600"] and scan_axis(sizes) == "tokens"
+    assert scan_scale(cfg, sizes, 4) == {"128x12@150": 76800, "128x12@300": 153600, "128x12@600": 307200}
+    assert scan_axis(["64x12", "128x12"]) == "params"
+    trial = {"trial_id": "t", "seed": 0, "replicate": 0, "lr": 1e-3, "batch_size": 4}
+    design = [{**trial, "trial_id": size, "size": size} for size in sizes]
+    specs = trial_specs(cfg, design, {"block_size": 128, "train_rows": 1000}, tmp_path)
+    assert [s.steps for s in specs] == [150, 300, 600]  # the label's steps, not --steps
+    assert [s.warmup_scale for s in specs] == pytest.approx([150 / 1800, 300 / 1800, 600 / 1800])  # a share
+    for mixed, needle in (
+        (["128x12@150", "256x12@300"], "the width or the length, not both"),
+        (["128x12@150", "128x12"], "the width or the length, not both"),
+    ):
+        with pytest.raises(UserError, match=needle):
+            parse_config(SweepConfig, [*argv, "--sizes", *mixed])
+    with pytest.raises(UserError, match="one --batch_sizes"):
+        parse_config(SweepConfig, [*argv[:-4], "--batch_sizes", "4", "8", "--sizes", "128x12@150", "128x12@300"])
+
+    # a planted length law, beta -0.3: the optimum falls by 2^-0.3 per doubling of D
+    tokens = {"128x12@150": 76800.0, "128x12@300": 153600.0, "128x12@600": 307200.0, "128x12@1200": 614400.0}
+    rows = [
+        {**r, "size": size, "n_params": 2.4e6, "train_tokens": d, "status": "ok", "trial_id": f"{size}_{r['trial_id']}"}
+        for k, (size, d) in enumerate(tokens.items())
+        for r in bowl(GRID, centre=3e-3 * (d / 76800.0) ** -0.3, sigma=0.01, seeds=3, seed=k)
+    ]
+    placed = on_axis(rows, {"axis": "tokens"})
+    assert placed[0]["n_params"] == 76800.0 and placed[0]["n_params_model"] == 2.4e6
+    assert on_axis(rows, {}) == rows  # a width scan's rows are left as they are
+    write_lr_bs_report(tmp_path, placed, length_law=True)
+    fits = json.loads((tmp_path / "scaling_fits.json").read_text())
+    law = fits["length"]
+    assert fits["transfer"]["holdout"]["size"] == "128x12@1200"  # the longest is held out (here unregistered)
+    assert law["status"] == "ok" and law["lengths"] == list(tokens)[:3]  # fitted on the other three
+    assert law["beta_ci"][0] < -0.3 < law["beta_ci"][1] and law["beta"] == pytest.approx(-0.3, abs=0.1)
+    assert fits["measured"]["params"] == 2.4e6  # the model's N, not its tokens
+    assert "A scan across training length: every N below is D" in (tmp_path / "scaling_report.md").read_text()
