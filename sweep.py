@@ -5,6 +5,7 @@
   python sweep.py --grid lr_bs --model gpt2-tiny --lrs 1e-5 3e-5 --batch_sizes 8 16
   python sweep.py --grid my_grid.yaml           # `trials: [...]` or `factorial: {factor: [levels]}`
   python sweep.py recommend --from runs/lr_bs --memory-gb 24   # scaling-law recommendation (issue 5)
+  python sweep.py contrast plan --arms adamw:cosine muon:cosine   # optimizers at their own lr, equal wall time
 
 Rerunning the same command resumes: finished trials are skipped, crashed or interrupted ones rerun.
 """
@@ -23,6 +24,10 @@ def main(argv: list[str] | None = None) -> None:
         from llmlab.scaling.recommend import recommend_main
 
         return recommend_main(argv[1:])
+    if argv and argv[0] == "contrast":
+        from llmlab.scaling.contrast import contrast_main
+
+        return contrast_main(argv[1:])
     from llmlab.core.config import parse_config
     from llmlab.sweep.config import SweepConfig
 
