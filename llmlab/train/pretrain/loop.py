@@ -55,8 +55,13 @@ def train(cfg: PretrainConfig) -> dict:
     )
     setup.check_deepspeed(session.accelerator, cfg)
     with session:
-        run = Pretraining(cfg, session)
-        cfg, acc, state, meter = run.cfg, session.accelerator, session.state, session.meter
+        set_seed(cfg.seed)
+        tokenizer = load_tokenizer(cfg.tokenizer)
+        with session.accelerator.main_process_first():
+            data = prepare_dataset(cfg.data_config(), tokenizer)
+        cfg = cfg.for_data(len(data.train))  # the config this run uses: --max_steps defaults to one pass over the data
+        run = Pretraining(cfg, session, tokenizer, data)
+        acc, state, meter = session.accelerator, session.state, session.meter
         run.batches = batch_stream(acc, run.train_dl, state.micro_batches)  # a rollback restarts it
         micro_batches, last_loss = acc.gradient_accumulation_steps, None
         # resumed: its checkpoint was saved before that step's evaluations, which a run killed in between never ran
@@ -96,13 +101,8 @@ def train(cfg: PretrainConfig) -> dict:
 class Pretraining:
     """The pretraining run on top of the shared session: data, GPT-2, optimizer + schedule, and spike rollback."""
 
-    def __init__(self, cfg: PretrainConfig, session: TrainingSession):
-        self.session, acc = session, session.accelerator
-        set_seed(cfg.seed)
-        self.tokenizer = load_tokenizer(cfg.tokenizer)
-        with acc.main_process_first():
-            data = prepare_dataset(cfg.data_config(), self.tokenizer)
-        self.cfg = cfg = cfg.for_data(len(data.train))
+    def __init__(self, cfg: PretrainConfig, session: TrainingSession, tokenizer, data):
+        self.cfg, self.session, self.tokenizer, acc = cfg, session, tokenizer, session.accelerator
         model = CausalLMWithLoss(
             setup.build_pretrain_model(cfg, self.tokenizer), cfg.label_smoothing, cfg.loss_chunk_tokens
         )
