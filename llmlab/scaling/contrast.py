@@ -9,7 +9,8 @@ the lab's runs with the study's lr_opt estimator.
 2. `sweep.py contrast confirm`: each arm's lr_opt from its scan by the scaling study's estimator
    (llmlab.scaling.optimum, one cell per arm), then a grid of every arm at its own lr with fresh seeds. Fresh
    seeds, because the loss at a minimum picked from the same runs is biased low (the winner's curse), and more so
-   for a noisier arm. The chosen lrs are written before any confirmation trial runs.
+   for a noisier arm. Blind by rule, as a scan's held-out size is: the chosen lrs are written to
+   contrast_lrs.json, and the confirmation grid is written only once that file is committed as it is on disk.
 3. `sweep.py contrast report`: per seed (one seed gives every arm the same init and data order: a block), each
    arm's final validation loss minus the reference arm's; the mean difference with its t interval on K - 1 df and
    p-values Holm-corrected over the arms (llmlab.sweep.stats.holm).
@@ -59,6 +60,12 @@ class ContrastConfig:
         None, "plan / confirm: the grid YAML to write; report: the JSON (default in --from_dir)"
     )
     confidence: float = opt(0.95, "report: the level of every interval")
+    registration_check: str = opt(
+        "commit",
+        "confirm: write the confirmation grid only once the chosen lrs are committed to git (commit), or "
+        "outside git without that rule (none: the report says so)",
+        choices=("commit", "none"),
+    )
 
 
 def parse_arm(arm: str) -> dict:
@@ -150,12 +157,36 @@ def confirm(cfg: ContrastConfig) -> str:
     kept = ("size", "batch_size", "clip")  # what the scan trained each arm with, kept for its confirmation
     setting = {arm_name(r): {k: r[k] for k in kept} for r in rows if r.get("optimizer")}
     choice = {a: {"lr": float(f"{optima[a]['lr_opt']:.3g}"), "ci": optima[a]["ci"], **setting[a]} for a in cfg.arms}
-    atomic_write_json(folder / CHOICE_FILE, choice)  # the lrs, on disk before a confirmation trial exists
+    commit = register_choice(folder / CHOICE_FILE, choice, cfg.registration_check)
     trials = [
         {"trial_id": a.replace(":", "-"), **parse_arm(a), **{k: c[k] for k in ("lr", *kept)}, "seed": cfg.seed}
         for a, c in choice.items()
     ]
-    return _grid(trials, cfg.replicates, f"every arm at its own lr_opt from {folder}, fresh seeds from {cfg.seed}")
+    where = f"registered in {folder / CHOICE_FILE} at commit {commit}" if commit else "not registered (none)"
+    return _grid(
+        trials, cfg.replicates, f"every arm at its own lr_opt from {folder}, fresh seeds from {cfg.seed}; {where}"
+    )
+
+
+def register_choice(path: Path, choice: dict, check: str) -> Optional[str]:
+    """Write the chosen lrs (once: a later confirm must choose the same) and return the commit that holds them as
+    they are on disk; uncommitted, stop in one line before any confirmation grid exists."""
+    from llmlab.core.identity import committed_as_is
+
+    if path.is_file() and json.loads(path.read_text()) != json.loads(json.dumps(choice)):
+        raise UserError(
+            f"{path} registered other lrs than this scan now gives; the confirmation judges the registered ones "
+            "(restore the scan's trials, or confirm in a new folder)"
+        )
+    if not path.is_file():
+        atomic_write_json(path, choice)
+    commit, why = committed_as_is(path)
+    if commit is None and check == "commit":
+        raise UserError(
+            f"{path} registers each arm's lr and {why}, so the confirmation grid waits (blind by commit): run "
+            f"`git add {path} && git commit`, then this command again (outside git: --registration_check none)"
+        )
+    return commit
 
 
 def paired_contrasts(rows: list[dict], arms: list[str], confidence: float = 0.95) -> list[dict]:
@@ -193,11 +224,22 @@ def paired_contrasts(rows: list[dict], arms: list[str], confidence: float = 0.95
     return out
 
 
+def grid_note(folder: Path) -> str:
+    """What the stage's grid says of itself (its first line: for a confirmation, where its lrs were registered)."""
+    config = folder / "config.yaml"
+    grid = Path(str((yaml.safe_load(config.read_text()) or {}).get("grid", ""))) if config.is_file() else None
+    if grid is None or not grid.is_file():
+        return "unknown (the stage's grid file is not where its config.yaml says)"
+    return grid.read_text().splitlines()[0].lstrip("# ")
+
+
 def report(cfg: ContrastConfig) -> dict:
     folder = Path(cfg.from_dir or "")
     rows = stage_rows(folder)
     contrasts = paired_contrasts(rows, cfg.arms, cfg.confidence)
     result = {"arms": cfg.arms, "reference": cfg.arms[0], "confidence": cfg.confidence, "contrasts": contrasts}
+    result["grid"] = grid_note(folder)
+    print(f"grid: {result['grid']}")
     atomic_write_json(Path(cfg.output) if cfg.output else folder / "contrasts.json", result)
     level = f"{cfg.confidence:.0%}"
     print(f"| arm | minus {cfg.arms[0]} (val loss) | {level} CI | df | p (Holm) |\n|---|---|---|---|---|")

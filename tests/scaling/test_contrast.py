@@ -13,6 +13,7 @@ import yaml
 from llmlab.core.errors import UserError
 from llmlab.scaling.contrast import contrast_main, equal_time_steps, paired_contrasts, parse_arm
 from tests.conftest import run_script
+from tests.scaling.test_scaling import git
 
 ARMS = ["adamw:cosine", "muon:cosine", "adamw:wsd"]
 
@@ -84,7 +85,14 @@ def test_confirm_runs_each_arm_at_its_own_lr_and_steps_and_the_report_pairs_seed
                 design.append({"trial_id": trial_id})
     (scan / "design.json").write_text(json.dumps(design))
     arms = ["--arms", "adamw:cosine", "muon:cosine"]
-    contrast_main(["confirm", *arms, "--from_dir", str(scan), "--replicates", "2", "--seed", "5"])
+    confirm = ["confirm", *arms, "--from_dir", str(scan), "--replicates", "2", "--seed", "5"]
+    git(tmp_path, "init", "-q")
+    with pytest.raises(UserError, match="blind by commit"):  # the chosen lrs are registered before any grid exists
+        contrast_main(confirm)
+    assert (scan / "contrast_lrs.json").is_file() and not (scan / "confirm.yaml").exists()
+    git(tmp_path, "add", "scan/contrast_lrs.json")
+    git(tmp_path, "commit", "-q", "-m", "register the arms' lrs")
+    contrast_main(confirm)
     chosen = json.loads((scan / "contrast_lrs.json").read_text())
     assert chosen["adamw:cosine"]["lr"] == pytest.approx(2e-3, rel=0.1)
     assert chosen["muon:cosine"]["lr"] == pytest.approx(8e-3, rel=0.1)
@@ -106,3 +114,4 @@ def test_confirm_runs_each_arm_at_its_own_lr_and_steps_and_the_report_pairs_seed
     (contrast,) = json.loads((out / "contrasts.json").read_text())["contrasts"]
     assert contrast["arm"] == "muon:cosine" and contrast["pairs"] == 2 and contrast["df"] == 1
     assert "| muon:cosine |" in report.stdout
+    assert f"at commit {git(tmp_path, 'rev-parse', 'HEAD')}" in json.loads((out / "contrasts.json").read_text())["grid"]
