@@ -25,11 +25,18 @@ from pathlib import Path
 from typing import Optional
 
 import yaml
+from scipy import stats
 
 from llmlab.core.config import opt, parse_config
 from llmlab.core.errors import UserError
+from llmlab.core.identity import committed_as_is
 from llmlab.core.io import atomic_write_json, atomic_write_text
+from llmlab.scaling.fits import ScalingOptions, feasible_region
+from llmlab.scaling.transfer import seed_noise, size_points
 from llmlab.sweep.design import parse_size
+from llmlab.sweep.report import flat_row
+from llmlab.sweep.spec import load_results
+from llmlab.sweep.stats import holm
 from llmlab.train.components import OPTIMIZERS, SCHEDULES
 
 STAGES = ("plan", "confirm", "report")
@@ -122,9 +129,6 @@ def plan(cfg: ContrastConfig) -> str:
 
 def stage_rows(folder: Path) -> list[dict]:
     """The finished trials of a stage's sweep folder, as flat rows."""
-    from llmlab.sweep.report import flat_row
-    from llmlab.sweep.runner import load_results
-
     design_path = folder / "design.json"
     if not design_path.is_file():
         raise UserError(f"--from_dir {folder} holds no sweep (no design.json); run the stage's grid first")
@@ -134,9 +138,6 @@ def stage_rows(folder: Path) -> list[dict]:
 
 def arm_optima(rows: list[dict], confidence: float = 0.95) -> dict[str, dict]:
     """Each arm's lr_opt with its interval: the scaling study's estimator with one cell per arm."""
-    from llmlab.scaling.fits import ScalingOptions, feasible_region
-    from llmlab.scaling.transfer import seed_noise, size_points
-
     cells = [{**r, "size": arm_name(r), "n_params": 1.0} for r in rows if r.get("optimizer")]
     feasible = feasible_region(cells, ScalingOptions(unstable_std=math.inf))[0]
     return {p["size"]: p for p in size_points(feasible, seed_noise(feasible), confidence)}
@@ -171,8 +172,6 @@ def confirm(cfg: ContrastConfig) -> str:
 def register_choice(path: Path, choice: dict, check: str) -> Optional[str]:
     """Write the chosen lrs (once: a later confirm must choose the same) and return the commit that holds them as
     they are on disk; uncommitted, stop in one line before any confirmation grid exists."""
-    from llmlab.core.identity import committed_as_is
-
     if path.is_file() and json.loads(path.read_text()) != json.loads(json.dumps(choice)):
         raise UserError(
             f"{path} registered other lrs than this scan now gives; the confirmation judges the registered ones "
@@ -192,10 +191,6 @@ def register_choice(path: Path, choice: dict, check: str) -> Optional[str]:
 def paired_contrasts(rows: list[dict], arms: list[str], confidence: float = 0.95) -> list[dict]:
     """Each arm minus the reference (arms[0]) in final validation loss, paired by seed; a t interval on the pairs'
     K - 1 df, Holm-adjusted p-values over the arms. A seed missing (or not finite) in either arm drops its pair."""
-    from scipy import stats
-
-    from llmlab.sweep.stats import holm
-
     loss = {}
     for r in rows:
         value = r.get("final_loss")

@@ -571,11 +571,7 @@ def preregister(cfg, out_dir: Path, plan: dict, cell: dict, rows: list[dict]) ->
                 "alpha": cell.get("alpha"),
                 "law": cell.get("law"),
             },
-            # muP claims the optimum does not move with width, and a length scan's null is that it does not move
-            # with length: that prediction is registered beside the law's
-            "flat_forecast": flat_forecast(size_points(fit, seed_noise(fit)))
-            if cfg.parametrization == "mup" or plan.get("axis") == "tokens"
-            else None,
+            "flat_forecast": _flat_forecast(cfg, plan, fit),
             "axis": plan.get("axis", "params"),
             "estimator": ESTIMATOR,
             "machine_term": MACHINE_RULE,  # the held-out size may well run on several machines: say how, now
@@ -605,6 +601,14 @@ def preregister(cfg, out_dir: Path, plan: dict, cell: dict, rows: list[dict]) ->
         f"(sha256 {file_sha256(path)[:16]})",
         flush=True,
     )
+
+
+def _flat_forecast(cfg, plan: dict, fit: list[dict]) -> Optional[dict]:
+    """The prediction registered beside the law's where the scan has one: muP's (the optimum does not move with
+    width), and a length scan's null (it does not move with length)."""
+    if cfg.parametrization == "mup" or plan.get("axis") == "tokens":
+        return flat_forecast(size_points(fit, seed_noise(fit)))
+    return None
 
 
 def _run_size(cfg, out_dir: Path, plan: dict, size: str, seeds: int, run_design) -> list[dict]:

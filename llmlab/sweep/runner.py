@@ -32,7 +32,7 @@ from llmlab.sweep.config import FULL_NOMINAL_STEPS, SweepConfig
 from llmlab.sweep.design import base_design, build_design, design_table, parse_size, run_order, size_steps
 from llmlab.sweep.factors import resolve
 from llmlab.sweep.launchers import LAUNCHERS, SPLITS, load_target, save_token_arrays
-from llmlab.sweep.spec import Hparams, TrialSpec
+from llmlab.sweep.spec import Hparams, TrialSpec, load_results
 from llmlab.train.config import parse_clip
 
 FINISHED = ("ok", "failed", "oom")
@@ -296,28 +296,6 @@ def settings_fingerprint(cfg: SweepConfig, before_growth: bool = False, study: O
 
 
 # ---------------------------------------------------------------- the sweep
-def load_results(out_dir: Path, design: list[dict], rerun: bool = True) -> list[dict]:
-    """Finished trials' results; a damaged result.json (a disk that filled, a killed copy, valid JSON of the wrong
-    shape) is left out, and the trial runs again unless this is a report-only pass."""
-    rows = []
-    for trial in design:
-        path = out_dir / "trials" / trial["trial_id"] / "result.json"
-        if path.is_file():
-            try:
-                result = json.loads(path.read_text())
-                if (
-                    not isinstance(result, dict)
-                    or result.get("trial_id") != trial["trial_id"]
-                    or "status" not in result
-                ):
-                    raise ValueError("not a trial result")
-                rows.append(result)
-            except (ValueError, UnicodeDecodeError):
-                then = "the next run of this command runs it again" if not rerun else "it will run again"
-                print(f"note: {path} is damaged; trial {trial['trial_id']} is left out ({then})", flush=True)
-    return rows
-
-
 def read_sweep_state(state_path: Path) -> Optional[dict]:
     if not state_path.is_file():
         return None

@@ -77,3 +77,25 @@ class TrialSpec:
     @classmethod
     def read(cls, path: str | Path) -> "TrialSpec":
         return cls.from_json(json.loads(Path(path).read_text()))
+
+
+def load_results(out_dir: Path, design: list[dict], rerun: bool = True) -> list[dict]:
+    """Finished trials' results; a damaged result.json (a disk that filled, a killed copy, valid JSON of the wrong
+    shape) is left out, and the trial runs again unless this is a report-only pass."""
+    rows = []
+    for trial in design:
+        path = out_dir / "trials" / trial["trial_id"] / "result.json"
+        if path.is_file():
+            try:
+                result = json.loads(path.read_text())
+                if (
+                    not isinstance(result, dict)
+                    or result.get("trial_id") != trial["trial_id"]
+                    or "status" not in result
+                ):
+                    raise ValueError("not a trial result")
+                rows.append(result)
+            except (ValueError, UnicodeDecodeError):
+                then = "the next run of this command runs it again" if not rerun else "it will run again"
+                print(f"note: {path} is damaged; trial {trial['trial_id']} is left out ({then})", flush=True)
+    return rows
