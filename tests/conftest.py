@@ -65,6 +65,12 @@ def pytest_sessionfinish(session):
 
 
 @pytest.fixture(scope="session")
+def data_cache(tmp_path_factory):
+    """The smoke budget's sweep data, prepared once per test process for every sweep a test runs."""
+    return tmp_path_factory.mktemp("sweep_data_cache")
+
+
+@pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
 

@@ -64,7 +64,7 @@ def test_paired_contrasts_recover_a_planted_difference_with_holm_over_the_arms()
 
 
 @pytest.mark.slow
-def test_confirm_runs_each_arm_at_its_own_lr_and_steps_and_the_report_pairs_seeds(tmp_path):
+def test_confirm_runs_each_arm_at_its_own_lr_and_steps_and_the_report_pairs_seeds(tmp_path, data_cache):
     """A planted stage-1 scan (two arms, their optima apart) gives each arm its own lr; the confirmation grid then
     runs for real (minimal probe, smoke budget), each arm its own steps, and the report pairs its seeds."""
     from tests.conftest import sweep_args
@@ -99,7 +99,7 @@ def test_confirm_runs_each_arm_at_its_own_lr_and_steps_and_the_report_pairs_seed
     grid = yaml.safe_load((scan / "confirm.yaml").read_text())
     assert [t["size"] for t in grid["trials"]] == ["32x1@8", "32x1@6"] and grid["replicates"] == 2
     out = tmp_path / "confirm"
-    args = sweep_args(out, tmp_path / "cache", "--model", "minimal", "--workers", "2", grid=scan / "confirm.yaml")
+    args = sweep_args(out, data_cache, "--model", "minimal", "--workers", "2", grid=scan / "confirm.yaml")
     proc = run_script(args, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [json.loads(p.read_text()) for p in out.glob("trials/*/result.json")]

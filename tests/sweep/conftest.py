@@ -1,16 +1,11 @@
-"""What the sweep tests share: the smoke data cache, sweep.py's arguments, and one smoke doe20 run by the local
-launcher (test_sweep checks it end to end)."""
+"""What the sweep tests share: sweep.py's arguments (the smoke data cache is tests/conftest.py's data_cache), and
+one smoke doe20 run by the local launcher (test_sweep checks it end to end)."""
 
 import csv
 
 import pytest
 
 from tests.conftest import run_script, sweep_args
-
-
-@pytest.fixture(scope="session")
-def data_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("sweep_data_cache")
 
 
 def read_csv(path):
