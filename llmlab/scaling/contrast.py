@@ -138,6 +138,7 @@ def stage_rows(folder: Path) -> list[dict]:
 
 def arm_optima(rows: list[dict], confidence: float = 0.95) -> dict[str, dict]:
     """Each arm's lr_opt with its interval: the scaling study's estimator with one cell per arm."""
+    # each arm a cell of its own; size_points orders cells by N, which arms on one probe share
     cells = [{**r, "size": arm_name(r), "n_params": 1.0} for r in rows if r.get("optimizer")]
     feasible = feasible_region(cells, ScalingOptions(unstable_std=math.inf))[0]
     return {p["size"]: p for p in size_points(feasible, seed_noise(feasible), confidence)}
