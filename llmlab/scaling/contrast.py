@@ -256,6 +256,13 @@ def contrast_main(argv: list[str]) -> Optional[dict]:
     stage, cfg = argv[0], parse_config(ContrastConfig, argv[1:], description=__doc__.split("\n")[0])
     if len(cfg.arms) < 2:
         raise UserError("--arms: give a reference and at least one arm to compare with it")
+    if cfg.steps < 1 or cfg.batch_size < 1 or cfg.replicates < 2 or not 0 < cfg.confidence < 1:
+        raise UserError(
+            "--steps and --batch_size must be >= 1, --replicates >= 2 (a seed SD needs two) and --confidence in "
+            f"(0, 1); got {cfg.steps}, {cfg.batch_size}, {cfg.replicates}, {cfg.confidence}"
+        )
+    if not cfg.lrs or any(not (math.isfinite(lr) and lr > 0) for lr in cfg.lrs):
+        raise UserError(f"--lrs must be learning rates > 0, got {cfg.lrs}")
     if stage != "plan" and not cfg.from_dir:
         raise UserError(f"sweep.py contrast {stage} reads a finished stage: pass --from_dir <its sweep folder>")
     if stage == "report":

@@ -39,6 +39,9 @@ def test_plan_gives_every_arm_the_reference_wall_time_and_its_own_lr_scan(tmp_pa
         (["plan", "--arms", "adamw:cosine"], "at least one arm"),
         (["confirm"], "--from_dir"),
         (["mystery"], "takes a stage first"),
+        (["plan", "--steps", "0"], "--steps and --batch_size must be >= 1"),
+        (["plan", "--replicates", "1"], "a seed SD needs two"),
+        (["plan", "--lrs", "0"], "--lrs must be learning rates > 0"),
     ):
         with pytest.raises(UserError, match=needle):
             contrast_main(argv)
