@@ -636,6 +636,7 @@ def test_multi_size_bad_inputs_are_one_line_errors():
         (["--grid", "lr_bs", "--model", "gpt2-tiny", "--sizes", "96x2", "128x2"], "multiple of the 64-wide"),
         (["--grid", "doe20", "--sizes", "64x2", "128x2"], "belongs to --grid lr_bs"),
         (["--grid", "lr_bs", "--sizes", "64x2", "128x4", "--parametrization", "mup"], "one depth"),
+        (["--grid", "lr_bs", "--sizes", "128x2@0", "128x2@8"], "trains at least one step"),
     ):
         with pytest.raises(UserError, match=needle):
             parse_config(SweepConfig, argv)
