@@ -14,7 +14,7 @@ import math
 from typing import Optional
 
 import numpy as np
-import statsmodels.api as sm
+from statsmodels.regression import linear_model as sm  # OLS/WLS only: statsmodels.api costs ~1 s more to import
 from scipy import optimize, stats
 
 from llmlab.scaling.fits import ScalingOptions, fit_loglinear

@@ -17,7 +17,7 @@ import math
 from typing import Any, Optional
 
 import numpy as np
-import statsmodels.api as sm
+from statsmodels.regression import linear_model as sm  # OLS/WLS only: statsmodels.api costs ~1 s more to import
 from scipy import special, stats
 
 from llmlab.scaling.law import fit_law, predict, ransac_sensitivity
