@@ -48,14 +48,13 @@ def results_by_node(out) -> dict:
     return by_node
 
 
-# six doe20 design choices, each a trial of its own: enough for both nodes, a lost one and a replacement
+# four doe20 design choices, each a trial of its own: one finished on each node, then one running on each when a
+# node is lost (its trial runs again on the other or on the replacement)
 GRID = """trials:
   - {optimizer: adamw}
   - {optimizer: lion}
   - {optimizer: adafactor}
   - {scheduler: linear}
-  - {clip: 0.5}
-  - {warmup: 100}
 """
 
 
@@ -66,8 +65,8 @@ def test_a_smoke_grid_on_two_nodes_survives_a_lost_node_and_matches_the_local_la
     cluster, second = two_node_cluster
     grid = tmp_path / "grid.yaml"
     grid.write_text(GRID)
-    # the local launcher on the grid's first two trials (the same ids, settings and seeds): the reference numbers
-    (tmp_path / "local.yaml").write_text("\n".join(GRID.splitlines()[:3]) + "\n")
+    # the local launcher on the grid's first trial (the same id, settings and seed): the reference numbers
+    (tmp_path / "local.yaml").write_text("\n".join(GRID.splitlines()[:2]) + "\n")
     local = run_script(sweep_args(tmp_path / "local", data_cache, "--grid", str(tmp_path / "local.yaml")), timeout=900)
     assert local.returncode == 0, local.stderr[-3000:]
     out = tmp_path / "ray"
@@ -105,11 +104,11 @@ def test_a_smoke_grid_on_two_nodes_survives_a_lost_node_and_matches_the_local_la
     assert proc.returncode == 0, stderr[-3000:]
     assert "Ray cluster: 2 node(s), 2 CPUs" in stdout
     rows = read_csv(out / "results.csv")
-    assert sorted(r["trial_id"] for r in rows) == sorted({r["trial_id"] for r in rows}) and len(rows) == 6
+    assert sorted(r["trial_id"] for r in rows) == sorted({r["trial_id"] for r in rows}) and len(rows) == 4
     assert {r["status"] for r in rows} == {"ok"}
     assert len({r["node"] for r in rows}) >= 2  # trials ran on several nodes
     local = {r["trial_id"]: r for r in read_csv(tmp_path / "local" / "results.csv")}
-    assert sorted(local) == ["g01", "g02"]
+    assert sorted(local) == ["g01"]
     for row in (r for r in rows if r["trial_id"] in local):  # the same subprocess, data and seeds: the same numbers
         assert float(row["final_loss"]) == pytest.approx(float(local[row["trial_id"]]["final_loss"]), abs=1e-5)
     assert (out / "trials" / "g04" / "tensorboard").is_dir() and (out / "trials" / "g04" / "log.txt").is_file()
@@ -136,8 +135,7 @@ SMALL_GRID = [
     "3e-3",
     "--batch_sizes",
     "2",
-    "4",
-]  # 4 smoke trials
+]  # 2 smoke trials, one on each node
 
 
 @pytest.mark.slow
@@ -172,14 +170,14 @@ def test_a_killed_driver_resumes_without_rerunning_and_the_timeout_holds_on_the_
         p.parent.name: p.stat().st_mtime_ns for p in (out / "trials").glob("*/result.json") if p.parent.name in finished
     } == finished  # nothing ran twice
     rows = read_csv(out / "results.csv")
-    assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}
+    assert len(rows) == 2 and {r["status"] for r in rows} == {"ok"}
 
     # --trial_timeout is enforced where the trial runs: 1 s does not even cover its imports (two trials show it)
     slow = run_script(
         sweep_args(
             tmp_path / "timeout",
             data_cache,
-            *SMALL_GRID[:-1],
+            *SMALL_GRID,
             "--launcher",
             "ray",
             "--ray_address",
