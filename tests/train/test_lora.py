@@ -187,7 +187,7 @@ def _per_step(out, key):
 
 @pytest.mark.slow
 def test_sigkill_then_resume_matches_an_uninterrupted_run(tiny_gpt2_dir, pydoc_cache_dir, tmp_path):
-    # 18 optimizer steps per epoch: the 24 steps cross an epoch boundary after the resume point.
+    # 112 examples: 10 optimizer steps per epoch, so the 16 steps cross an epoch boundary after the resume point (8).
     args = [
         "train_lora.py",
         "--base_model",
@@ -195,10 +195,12 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tiny_gpt2_dir, pydoc_c
         "--cache_dir",
         str(pydoc_cache_dir),
         *TINY_RUN,
+        "--max_examples",
+        "112",
         "--learning_rate",
         "1e-2",
         "--max_steps",
-        "24",
+        "16",
         "--log_every",
         "2",
         "--save_every",
@@ -226,7 +228,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tiny_gpt2_dir, pydoc_c
         assert sorted(got) == sorted(want), key
         assert got == pytest.approx(want, rel=1e-5), key
     want, got = (json.loads((run / "eval.json").read_text()) for run in (reference, out))
-    assert got["best_step"] == want["best_step"] and got["steps"] == want["steps"] == 24
+    assert got["best_step"] == want["best_step"] and got["steps"] == want["steps"] == 16
     assert got["before"] == want["before"]
     assert got["after"]["validation"]["loss"] == pytest.approx(want["after"]["validation"]["loss"], rel=1e-5)
     assert len(list((out / "checkpoints").glob("step_*"))) == 2  # --keep_last default
