@@ -307,8 +307,9 @@ def test_recommend_cli_bad_input_is_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_smoke_lr_bs_scan_end_to_end(tmp_path):
-    """A real (tiny) lr x batch scan through sweep.py, then `sweep.py recommend` writes a loadable YAML."""
+def test_smoke_lr_bs_scan_end_to_end(tmp_path, capsys):
+    """A real (tiny) lr x batch scan through sweep.py, then recommend (in this process: its CLI has tests of its own)
+    writes a loadable YAML."""
     from tests.conftest import run_script
 
     out = tmp_path / "lr_bs"
@@ -347,10 +348,8 @@ def test_smoke_lr_bs_scan_end_to_end(tmp_path):
     assert (out / "scaling_report.md").is_file() and (out / "plots" / "lr_opt_fit.png").is_file()
 
     output = tmp_path / "recommended.yaml"
-    rec = run_script(
+    recommend_main(
         [
-            "sweep.py",
-            "recommend",
             "--from",
             str(out),
             "--memory-gb",
@@ -365,8 +364,8 @@ def test_smoke_lr_bs_scan_end_to_end(tmp_path):
             str(output),
         ]
     )
-    assert rec.returncode == 0, rec.stderr[-2000:]
-    assert "learning_rate" in rec.stdout and "warmup_steps" in rec.stdout
+    printed = capsys.readouterr().out
+    assert "learning_rate" in printed and "warmup_steps" in printed
     values = yaml.safe_load(output.read_text())
     assert set(values) >= {"learning_rate", "effective_batch_size", "batch_size", "warmup_steps", "clip", "max_steps"}
     lr_fit = fits["fits"]["lr_opt"]  # the swept model's lr(batch) at the same tokens per step
