@@ -14,8 +14,8 @@ import math
 from typing import Optional
 
 import numpy as np
-from statsmodels.regression import linear_model as sm  # OLS/WLS only: statsmodels.api costs ~1 s more to import
 from scipy import optimize, stats
+from statsmodels.regression import linear_model as sm  # OLS/WLS only: statsmodels.api costs ~1 s more to import
 
 from llmlab.scaling.fits import ScalingOptions, fit_loglinear
 

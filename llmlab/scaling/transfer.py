@@ -17,8 +17,8 @@ import math
 from typing import Any, Optional
 
 import numpy as np
-from statsmodels.regression import linear_model as sm  # OLS/WLS only: statsmodels.api costs ~1 s more to import
 from scipy import special, stats
+from statsmodels.regression import linear_model as sm  # OLS/WLS only: statsmodels.api costs ~1 s more to import
 
 from llmlab.scaling.law import fit_law, predict, ransac_sensitivity
 from llmlab.scaling.machines import machine_adjust, machine_of
