@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import socket
 import sys
@@ -57,6 +59,19 @@ def pytest_collection_finish(session):
             start_new_session=True,
         )
     )
+
+
+# Each file's seconds in a quiet run of the whole suite (pytest --durations=0, summed per file). With
+# `--dist loadfile` each worker takes the next file in collection order, and that order is alphabetical: the
+# heaviest files (train/) came last, and one worker ran the last long file alone for minutes while the other
+# idled. Longest first (LPT) leaves only short files for the end. A file not listed goes first: its cost is
+# unknown. Stale numbers change only the order, never what runs.
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    seconds = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.is_file() else {}
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], math.inf))  # stable: in-file order kept
 
 
 def pytest_sessionfinish(session):
