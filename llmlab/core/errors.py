@@ -60,8 +60,13 @@ def writing(what: str, fix: str) -> Iterator[None]:
 EXIT_GRACE_S = 60.0
 
 
-def _leave(code: int):
-    faulthandler.dump_traceback_later(EXIT_GRACE_S, exit=True, file=sys.stderr)
+def _leave(code: int, main) -> None:
+    # only where the script is the program: a main called from a notebook or a test leaves its caller running
+    if getattr(main, "__module__", None) == "__main__":
+        try:
+            faulthandler.dump_traceback_later(EXIT_GRACE_S, exit=True, file=sys.stderr)
+        except (AttributeError, ValueError, OSError):  # a stderr with no file descriptor: no watchdog, still exit
+            pass
     sys.exit(code)
 
 
@@ -75,10 +80,10 @@ def cli_entry(main):
             return main(*args, **kwargs)
         except UserError as err:
             print(f"{'interrupted' if isinstance(err, Interrupted) else 'error'}: {err}", file=sys.stderr)
-            _leave(err.exit_code)
+            _leave(err.exit_code, main)
         except KeyboardInterrupt:  # Ctrl-C before a trainer could say where it stood
             print("interrupted: nothing was published by this run", file=sys.stderr)
-            _leave(130)
+            _leave(130, main)
         except Exception as err:  # a write that failed where no caller named it: still one line, never a traceback
             reason = write_failure(err)
             if reason is None:

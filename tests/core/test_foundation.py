@@ -153,3 +153,20 @@ def test_an_exit_that_hangs_after_the_message_is_cut_short_with_the_stalled_stac
     proc = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert time.monotonic() - started < 30 and proc.returncode == 1, proc.stderr
     assert proc.stderr.startswith("interrupted: at step 1\n") and "stalled_exit_hook" in proc.stderr
+    # a script's main called from a notebook (not the program): its caller catches the exit and goes on, unkilled
+    notebook = textwrap.dedent(
+        """
+        import time, types
+        from llmlab.core import errors
+        errors.EXIT_GRACE_S = 1.0
+        script = types.ModuleType("sweep")
+        exec("from llmlab.core.errors import UserError\\ndef main():\\n    raise UserError('bad')", script.__dict__)
+        try:
+            errors.cli_entry(script.main)()
+        except SystemExit as stop:
+            time.sleep(3)
+            print("still running after exit status", stop.code)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", notebook], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "still running after exit status 2" in proc.stdout, proc.stderr
