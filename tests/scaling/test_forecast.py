@@ -392,3 +392,48 @@ def test_a_scan_across_lengths_trains_each_size_its_steps_and_fits_beta_on_token
     assert law["beta_ci"][0] < -0.3 < law["beta_ci"][1] and law["beta"] == pytest.approx(-0.3, abs=0.1)
     assert fits["measured"]["params"] == 2.4e6  # the model's N, not its tokens
     assert "A scan across training length: every N below is D" in (tmp_path / "scaling_report.md").read_text()
+
+
+def test_the_power_simulation_of_a_length_scan_works_in_tokens_and_plants_the_null_beside_the_law(tmp_path):
+    """bench/forecast_design.py on fit lengths (`128x12@STEPS`): each length's place is its training tokens D, the
+    planted beta (ln lr_opt = a + beta ln D) is recovered, the flat null is a world of its own, longer designs add
+    a length, and a trial is priced at its own steps."""
+    import csv
+    import json
+
+    from tests.conftest import load_script
+
+    bench = load_script("bench/forecast_design.py")
+    beta, sizes, tokens_per_step = -0.3, ("128x12@150", "128x12@300", "128x12@600"), 4 * 128
+    rng, rows = np.random.default_rng(5), []
+    for size in sizes:
+        steps = int(size.split("@")[1])
+        ln_opt = math.log(2e-3) + beta * math.log(steps / 150)
+        for k in range(7):
+            offset = (k - 3) * math.log(2) / 2
+            for seed in range(6):
+                rows.append({"trial_id": f"{size}_{k}_{seed}", "status": "ok", "size": size, "n_params": 1e6,
+                             "lr": math.exp(ln_opt + offset), "batch_size": 4, "seed": seed,
+                             "final_loss": 6.5 + 0.1 * offset**2 + rng.normal(0, 0.01), "initial_loss": 10.8,
+                             "train_tokens": steps * tokens_per_step})  # fmt: skip
+    with open(tmp_path / "results.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    truths, facts = bench.scan_worlds(tmp_path, sizes, "128x12@2400", head_dim=64)
+    world = truths["as measured"]
+    assert facts["axis"] == "tokens" and world.n_params["128x12@2400"] == 2400 * tokens_per_step
+    low, high = facts["shape"]["alpha_ci"]
+    assert low <= beta <= high and abs(world.alpha - beta) < 0.1
+    assert truths["null holds: beta 0"].alpha == 0.0 and "muP holds: alpha 0" not in truths
+    longer = bench.larger_families(sizes)
+    assert longer == [(("128x12@150", "128x12@300", "128x12@600", "128x12@1200"), "128x12@4800")]
+    for steps in (150, 300):  # two finished trials: 0.5 s a step and 20 s besides
+        trial = tmp_path / "trials" / f"t{steps}"
+        trial.mkdir(parents=True)
+        result = {"status": "ok", "hparams": {"size": f"128x12@{steps}"}, "steps": steps, "time_per_step_s": 0.5,
+                  "wall_time_s": steps * 0.5 + 20}  # fmt: skip
+        (trial / "result.json").write_text(json.dumps(result))
+    design = bench.Design(sizes, "128x12@2400", 7, 3, 7, 12)
+    priced = bench.trial_hours(tmp_path, {"d": design}, truths)
+    assert priced["trial_s"]["128x12@2400"] == 2400 * 0.5 + 20 and priced["trial_s"]["128x12@150"] == 95
