@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llmlab.core.io import atomic_write_text  # noqa: E402
 from llmlab.core.runinfo import machine_label  # noqa: E402
 from llmlab.scaling.law import predict  # noqa: E402
-from llmlab.scaling.scan import on_axis, size_parameters  # noqa: E402
+from llmlab.scaling.scan import on_axis, scan_axis, size_parameters  # noqa: E402
 from llmlab.scaling.simulate import Design, Truth, operating_characteristics  # noqa: E402
 from llmlab.scaling.transfer import analyse_sizes, seed_noise  # noqa: E402
 from llmlab.sweep.design import size_steps  # noqa: E402
@@ -64,7 +64,7 @@ def rows_of(folder: Path) -> list[dict]:
 
 def length_axis(sizes) -> bool:
     """A scan across training lengths (`WIDTHxDEPTH@STEPS` labels): its law is in D, the training tokens."""
-    return any(size_steps(s) for s in sizes)
+    return scan_axis(list(sizes)) == "tokens"
 
 
 def tokens_of(rows: list[dict], sizes) -> dict[str, float]:
