@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from llmlab.sweep.spec import Hparams, TrialSpec
+from llmlab.sweep.spec import SLOW_PRECHECK, Hparams, TrialSpec
 
 FAIL_SMOOTH = 10  # losses in the fail-safes' moving average: one noisy batch moves it by a tenth
 
@@ -76,7 +76,7 @@ def precheck(spec: TrialSpec, step: int, step_times: list[float], started: float
     if projected > spec.timeout_s:
         raise TrialStop(
             "slow",
-            f"pre-check: projected {projected:.0f} s exceeds the trial timeout "
+            f"pre-check: projected {projected:.0f} s {SLOW_PRECHECK} "
             f"{spec.timeout_s} s; lower --steps or raise --trial_timeout",
         )
 

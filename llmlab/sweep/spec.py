@@ -79,6 +79,9 @@ class TrialSpec:
         return cls.from_json(json.loads(Path(path).read_text()))
 
 
+SLOW_PRECHECK = "exceeds the trial timeout"  # the pre-check's words for a projected overrun
+
+
 def load_results(out_dir: Path, design: list[dict], rerun: bool = True) -> list[dict]:
     """Finished trials' results; a damaged result.json (a disk that filled, a killed copy, valid JSON of the wrong
     shape) is left out, and the trial runs again unless this is a report-only pass."""
@@ -94,6 +97,8 @@ def load_results(out_dir: Path, design: list[dict], rerun: bool = True) -> list[
                     or "status" not in result
                 ):
                     raise ValueError("not a trial result")
+                if result["status"] == "failed" and all(SLOW_PRECHECK in f for f in result.get("failures") or ["-"]):
+                    result["status"] = "timeout"  # written before a projected overrun was a timeout (it reruns)
                 rows.append(result)
             except (ValueError, UnicodeDecodeError):
                 then = "the next run of this command runs it again" if not rerun else "it will run again"

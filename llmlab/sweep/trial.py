@@ -357,7 +357,10 @@ def run_trial(spec_path: str | Path) -> dict:
         except TrialStop as stop:
             print(f"[{spec.trial_id}] fail-safe: {stop.reason}", flush=True)
             result["failures"].append(stop.reason)
-            result.update(status="failed", effective_hparams=asdict(hp), curves=stop.curves)
+            # a projected overrun says how busy the machine is, not how good the hparams are: it is a timeout,
+            # which a resume reruns, never a finished "failed" outcome
+            status = "timeout" if stop.kind == "slow" else "failed"
+            result.update(status=status, effective_hparams=asdict(hp), curves=stop.curves)
             plan = fallback(hp, stop) if spec.retry and attempt == 1 else None
             if plan is None:
                 break

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from llmlab.core.errors import UserError
+from llmlab.core.io import atomic_write_json
 from llmlab.sweep.config import BUDGETS
 from llmlab.sweep.design import (
     CONTROL,
@@ -266,15 +267,23 @@ def test_hung_trial_is_killed_at_the_timeout_and_the_sweep_goes_on(tmp_path, dat
 def test_precheck_stops_a_trial_that_cannot_finish_within_its_timeout(tmp_path, data_cache):
     grid = write_grid(tmp_path / "g.yaml", "trials:\n  - {optimizer: adamw}\n")
     out = tmp_path / "out"
-    proc = run_script(sweep_args(out, data_cache, "--grid", grid, "--steps", "1000000", "--trial_timeout", "120"))
+    args = sweep_args(out, data_cache, "--grid", grid, "--steps", "1000000", "--trial_timeout", "120")
+    proc = run_script(args)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((out / "trials" / "g01" / "result.json").read_text())
-    assert result["status"] == "failed" and result["attempts"] == 1 and result["fallback"] is None
+    result_path = out / "trials" / "g01" / "result.json"
+    result = json.loads(result_path.read_text())
+    # a timeout, not a finished "failed" outcome: a busy machine says nothing about the hparams
+    assert result["status"] == "timeout" and result["attempts"] == 1 and result["fallback"] is None
     assert (
         result["failures"][0].startswith("pre-check: projected")
         and "exceeds the trial timeout 120 s" in result["failures"][0]
     )
     assert len(result["curves"]["loss"]) == 10  # stopped at the end of the 10-step pre-check
+    # a record from before this rule (status "failed") loads as a timeout, so the resume runs the trial again
+    atomic_write_json(result_path, {**result, "status": "failed"})
+    again = run_script(args)
+    assert again.returncode == 0 and "finished trial(s) skipped" not in again.stdout, again.stdout[-3000:]
+    assert json.loads(result_path.read_text())["status"] == "timeout"
 
 
 @pytest.mark.gpu
