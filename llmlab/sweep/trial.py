@@ -331,21 +331,7 @@ def run_trial(spec_path: str | Path) -> dict:
     data = load_data(Path(spec.data_dir))
     data_loaded = time.time() - started
     hp = spec.hparams
-    result: dict[str, Any] = {
-        "trial_id": spec.trial_id,
-        "node": socket.gethostname(),
-        "cpu": machine_label(),
-        "hparams": asdict(spec.hparams),
-        "model": spec.model,
-        "steps": spec.steps,
-        "seed": spec.seed,
-        "replicate": spec.replicate,
-        "attempts": 0,
-        "boundary": False,
-        "failures": [],
-        "fallback": None,
-        **({"registration": spec.registration} if spec.registration else {}),
-    }
+    result = _result_header(spec)
     print(f"[{spec.trial_id}] {spec.steps} steps, model {spec.model}, seed {spec.seed}, {hp}", flush=True)
     for attempt in (1, 2):
         result["attempts"] = attempt
@@ -375,6 +361,25 @@ def run_trial(spec_path: str | Path) -> dict:
     atomic_write_json(trial_dir / RESULT_NAME, result)
     print(f"[{spec.trial_id}] {result['status']} in {result['wall_time_s']:.1f} s", flush=True)
     return result
+
+
+def _result_header(spec: TrialSpec) -> dict[str, Any]:
+    """What result.json says of a trial whatever its outcome: who ran it, where, and with which settings."""
+    return {
+        "trial_id": spec.trial_id,
+        "node": socket.gethostname(),
+        "cpu": machine_label(),
+        "hparams": asdict(spec.hparams),
+        "model": spec.model,
+        "steps": spec.steps,
+        "seed": spec.seed,
+        "replicate": spec.replicate,
+        "attempts": 0,
+        "boundary": False,
+        "failures": [],
+        "fallback": None,
+        **({"registration": spec.registration} if spec.registration else {}),
+    }
 
 
 def child_main(spec_path: str, log_path: str, env: dict[str, str]) -> None:
