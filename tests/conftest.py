@@ -219,6 +219,52 @@ def run_script(args: list[str], cwd: Path | None = None, timeout: float = 600, e
     )
 
 
+_SCRIPTS: dict = {}
+
+
+def run_in_process(args: list[str], env: dict | None = None):
+    """`run_script` without a fresh interpreter, for a run whose process is not what the test is about: the script's
+    main(argv) in this worker, its exit status, stdout and stderr returned as a CompletedProcess. A tiny run in a
+    new interpreter spends about 5 of its ~8 CPU-seconds importing torch and transformers (bench-free: `python -X
+    importtime`); here they are already loaded. What a run changes of the process is put back: accelerate's
+    singletons, torch's thread count, signal handlers and the environment."""
+    import contextlib
+    import io
+    import signal
+    import subprocess
+    import traceback
+
+    import torch
+    from accelerate.state import AcceleratorState, GradientState
+
+    script = args[0]
+    if script not in _SCRIPTS:
+        _SCRIPTS[script] = load_script(script)
+    out, err = io.StringIO(), io.StringIO()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    threads, saved_env = torch.get_num_threads(), dict(os.environ)
+    os.environ.update(env or {})
+    code = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                _SCRIPTS[script].main([str(a) for a in args[1:]])
+            except SystemExit as done:
+                code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+            except Exception:  # what a crashed interpreter would print, and its exit status
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        torch.set_num_threads(threads)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        AcceleratorState._reset_state(True)  # and PartialState
+        GradientState._reset_state()
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
 def kill_when_ready(args: list[str], ready: Path, timeout: float = 300) -> None:
     """Start a repo script and SIGKILL it, with every process it started, as soon as `ready` exists: a real crash,
     in the middle of the run. A launcher's workers may sit in sessions of their own (torchrun starts them so), so

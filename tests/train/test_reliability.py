@@ -16,7 +16,7 @@ import pytest
 
 from llmlab.core.errors import UserError
 from llmlab.core.io import read_jsonl
-from tests.conftest import REPO, run_script, sweep_args
+from tests.conftest import REPO, run_in_process, run_script, sweep_args
 from tests.train.test_pretrain import SMALL, assert_one_line_error
 
 
@@ -75,11 +75,11 @@ def steps_logged(out: Path) -> list[int]:
 @pytest.mark.slow
 def test_a_fresh_run_never_lands_on_an_old_one(tmp_path, data_cache):
     out = tmp_path / "run"
-    assert run_script(pretrain(out, data_cache, steps=4)).returncode == 0
-    again = run_script(pretrain(out, data_cache, steps=4))
+    assert run_in_process(pretrain(out, data_cache, steps=4)).returncode == 0
+    again = run_in_process(pretrain(out, data_cache, steps=4))
     assert_one_line_error(again, "already holds a pretraining", "--resume_from_checkpoint", "--overwrite_output_dir")
     (out / "notes.txt").write_text("mine")
-    fresh = run_script(pretrain(out, data_cache, "--overwrite_output_dir", steps=4))
+    fresh = run_in_process(pretrain(out, data_cache, "--overwrite_output_dir", steps=4))
     assert fresh.returncode == 0, fresh.stderr[-2000:]
     assert (out / "notes.txt").read_text() == "mine"  # only what a run writes is ever replaced
     assert steps_logged(out) == [1, 2, 3, 4] and sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_4"]
@@ -90,12 +90,12 @@ def test_a_second_run_in_the_same_folder_is_refused_and_a_dead_owner_is_taken_ov
     out = tmp_path / "run"
     first = start(pretrain(out, data_cache, steps=400))
     wait_for(out / "checkpoints" / "step_4", first)
-    second = run_script(pretrain(out, data_cache, "--resume_from_checkpoint", "latest"))
+    second = run_in_process(pretrain(out, data_cache, "--resume_from_checkpoint", "latest"))
     assert_one_line_error(second, "is in use by another pretraining", f"pid {first.pid}")
     first.send_signal(signal.SIGKILL)
     first.wait()
     latest = max(int(p.name.split("_")[1]) for p in (out / "checkpoints").glob("step_*"))
-    resumed = run_script(pretrain(out, data_cache, "--resume_from_checkpoint", "latest", steps=latest + 2))
+    resumed = run_in_process(pretrain(out, data_cache, "--resume_from_checkpoint", "latest", steps=latest + 2))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"locked by pid {first.pid}" in resumed.stdout + resumed.stderr and "taking it over" in resumed.stdout
 
@@ -130,23 +130,23 @@ def test_ctrl_c_before_the_first_checkpoint_says_one_consistent_thing(tmp_path, 
 @pytest.mark.slow
 def test_damaged_checkpoints_are_named_and_the_newest_good_one_is_used(tmp_path, data_cache):
     out = tmp_path / "run"
-    assert run_script(pretrain(out, data_cache, steps=12)).returncode == 0
+    assert run_in_process(pretrain(out, data_cache, steps=12)).returncode == 0
     weights = out / "checkpoints" / "step_12" / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[len(data) // 2 : len(data) // 2 + 64] = b"\x7f" * 64  # same size, other bytes: only a checksum can tell
     weights.write_bytes(bytes(data))
-    explicit = run_script(pretrain(out, data_cache, "--resume_from_checkpoint", str(weights.parent), steps=16))
+    explicit = run_in_process(pretrain(out, data_cache, "--resume_from_checkpoint", str(weights.parent), steps=16))
     assert_one_line_error(explicit, "damaged", "model.safetensors", "sha256", "step_8")
     manifest = out / "checkpoints" / "step_8" / "trainer_state.json"
     state = json.loads(manifest.read_text())
     manifest.write_text(json.dumps({**state, "note": "an extra key is fine"}))
-    resumed = run_script(pretrain(out, data_cache, "--resume_from_checkpoint", "latest", steps=16))
+    resumed = run_in_process(pretrain(out, data_cache, "--resume_from_checkpoint", "latest", steps=16))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "step_12" in resumed.stdout and "resuming from step_8, the newest good checkpoint" in resumed.stdout
     assert list((out / "checkpoints").glob("step_12.abandoned-*"))  # set aside, not deleted
     manifest = out / "checkpoints" / "step_16" / "trainer_state.json"
     manifest.write_text(json.dumps({k: v for k, v in json.loads(manifest.read_text()).items() if k != "layout"}))
-    missing = run_script(pretrain(out, data_cache, "--resume_from_checkpoint", str(manifest.parent), steps=20))
+    missing = run_in_process(pretrain(out, data_cache, "--resume_from_checkpoint", str(manifest.parent), steps=20))
     assert_one_line_error(missing, "lacks 'layout'")
 
 
@@ -156,8 +156,8 @@ def test_resume_honours_schedule_changes_and_refuses_the_rest(tmp_path, data_cac
     from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
     out = tmp_path / "run"
-    assert run_script(pretrain(out, data_cache, steps=8)).returncode == 0
-    resumed = run_script(
+    assert run_in_process(pretrain(out, data_cache, steps=8)).returncode == 0
+    resumed = run_in_process(
         pretrain(out, data_cache, "--resume_from_checkpoint", "latest", "--learning_rate", "5e-3", steps=12)
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -170,7 +170,7 @@ def test_resume_honours_schedule_changes_and_refuses_the_rest(tmp_path, data_cac
     ).lr_lambdas[0]
     lrs = {r["step"]: r["train/lr"] for r in read_jsonl(out / "metrics.jsonl") if "train/lr" in r}
     assert lrs[9] == pytest.approx(5e-3 * schedule(8)) and lrs[12] == pytest.approx(5e-3 * schedule(11))
-    changed = run_script(pretrain(out, data_cache, "--resume_from_checkpoint", "latest", "--n_embd", "64", steps=16))
+    changed = run_in_process(pretrain(out, data_cache, "--resume_from_checkpoint", "latest", "--n_embd", "64", steps=16))
     assert_one_line_error(changed, "--n_embd changed since checkpoint", "resume with the same --n_embd")
 
 
@@ -178,10 +178,10 @@ def test_resume_honours_schedule_changes_and_refuses_the_rest(tmp_path, data_cac
 @pytest.mark.slow
 def test_no_nan_model_is_ever_published(tmp_path, data_cache):
     assert_one_line_error(
-        run_script(pretrain(tmp_path / "a", data_cache, "--learning_rate", "inf")), "--learning_rate", "finite"
+        run_in_process(pretrain(tmp_path / "a", data_cache, "--learning_rate", "inf")), "--learning_rate", "finite"
     )
-    assert_one_line_error(run_script(pretrain(tmp_path / "b", data_cache, "--clip", "nan")), "--clip")
-    wild = run_script(
+    assert_one_line_error(run_in_process(pretrain(tmp_path / "b", data_cache, "--clip", "nan")), "--clip")
+    wild = run_in_process(
         pretrain(
             tmp_path / "c",
             data_cache,
@@ -209,15 +209,15 @@ def test_no_nan_model_is_ever_published(tmp_path, data_cache):
 @pytest.mark.slow
 def test_a_spike_in_the_first_steps_is_caught(tmp_path, data_cache):
     out = tmp_path / "run"
-    proc = run_script(
+    proc = run_in_process(
         pretrain(out, data_cache, "--inject_spike", "26:10", "--spike_patience", "3", "--save_every", "5", steps=32)
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     events = read_jsonl(out / "events.jsonl")
     assert [e["event"] for e in events] == ["rollback"] and events[0]["resumed_step"] == 25
-    blind = run_script(pretrain(tmp_path / "blind", data_cache, "--inject_spike", "12", "--save_every", "4"))
+    blind = run_in_process(pretrain(tmp_path / "blind", data_cache, "--inject_spike", "12", "--save_every", "4"))
     assert_one_line_error(blind, "--inject_spike 12", "arms after 20 normal steps")
-    early = run_script(pretrain(tmp_path / "early", data_cache, "--inject_spike", "3"))
+    early = run_in_process(pretrain(tmp_path / "early", data_cache, "--inject_spike", "3"))
     assert_one_line_error(early, "--inject_spike 3", "no checkpoint to roll back to")
 
 
