@@ -10,7 +10,7 @@ import pytest
 
 from llmlab.core.errors import UserError
 from llmlab.core.io import read_jsonl
-from tests.conftest import kill_when_ready, run_script, tiny_pretrain_args
+from tests.conftest import kill_when_ready, run_in_process, run_script, tiny_pretrain_args
 
 # A 1-layer, 32-wide GPT-2 with the real vocabulary, on 5 documents of the built-in Wikipedia sample.
 SMALL = tiny_pretrain_args(effective_batch_size=4, learning_rate="1e-2", dropout=0.1)
@@ -137,8 +137,7 @@ def test_injected_spike_rolls_back_once_with_lower_lr(data_cache, tmp_path):
             "2",
             "--log_every",
             "3",
-        ),
-        timeout=600,
+        )
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = read_jsonl(out / "events.jsonl")
@@ -170,8 +169,7 @@ def test_injected_spike_rolls_back_once_with_lower_lr(data_cache, tmp_path):
             "2",
             "--max_rollbacks",
             "0",
-        ),
-        timeout=600,
+        )
     )
     assert_one_line_error(gave_up, "loss kept spiking", "--max_rollbacks")
     assert read_jsonl(tmp_path / "gave_up" / "events.jsonl")[-1]["event"] == "gave_up"
@@ -281,7 +279,7 @@ def test_cli_errors_are_one_line(tmp_path):
 
 
 def test_prepare_only_prints_summary_and_rejects_bad_input(tmp_path):
-    proc = run_script(
+    proc = run_in_process(
         [
             "train_pretrain.py",
             "--prepare_only",
@@ -298,7 +296,7 @@ def test_prepare_only_prints_summary_and_rejects_bad_input(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "cleaning step" in proc.stdout and "blocks of 32" in proc.stdout
     assert json.loads((tmp_path / "out" / "prepare_report.json").read_text())["block_size"] == 32
-    proc = run_script(
+    proc = run_in_process(
         [
             "train_pretrain.py",
             "--prepare_only",
@@ -357,7 +355,7 @@ def test_recommended_yaml_drives_a_real_run_with_its_optimizer_and_schedule(data
     assert written["optimizer"] == "lion" and written["lr_scheduler"] == "cosine"
     assert written["parametrization"] == "mup" and written["mup_base_width"] == 32
     out = tmp_path / "run"
-    proc = run_script(
+    proc = run_in_process(
         [
             "train_pretrain.py",
             "--config",
@@ -390,8 +388,7 @@ def test_recommended_yaml_drives_a_real_run_with_its_optimizer_and_schedule(data
             data_cache,
             "--output_dir",
             str(out),
-        ],
-        timeout=600,
+        ]
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     resolved = yaml.safe_load((out / "config.yaml").read_text())

@@ -1,5 +1,7 @@
 """Issue 14: a run folder is owned, verified and never silently overwritten; no NaN model is ever published; every
-user error is one line. Real processes wherever the failure needs one (kill -9, concurrent runs, Ctrl-C)."""
+user error is one line. The run a fault meets (kill -9, a concurrent owner, Ctrl-C, a damaged checkpoint, a spike,
+a divergence) is a real process of its own; runs that only set the stage, and option refusals, run in the test's
+process (tests.conftest.run_in_process: the same main, without ~5 CPU-seconds of imports each)."""
 
 from __future__ import annotations
 
@@ -90,12 +92,12 @@ def test_a_second_run_in_the_same_folder_is_refused_and_a_dead_owner_is_taken_ov
     out = tmp_path / "run"
     first = start(pretrain(out, data_cache, steps=400))
     wait_for(out / "checkpoints" / "step_4", first)
-    second = run_in_process(pretrain(out, data_cache, "--resume_from_checkpoint", "latest"))
+    second = run_script(pretrain(out, data_cache, "--resume_from_checkpoint", "latest"))
     assert_one_line_error(second, "is in use by another pretraining", f"pid {first.pid}")
     first.send_signal(signal.SIGKILL)
     first.wait()
     latest = max(int(p.name.split("_")[1]) for p in (out / "checkpoints").glob("step_*"))
-    resumed = run_in_process(pretrain(out, data_cache, "--resume_from_checkpoint", "latest", steps=latest + 2))
+    resumed = run_script(pretrain(out, data_cache, "--resume_from_checkpoint", "latest", steps=latest + 2))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"locked by pid {first.pid}" in resumed.stdout + resumed.stderr and "taking it over" in resumed.stdout
 
@@ -135,18 +137,18 @@ def test_damaged_checkpoints_are_named_and_the_newest_good_one_is_used(tmp_path,
     data = bytearray(weights.read_bytes())
     data[len(data) // 2 : len(data) // 2 + 64] = b"\x7f" * 64  # same size, other bytes: only a checksum can tell
     weights.write_bytes(bytes(data))
-    explicit = run_in_process(pretrain(out, data_cache, "--resume_from_checkpoint", str(weights.parent), steps=16))
+    explicit = run_script(pretrain(out, data_cache, "--resume_from_checkpoint", str(weights.parent), steps=16))
     assert_one_line_error(explicit, "damaged", "model.safetensors", "sha256", "step_8")
     manifest = out / "checkpoints" / "step_8" / "trainer_state.json"
     state = json.loads(manifest.read_text())
     manifest.write_text(json.dumps({**state, "note": "an extra key is fine"}))
-    resumed = run_in_process(pretrain(out, data_cache, "--resume_from_checkpoint", "latest", steps=16))
+    resumed = run_script(pretrain(out, data_cache, "--resume_from_checkpoint", "latest", steps=16))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "step_12" in resumed.stdout and "resuming from step_8, the newest good checkpoint" in resumed.stdout
     assert list((out / "checkpoints").glob("step_12.abandoned-*"))  # set aside, not deleted
     manifest = out / "checkpoints" / "step_16" / "trainer_state.json"
     manifest.write_text(json.dumps({k: v for k, v in json.loads(manifest.read_text()).items() if k != "layout"}))
-    missing = run_in_process(pretrain(out, data_cache, "--resume_from_checkpoint", str(manifest.parent), steps=20))
+    missing = run_script(pretrain(out, data_cache, "--resume_from_checkpoint", str(manifest.parent), steps=20))
     assert_one_line_error(missing, "lacks 'layout'")
 
 
@@ -170,7 +172,9 @@ def test_resume_honours_schedule_changes_and_refuses_the_rest(tmp_path, data_cac
     ).lr_lambdas[0]
     lrs = {r["step"]: r["train/lr"] for r in read_jsonl(out / "metrics.jsonl") if "train/lr" in r}
     assert lrs[9] == pytest.approx(5e-3 * schedule(8)) and lrs[12] == pytest.approx(5e-3 * schedule(11))
-    changed = run_in_process(pretrain(out, data_cache, "--resume_from_checkpoint", "latest", "--n_embd", "64", steps=16))
+    changed = run_in_process(
+        pretrain(out, data_cache, "--resume_from_checkpoint", "latest", "--n_embd", "64", steps=16)
+    )
     assert_one_line_error(changed, "--n_embd changed since checkpoint", "resume with the same --n_embd")
 
 
@@ -181,7 +185,7 @@ def test_no_nan_model_is_ever_published(tmp_path, data_cache):
         run_in_process(pretrain(tmp_path / "a", data_cache, "--learning_rate", "inf")), "--learning_rate", "finite"
     )
     assert_one_line_error(run_in_process(pretrain(tmp_path / "b", data_cache, "--clip", "nan")), "--clip")
-    wild = run_in_process(
+    wild = run_script(
         pretrain(
             tmp_path / "c",
             data_cache,
@@ -209,7 +213,7 @@ def test_no_nan_model_is_ever_published(tmp_path, data_cache):
 @pytest.mark.slow
 def test_a_spike_in_the_first_steps_is_caught(tmp_path, data_cache):
     out = tmp_path / "run"
-    proc = run_in_process(
+    proc = run_script(
         pretrain(out, data_cache, "--inject_spike", "26:10", "--spike_patience", "3", "--save_every", "5", steps=32)
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
