@@ -1,5 +1,7 @@
-"""Hostile use, as real processes (issue 22): a folder holds one kind of run, a refused command changes nothing on
-disk, and a resume, a merge and an evaluation check the identity of what they build on."""
+"""Hostile use (issue 22): a folder holds one kind of run, a refused command changes nothing on disk, and a resume,
+a merge and an evaluation check the identity of what they build on. The command that meets data or a base changed in
+place, or a killed merge's leftovers, is a real process of its own; the runs that set the stage, and the refusals of
+a misused folder, run in the test's process (tests.conftest.run_in_process)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import stat
 
 import pytest
 
-from tests.conftest import run_script, tiny_pretrain_args
+from tests.conftest import run_in_process, run_script, tiny_pretrain_args
 from tests.train.test_lora import TINY_RUN
 
 SMALL = tiny_pretrain_args(sample_tokens=0)
@@ -37,7 +39,7 @@ def one_line(proc, *fragments):
 def pretrained(tmp_path_factory):
     root = tmp_path_factory.mktemp("hostile")
     out = root / "pretrain"
-    proc = run_script(
+    proc = run_in_process(
         [
             "train_pretrain.py",
             *SMALL,
@@ -49,8 +51,7 @@ def pretrained(tmp_path_factory):
             str(root / "cache"),
             "--output_dir",
             str(out),
-        ],
-        timeout=600,
+        ]
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return root, out
@@ -60,7 +61,7 @@ def pretrained(tmp_path_factory):
 def test_a_lora_run_cannot_take_over_a_pretraining_folder(pretrained, tiny_gpt2_dir, pydoc_cache_dir):
     _, out = pretrained
     before = tree(out)
-    proc = run_script(
+    proc = run_in_process(
         [
             "train_lora.py",
             "--base_model",
@@ -73,8 +74,7 @@ def test_a_lora_run_cannot_take_over_a_pretraining_folder(pretrained, tiny_gpt2_
             *TINY_RUN,
             "--max_steps",
             "2",
-        ],
-        timeout=300,
+        ]
     )
     one_line(proc, "holds a pretraining run", "a lora run cannot use it")
     assert tree(out) == before  # nothing deleted, renamed or rewritten: not even the lock record
@@ -84,7 +84,7 @@ def test_a_lora_run_cannot_take_over_a_pretraining_folder(pretrained, tiny_gpt2_
 def test_a_refused_resume_moves_no_checkpoint(pretrained):
     root, out = pretrained
     before = tree(out)
-    proc = run_script(
+    proc = run_in_process(
         [
             "train_pretrain.py",
             *SMALL,
@@ -121,7 +121,7 @@ def test_a_resume_refuses_data_whose_content_changed(tmp_path):
         "--output_dir",
         str(out),
     ]
-    assert run_script([*args, "--max_steps", "2"], timeout=600).returncode == 0
+    assert run_in_process([*args, "--max_steps", "2"]).returncode == 0
     text.write_text(" ".join(f"other{i % 89} words{i % 7}" for i in range(6000)))
     proc = run_script([*args, "--max_steps", "4", "--resume_from_checkpoint", "latest"], timeout=600)
     one_line(proc, "the data or the base model changed in place", "data")
@@ -144,7 +144,7 @@ def test_lora_resume_and_merge_check_the_base_weights(tiny_gpt2_dir, pydoc_cache
         "--save_every",
         "2",
     ]
-    assert run_script([*args, "--max_steps", "3"], timeout=300).returncode == 0
+    assert run_in_process([*args, "--max_steps", "3"]).returncode == 0
     assert list((out / "checkpoints").glob("step_*"))
     record = json.loads((out / "adapter" / "llmlab_base.json").read_text())
     assert record["digest"].startswith("sha256:")
@@ -176,7 +176,7 @@ def test_lora_resume_and_merge_check_the_base_weights(tiny_gpt2_dir, pydoc_cache
     model.save_pretrained(base)  # the base folder replaced in place, then a resume
     resumed = run_script([*args, "--max_steps", "6", "--resume_from_checkpoint", "latest"], timeout=300)
     one_line(resumed, "changed in place", "base_model")
-    stacked = run_script(
+    stacked = run_in_process(
         [
             "train_lora.py",
             "--base_model",
@@ -188,8 +188,7 @@ def test_lora_resume_and_merge_check_the_base_weights(tiny_gpt2_dir, pydoc_cache
             *TINY_RUN,
             "--max_steps",
             "1",
-        ],
-        timeout=300,
+        ]
     )
     one_line(stacked, "is a LoRA adapter folder")
     assert not (tmp_path / "stacked").exists()
@@ -218,7 +217,7 @@ def test_merge_overwrite_keeps_the_users_files_and_cleans_its_own_leftovers(tiny
         "--dtype",
         "fp32",
     ]
-    assert run_script(merge).returncode == 0
+    assert run_in_process(merge).returncode == 0
     (out / "prompts.jsonl").write_text('{"prompt": "mine"}\n')
     (out / "generations.jsonl").write_text('{"text": "also mine"}\n')
     abandoned = tmp_path / ".merged.tmp999999-abcd"  # a merge killed before publishing (its pid is gone)
