@@ -84,7 +84,7 @@ def test_pretraining_reports_the_tasks_and_merge_and_infer_eval_scores_its_final
     TensorBoard; `merge_and_infer.py eval` on the saved final model gives the trainer's final scores."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from tests.conftest import run_script
+    from tests.conftest import run_in_process
     from tests.train.test_pretrain import SMALL
 
     run = tmp_path / "run"
@@ -110,7 +110,7 @@ def test_pretraining_reports_the_tasks_and_merge_and_infer_eval_scores_its_final
         "--mixed_precision",
         "no",
     ]
-    proc = run_script(args, timeout=600)
+    proc = run_in_process(args)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Running loglikelihood" not in proc.stderr + proc.stdout  # no per-request bars in a training log
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -119,7 +119,7 @@ def test_pretraining_reports_the_tasks_and_merge_and_infer_eval_scores_its_final
     events = EventAccumulator(str(next((run / "tensorboard").rglob("events.out.tfevents.*")).parent)).Reload()
     assert [e.step for e in events.Scalars(f"downstream/{PYDOC_MC}/acc_norm")] == [2, 4]
     out = tmp_path / "eval.json"
-    proc = run_script(
+    proc = run_in_process(
         [
             "merge_and_infer.py",
             "eval",
@@ -131,8 +131,7 @@ def test_pretraining_reports_the_tasks_and_merge_and_infer_eval_scores_its_final
             str(out),
             "--work_dir",
             str(tmp_path / "ds"),
-        ],
-        timeout=600,
+        ]
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     scores = json.loads(out.read_text())["tasks"][PYDOC_MC]

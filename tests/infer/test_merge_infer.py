@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from tests.conftest import run_script
+from tests.conftest import run_in_process, run_script
 
 SCRIPT = "merge_and_infer.py"
 
@@ -150,19 +150,19 @@ def test_merged_folder_is_standalone_safetensors(merged, tiny_gpt2_dir):
     assert json.loads((out / "merge_report.json").read_text())["dtype"] == "fp32"
 
 
-@pytest.mark.slow  # 20-30 s on a busy 2-core machine (subprocesses import torch)
+@pytest.mark.slow
 def test_merge_cli_fp16_export(tiny_gpt2_dir, adapter_dir, tmp_path):
     from safetensors import safe_open
 
     out = tmp_path / "merged16"
-    result = run_script(
+    result = run_in_process(
         [SCRIPT, "merge", "--base_model", str(tiny_gpt2_dir), "--adapter", str(adapter_dir), "--out", str(out)]
     )
     assert result.returncode == 0, result.stderr
     assert "max |merged - base+adapter|" in result.stdout and "cast to fp16" in result.stdout
     with safe_open(str(next(out.glob("*.safetensors"))), "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F16"}
-    again = run_script(
+    again = run_in_process(
         [SCRIPT, "merge", "--base_model", str(tiny_gpt2_dir), "--adapter", str(adapter_dir), "--out", str(out)]
     )
     assert again.returncode == 2 and "already exists" in again.stderr and "--overwrite" in again.stderr
@@ -217,12 +217,12 @@ def test_generate_streams_one_prompt_and_saves_it(merged, tmp_path, capsys):
     assert record["top_k"] == 0 and record["no_repeat_ngram_size"] == 3 and record["do_sample"] is True
 
 
-@pytest.mark.slow  # 20-30 s on a busy 2-core machine (subprocesses import torch)
+@pytest.mark.slow
 def test_generate_cli_batch_with_unmerged_adapter(merged, tiny_gpt2_dir, adapter_dir, tmp_path):
     model = str(merged[0])
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"id": 1, "prompt": "The history of the city"}\n{"id": 2, "prompt": "Once upon a time"}\n')
-    result = run_script(
+    result = run_in_process(
         [
             SCRIPT,
             "generate",
@@ -349,7 +349,7 @@ def test_every_low_bit_variant_is_smaller_than_bf16(trained_dir):
 # ---- bench --------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow  # 20-30 s on a busy 2-core machine (subprocesses import torch)
+@pytest.mark.slow
 def test_bench_prints_table_for_available_precisions(merged, tiny_gpt2_dir, adapter_dir, wiki_texts, tmp_path):
     from llmlab.infer.bench import BenchConfig, run_bench
     from llmlab.infer.quantize import available_precisions
@@ -447,7 +447,7 @@ def test_cli_unavailable_precision_names_alternative(tiny_gpt2_dir):
     assert "bf16" in last
 
 
-@pytest.mark.slow  # 20-30 s on a busy 2-core machine (subprocesses import torch)
+@pytest.mark.slow
 def test_cli_refuses_quantized_base_and_foreign_adapter(tiny_gpt2_dir, adapter_dir, tmp_path):
     import shutil
 
@@ -459,7 +459,7 @@ def test_cli_refuses_quantized_base_and_foreign_adapter(tiny_gpt2_dir, adapter_d
     config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
     (quantized / "config.json").write_text(json.dumps(config))
     _one_line_error(
-        run_script(
+        run_in_process(
             [
                 SCRIPT,
                 "merge",
@@ -478,7 +478,7 @@ def test_cli_refuses_quantized_base_and_foreign_adapter(tiny_gpt2_dir, adapter_d
     other = tmp_path / "other_base"
     GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=64, vocab_size=50257)).save_pretrained(other)
     _one_line_error(
-        run_script(
+        run_in_process(
             [SCRIPT, "merge", "--base_model", str(other), "--adapter", str(adapter_dir), "--out", str(tmp_path / "m2")]
         ),
         "does not fit",

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from tests.conftest import kill_when_ready, run_script
+from tests.conftest import kill_when_ready, run_in_process, run_script
 
 # Small enough for two CPU cores shared with other work; lr is high so 12 steps visibly move the loss.
 TINY_RUN = [
@@ -37,7 +37,7 @@ TINY_RUN = [
 
 
 def _lora(args, tiny_gpt2_dir, cache, out):
-    result = run_script(
+    result = run_in_process(
         [
             "train_lora.py",
             "--base_model",
@@ -48,8 +48,7 @@ def _lora(args, tiny_gpt2_dir, cache, out):
             str(out),
             *TINY_RUN,
             *args,
-        ],
-        timeout=300,
+        ]
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result, json.loads((out / "eval.json").read_text())
@@ -234,9 +233,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tiny_gpt2_dir, pydoc_c
     assert len(list((out / "checkpoints").glob("step_*"))) == 2  # --keep_last default
 
     # A checkpoint from another setup is refused before anything is loaded.
-    other = run_script(
-        [*args, "--output_dir", str(out), "--resume_from_checkpoint", "latest", "--batch_size", "2"], timeout=300
-    )
+    other = run_in_process([*args, "--output_dir", str(out), "--resume_from_checkpoint", "latest", "--batch_size", "2"])
     assert other.returncode == 2 and "resume with the same" in other.stderr and "Traceback" not in other.stderr
 
 
