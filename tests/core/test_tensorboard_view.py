@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import REPO, free_port, run_script, tiny_pretrain_args
+from tests.conftest import REPO, free_port, run_in_process, run_script, tiny_pretrain_args
 from tests.train.test_lora import TINY_RUN
 
 SMALL = tiny_pretrain_args(sample_tokens=0)
@@ -29,7 +29,7 @@ def post(url: str, payload: dict) -> dict:
 def test_hparams_tab_shows_every_kind_of_run_with_metrics(tmp_path, tiny_gpt2_dir, pydoc_cache_dir, pretrain_cache):
     runs = tmp_path / "runs"
     assert (
-        run_script(
+        run_in_process(
             [
                 "train_pretrain.py",
                 *SMALL,
@@ -41,13 +41,12 @@ def test_hparams_tab_shows_every_kind_of_run_with_metrics(tmp_path, tiny_gpt2_di
                 str(pretrain_cache),
                 "--output_dir",
                 str(runs / "pretrain"),
-            ],
-            timeout=600,
+            ]
         ).returncode
         == 0
     )
     assert (
-        run_script(
+        run_in_process(
             [
                 "train_lora.py",
                 "--base_model",
@@ -59,8 +58,7 @@ def test_hparams_tab_shows_every_kind_of_run_with_metrics(tmp_path, tiny_gpt2_di
                 *TINY_RUN,
                 "--max_steps",
                 "2",
-            ],
-            timeout=600,
+            ]
         ).returncode
         == 0
     )

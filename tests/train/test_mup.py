@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from llmlab.core.io import read_jsonl
-from tests.conftest import kill_when_ready, run_script, tiny_pretrain_args
+from tests.conftest import kill_when_ready, run_in_process, run_script, tiny_pretrain_args
 
 # 64 wide at base width 32: m = 2, so every muP rule is visible (hidden lr / 2, readout / 2, init std / sqrt 2)
 MUP = ["--parametrization", "mup", "--mup_base_width", "32"]
@@ -112,7 +112,7 @@ def test_final_is_a_plain_gpt2_with_the_trained_models_logits_and_resume_is_exac
     # resuming it as a standard model would train another model from its weights: refused in one line
     standard = run_args(part, cache, "--max_steps", str(STEPS + 2), "--resume_from_checkpoint", "latest")
     standard[standard.index("mup")] = "standard"
-    refused = run_script(standard)
+    refused = run_in_process(standard)
     assert refused.returncode == 2 and "parametrization" in refused.stderr.splitlines()[-1], refused.stderr[-2000:]
 
 
@@ -127,7 +127,7 @@ def test_lora_adapts_a_mup_runs_final_model(tmp_path, pydoc_cache_dir, whole_run
 
 
 def test_mup_from_a_trained_model_is_refused_in_one_line(tmp_path, tiny_gpt2_dir):
-    proc = run_script(
+    proc = run_in_process(
         ["train_pretrain.py", "--init_from", str(tiny_gpt2_dir), *MUP, "--output_dir", str(tmp_path / "x")]
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
