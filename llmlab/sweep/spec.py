@@ -97,8 +97,8 @@ def load_results(out_dir: Path, design: list[dict], rerun: bool = True) -> list[
                     or "status" not in result
                 ):
                     raise ValueError("not a trial result")
-                if result["status"] == "failed" and all(SLOW_PRECHECK in f for f in result.get("failures") or ["-"]):
-                    result["status"] = "timeout"  # written before a projected overrun was a timeout (it reruns)
+                if result["status"] == "failed" and SLOW_PRECHECK in (result.get("failures") or ["-"])[-1]:
+                    result["status"] = "timeout"  # written before a last attempt's projected overrun was a timeout
                 rows.append(result)
             except (ValueError, UnicodeDecodeError):
                 then = "the next run of this command runs it again" if not rerun else "it will run again"
