@@ -44,6 +44,13 @@ def main(argv: list[str] | None = None) -> None:
     rows = run_sweep(cfg, study_for(cfg))
     statuses = {s: sum(r.get("status") == s for r in rows) for s in {r.get("status") for r in rows}}
     print(f"sweep done: {statuses}; report: {cfg.output_dir}/report.md")
+    unfinished = sum(statuses.get(s, 0) for s in ("timeout", "crashed", "interrupted"))
+    if unfinished:  # no outcome, so no data: the report lacks them until they run
+        print(
+            f"note: {unfinished} trial(s) ended without an outcome (timed out, crashed or interrupted); rerun the same "
+            "command to run them again (finished trials are kept), with a larger --trial_timeout if the machine is "
+            "busy"
+        )
 
 
 if __name__ == "__main__":

@@ -279,6 +279,7 @@ def test_precheck_stops_a_trial_that_cannot_finish_within_its_timeout(tmp_path, 
         and "exceeds the trial timeout 120 s" in result["failures"][0]
     )
     assert len(result["curves"]["loss"]) == 10  # stopped at the end of the 10-step pre-check
+    assert "note: 1 trial(s) ended without an outcome" in proc.stdout and "--trial_timeout" in proc.stdout
     # a record from before this rule (status "failed") loads as a timeout, so the resume runs the trial again
     atomic_write_json(result_path, {**result, "status": "failed"})
     again = run_script(args)
