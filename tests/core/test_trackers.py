@@ -7,7 +7,7 @@ import json
 import pytest
 
 from llmlab.core.errors import UserError
-from tests.conftest import run_script
+from tests.conftest import run_in_process, run_script
 from tests.train.test_pretrain import SMALL, assert_one_line_error
 
 
@@ -105,7 +105,7 @@ def test_a_plugged_in_tracker_and_tensorboard_get_the_config_and_the_metrics(
 
 def test_report_to_none_keeps_metrics_jsonl_only(tmp_path, pretrain_cache):
     out = tmp_path / "run"
-    proc = run_script(
+    proc = run_in_process(
         [
             "train_pretrain.py",
             *SMALL,
