@@ -19,6 +19,11 @@ class UserError(Exception):
     exit_code = 2
 
 
+class Waiting(UserError):
+    """A run that stopped on purpose until the user acts (a registration to commit): what finished is reported
+    before the one line."""
+
+
 class Interrupted(UserError):
     """Ctrl-C, with where the run stands: exit status 130 as for any interrupted program (128 + SIGINT)."""
 

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from llmlab.core.device import cpu_has_fast_bf16
-from llmlab.core.errors import UserError
+from llmlab.core.errors import UserError, Waiting
 from llmlab.core.identity import committed_as_is, file_sha256
 from llmlab.core.io import atomic_write_json
 from llmlab.core.runinfo import machine_label
@@ -446,7 +446,7 @@ def registration_gate(cfg, out_dir: Path, plan: dict) -> None:
     commit, why = committed_as_is(path)
     sha256 = file_sha256(path)
     if commit is None and cfg.registration_check == "commit":
-        raise UserError(
+        raise Waiting(
             f"{path} registers the {plan.get('held_out')} forecast and {why}, so its held-out trials wait (blind "
             f"by commit): run `git add {path} && git commit`, then this command again (outside git: "
             "--registration_check none)"

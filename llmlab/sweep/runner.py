@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 
 from llmlab.core.device import resolve_device, resolve_precision
-from llmlab.core.errors import Interrupted, UserError
+from llmlab.core.errors import Interrupted, UserError, Waiting
 from llmlab.core.io import atomic_write_json, atomic_write_text, progress_bar
 from llmlab.core.runfolder import check_output_dir, claim_run_folder, process_start_time, release_lock
 from llmlab.core.runinfo import write_run_info
@@ -344,13 +344,22 @@ def run_sweep(cfg: SweepConfig, study: Optional[Study] = None) -> list[dict]:
             if not rows:
                 raise UserError(f"{out_dir} has no finished trials to report on; run the sweep first")
         else:
-            rows = _run_trials(cfg, study, design, out_dir, fingerprint, precision)
+            try:
+                rows = _run_trials(cfg, study, design, out_dir, fingerprint, precision)
+            except Waiting:  # e.g. a registration to commit: the report and fits say what the finished trials say
+                design = study.design(cfg, out_dir) if study.plans_as_it_runs else design
+                _report(cfg, study, out_dir, design, load_results(out_dir, design, rerun=False))
+                raise
             design = study.design(cfg, out_dir) if study.plans_as_it_runs else design
-        report.write_report(out_dir, [as_run(cfg, trial) for trial in design], rows, cfg)
-        study.analyse(cfg, out_dir, rows)
+        _report(cfg, study, out_dir, design, rows)
         return rows
     finally:
         release_lock(out_dir)
+
+
+def _report(cfg: SweepConfig, study: Study, out_dir: Path, design: list[dict], rows: list[dict]) -> None:
+    report.write_report(out_dir, [as_run(cfg, trial) for trial in design], rows, cfg)
+    study.analyse(cfg, out_dir, rows)
 
 
 def _run_trials(

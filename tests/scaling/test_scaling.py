@@ -684,6 +684,9 @@ def test_smoke_multi_size_scan_end_to_end_plans_grids_and_resumes(tmp_path):
     # blind by commit: the registration is written, and the held-out trials wait until it is committed
     assert scan.returncode == 2 and "git add" in scan.stderr.splitlines()[-1], scan.stderr[-3000:]
     assert "not committed as it is on disk" in scan.stderr and not list(out.glob("trials/96x1*"))
+    # the stop reports first: recommend and the fits read the fit sizes' trials, not an older pass's
+    waiting = json.loads((out / "scaling_fits.json").read_text())
+    assert {t["size"] for t in waiting["trials"]} == {"32x1", "64x1"} and (out / "report.md").is_file()
     git(tmp_path, "add", "sizes/preregistration.json")
     git(tmp_path, "commit", "-q", "-m", "register the 96x1 forecast")
     commit = git(tmp_path, "rev-parse", "HEAD")
