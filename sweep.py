@@ -39,13 +39,13 @@ def main(argv: list[str] | None = None) -> None:
 
         build_design(cfg)  # a bad grid answers in a second too, before torch and the statistics load
     from llmlab.scaling.scan import study_for  # after parsing: a bad flag answers before torch loads
-    from llmlab.sweep.runner import run_sweep
+    from llmlab.sweep.runner import FINISHED, run_sweep
 
     rows = run_sweep(cfg, study_for(cfg))
     statuses = {s: sum(r.get("status") == s for r in rows) for s in {r.get("status") for r in rows}}
     print(f"sweep done: {statuses}; report: {cfg.output_dir}/report.md")
-    unfinished = sum(statuses.get(s, 0) for s in ("timeout", "crashed", "interrupted"))
-    if unfinished:  # no outcome, so no data: the report lacks them until they run
+    unfinished = sum(n for status, n in statuses.items() if status not in FINISHED)
+    if unfinished:  # no outcome, so no data: the report lacks them until they run (a rerun runs them)
         print(
             f"note: {unfinished} trial(s) ended without an outcome (timed out, crashed or interrupted); rerun the same "
             "command to run them again (finished trials are kept), with a larger --trial_timeout if the machine is "

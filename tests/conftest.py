@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -131,6 +132,9 @@ def load_script(path: str):
     return module
 
 
+_loaded_script = functools.cache(load_script)  # one module per script for the worker's in-process runs
+
+
 def tiny_pretrain_args(**options) -> list[str]:
     """train_pretrain.py's options for a 1-layer, 32-wide GPT-2 with the real vocabulary on a few documents of the
     built-in Wikipedia sample, the smallest run that exercises every piece; keyword arguments override or add
@@ -219,14 +223,11 @@ def run_script(args: list[str], cwd: Path | None = None, timeout: float = 600, e
     )
 
 
-_SCRIPTS: dict = {}
-
-
 def run_in_process(args: list[str], env: dict | None = None):
     """`run_script` without a fresh interpreter, for a run whose process is not what the test is about: the script's
     main(argv) in this worker, its exit status, stdout and stderr returned as a CompletedProcess. A tiny run in a
-    new interpreter spends about 5 of its ~8 CPU-seconds importing torch and transformers (bench-free: `python -X
-    importtime`); here they are already loaded. What a run changes of the process is put back: accelerate's
+    new interpreter spends about 5 of its ~8 CPU-seconds importing torch and transformers (`python -X importtime`);
+    here they are already loaded. What a run changes of the process is put back: accelerate's
     singletons, torch's thread count, signal handlers and the environment."""
     import contextlib
     import io
@@ -237,9 +238,7 @@ def run_in_process(args: list[str], env: dict | None = None):
     import torch
     from accelerate.state import AcceleratorState, GradientState
 
-    script = args[0]
-    if script not in _SCRIPTS:
-        _SCRIPTS[script] = load_script(script)
+    script = _loaded_script(args[0])
     out, err = io.StringIO(), io.StringIO()
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     threads, saved_env = torch.get_num_threads(), dict(os.environ)
@@ -248,7 +247,7 @@ def run_in_process(args: list[str], env: dict | None = None):
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                _SCRIPTS[script].main([str(a) for a in args[1:]])
+                script.main([str(a) for a in args[1:]])
             except SystemExit as done:
                 code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
             except Exception:  # what a crashed interpreter would print, and its exit status
