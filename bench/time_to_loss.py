@@ -11,7 +11,9 @@ steps of 8 sequences), each in a fresh process, one seed after another:
 Every recipe scores the same validation blocks (the first 20 batches of the quick start's validation split) every
 --eval_every steps with its training clock stopped, so the curve is validation loss against training seconds.
 From each curve: the training seconds to reach --target (linear between evaluations) and the loss at --at_seconds
-(default: the shortest run's length). Medians over seeds; a recipe that never reaches the target says so.
+(default: the shortest run's length). Medians over seeds; a recipe that never reaches the target says so. Against
+the first recipe (the reference), paired by seed, since a seed's recipes run back to back: the loss at that time minus
+the reference's, with its 95 % t interval on seeds - 1 df, and the time to the target over the reference's.
 
     python bench/time_to_loss.py --seeds 3 --output docs/findings/quickstart/time_to_loss.json
     python bench/time_to_loss.py --variant muon-wsd='--optimizer muon --lr_scheduler wsd'
@@ -209,20 +211,65 @@ def run_recipe(name: str, flags: str, seed: int, eval_every: int) -> list:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def paired(values: list[float], base: list[float]) -> dict:
+    """values - base seed by seed (a seed's recipes ran back to back): the mean with its 95 % t interval on n - 1 df."""
+    from scipy import stats
+
+    diffs = [a - b for a, b in zip(values, base)]
+    mean, df = statistics.fmean(diffs), len(diffs) - 1
+    if df < 1:
+        return {"mean": mean, "ci95": None, "df": 0, "per_seed": diffs}
+    half = stats.t.ppf(0.975, df) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return {"mean": mean, "ci95": [mean - half, mean + half], "df": df, "per_seed": diffs}
+
+
 def summary(curves: dict, target: float, at_seconds: float | None) -> dict:
+    """Per recipe: medians over seeds, and against the first recipe (the reference), paired by seed: the loss at
+    `at` seconds minus the reference's, and the time to `target` over the reference's."""
     at = at_seconds or min(c[-1][0] for runs in curves.values() for c in runs)
+    reference = next(iter(curves))
     table = {}
     for name, runs in curves.items():
         reached = [time_to(c, target) for c in runs]
         times = [t for t in reached if t is not None]
-        table[name] = {
+        row = {
             "seconds_to_target": statistics.median(times) if len(times) == len(runs) else None,
             "reached": f"{len(times)} of {len(runs)}",
+            "per_seed_seconds_to_target": reached,
             "loss_at": statistics.median(loss_at(c, at) for c in runs),
+            "per_seed_loss_at": [loss_at(c, at) for c in runs],
             "final_loss": statistics.median(c[-1][1] for c in runs),
             "train_seconds": statistics.median(c[-1][0] for c in runs),
         }
-    return {"target": target, "at_seconds": at, "table": table}
+        if name != reference:
+            base = table[reference]
+            row["loss_at_minus_reference"] = paired(row["per_seed_loss_at"], base["per_seed_loss_at"])
+            ratios = [a / b for a, b in zip(reached, base["per_seed_seconds_to_target"]) if a and b]
+            row["time_ratio"] = (
+                {"median": statistics.median(ratios), "range": [min(ratios), max(ratios)]} if ratios else None
+            )
+        table[name] = row
+    return {"target": target, "at_seconds": at, "reference": reference, "table": table}
+
+
+def format_table(result: dict) -> str:
+    """The table the bench prints: medians over seeds, then each recipe against the reference, paired by seed."""
+    target, ref = result["target"], result["reference"]
+    at = f"loss at {result['at_seconds']:.0f} s"
+    lines = [f"{'recipe':<16}{'s to ' + str(target):>12}{'reached':>9}{at:>16}{'final loss':>12}{'train s':>9}"
+             f"  {'loss - ' + ref + ' [95 % CI, df]':<34}{'time / ' + ref:>22}"]  # fmt: skip
+    for name, row in result["table"].items():
+        to = f"{row['seconds_to_target']:.0f}" if row["seconds_to_target"] is not None else "-"
+        delta, ratio = "reference", ""
+        if name != ref:
+            d = row["loss_at_minus_reference"]
+            ci = f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]" if d["ci95"] else "[-]"
+            delta = f"{d['mean']:+.3f} {ci}, {d['df']}"
+            r = row["time_ratio"]
+            ratio = f"{r['median']:.2f}x ({r['range'][0]:.2f}-{r['range'][1]:.2f})" if r else "-"
+        lines.append(f"{name:<16}{to:>12}{row['reached']:>9}{row['loss_at']:>16.3f}{row['final_loss']:>12.3f}"
+                     f"{row['train_seconds']:>9.0f}  {delta:<34}{ratio:>22}")  # fmt: skip
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -244,16 +291,13 @@ def main(argv=None) -> int:
             worker = name if name in ("nanogpt", "trainer") else "llmlab"
             curves[name].append(run_recipe(worker, flags, seed, args.eval_every))
     result = summary(curves, args.target, args.at_seconds)
-    at = f"loss at {result['at_seconds']:.0f} s"
-    print(f"{'recipe':<16}{'s to ' + str(args.target):>12}{'reached':>9}{at:>16}{'final loss':>12}{'train s':>9}")
-    for name, row in result["table"].items():
-        to = f"{row['seconds_to_target']:.0f}" if row["seconds_to_target"] is not None else "-"
-        print(f"{name:<16}{to:>12}{row['reached']:>9}{row['loss_at']:>16.3f}{row['final_loss']:>12.3f}"
-              f"{row['train_seconds']:>9.0f}")  # fmt: skip
+    print(format_table(result))
     if args.output:
+        from llmlab.core.io import atomic_write_json
+
         args.output.parent.mkdir(parents=True, exist_ok=True)
-        out = {**result, "machine": machine_label(), "recipes": recipes, "seeds": args.seeds, "curves": curves}
-        args.output.write_text(json.dumps(out, indent=1) + "\n")
+        machine = {"machine": machine_label(), "recipes": recipes, "seeds": args.seeds, "eval_every": args.eval_every}
+        atomic_write_json(args.output, {**result, **machine, "curves": curves})
     return 0
 
 
