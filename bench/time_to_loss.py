@@ -244,9 +244,13 @@ def summary(curves: dict, target: float, at_seconds: float | None) -> dict:
         if name != reference:
             base = table[reference]
             row["loss_at_minus_reference"] = paired(row["per_seed_loss_at"], base["per_seed_loss_at"])
+            lengths = [c[-1][0] / b[-1][0] for c, b in zip(runs, curves[reference])]
+            row["train_seconds_ratio"] = statistics.median(lengths)  # the same steps: the step's speed, inverted
             ratios = [a / b for a, b in zip(reached, base["per_seed_seconds_to_target"]) if a and b]
             row["time_ratio"] = (
-                {"median": statistics.median(ratios), "range": [min(ratios), max(ratios)]} if ratios else None
+                {"median": statistics.median(ratios), "range": [min(ratios), max(ratios)], "pairs": len(ratios)}
+                if ratios
+                else None
             )
         table[name] = row
     return {"target": target, "at_seconds": at, "reference": reference, "table": table}
@@ -257,18 +261,19 @@ def format_table(result: dict) -> str:
     target, ref = result["target"], result["reference"]
     at = f"loss at {result['at_seconds']:.0f} s"
     lines = [f"{'recipe':<16}{'s to ' + str(target):>12}{'reached':>9}{at:>16}{'final loss':>12}{'train s':>9}"
-             f"  {'loss - ' + ref + ' [95 % CI, df]':<34}{'time / ' + ref:>22}"]  # fmt: skip
+             f"{'/ ' + ref:>9}  {'loss - ' + ref + ' [95 % CI, df]':<34}{'time / ' + ref:>22}"]  # fmt: skip
     for name, row in result["table"].items():
         to = f"{row['seconds_to_target']:.0f}" if row["seconds_to_target"] is not None else "-"
-        delta, ratio = "reference", ""
+        delta, ratio, length = "reference", "", ""
         if name != ref:
+            length = f"{row['train_seconds_ratio']:.2f}x"
             d = row["loss_at_minus_reference"]
             ci = f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]" if d["ci95"] else "[-]"
             delta = f"{d['mean']:+.3f} {ci}, {d['df']}"
             r = row["time_ratio"]
-            ratio = f"{r['median']:.2f}x ({r['range'][0]:.2f}-{r['range'][1]:.2f})" if r else "-"
+            ratio = f"{r['median']:.2f}x ({r['range'][0]:.2f}-{r['range'][1]:.2f}, n={r['pairs']})" if r else "-"
         lines.append(f"{name:<16}{to:>12}{row['reached']:>9}{row['loss_at']:>16.3f}{row['final_loss']:>12.3f}"
-                     f"{row['train_seconds']:>9.0f}  {delta:<34}{ratio:>22}")  # fmt: skip
+                     f"{row['train_seconds']:>9.0f}{length:>9}  {delta:<34}{ratio:>22}")  # fmt: skip
     return "\n".join(lines)
 
 

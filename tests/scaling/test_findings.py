@@ -339,3 +339,25 @@ def test_the_first_forecasts_fragility_table_states_its_rows_and_its_holm_recomp
         ps.append(2 * stats.t.sf(abs(math.log(row["ratio"]) / row["se_ln"]), row["df"]))
     holm = multipletests(ps, method="holm")[1]
     assert f"lr-forecast R 1.65, p {ps[0]:.3f}, Holm p {holm[0]:.3f}" in (REPO / "docs/findings/README.md").read_text()
+
+
+def test_readme_time_to_loss_contrast_equals_an_independent_recomputation():
+    """The quick start's loss at equal training time against nanoGPT's recipe (issue 52), recomputed from the shipped
+    curves with numpy's interpolation and scipy's paired t, none of the bench's code."""
+    import json
+
+    import numpy as np
+    from scipy import stats
+
+    data = json.loads((REPO / "docs" / "findings" / "quickstart" / "time_to_loss.json").read_text())
+    at = min(curve[-1][0] for runs in data["curves"].values() for curve in runs)
+
+    def losses(name):
+        return [float(np.interp(at, *zip(*curve))) for curve in data["curves"][name]]
+
+    ours, theirs = losses("llmlab"), losses("nanogpt")
+    ci = stats.ttest_rel(theirs, ours).confidence_interval(0.95)
+    mean = float(np.mean(np.subtract(theirs, ours)))
+    stated = f"| {mean:+.3f} [{ci.low:+.3f}, {ci.high:+.3f}], {len(ours) - 1} df |"
+    assert stated in (REPO / "README.md").read_text(), stated
+    assert f"| {np.median(ours):.3f} | reference |" in (REPO / "README.md").read_text()

@@ -43,7 +43,12 @@ def test_the_contrast_against_the_reference_is_paired_by_seed_and_matches_scipy(
     assert contrast["mean"] == pytest.approx(sum(a - b for a, b in zip(ours, theirs)) / 3)
     assert contrast["ci95"][1] < 0  # resolved: lower at equal time
     # the variant's target time: 7.5 + s - d reached between 5 s and 10 s; the reference's at 15 s for seed 0
-    assert row["time_ratio"]["median"] < 0.75 and result["table"]["llmlab"]["reached"] == "3 of 3"
+    assert (
+        row["time_ratio"]["median"] < 0.75
+        and row["time_ratio"]["pairs"] == 3
+        and result["table"]["llmlab"]["reached"] == "3 of 3"
+    )
+    assert row["train_seconds_ratio"] == pytest.approx(0.5)  # its 3 evaluations' clock: 20 s against 40 s
     text = bench.format_table(result)
     assert "reference" in text and f"{contrast['mean']:+.3f}" in text and ", 2" in text
 
