@@ -41,7 +41,7 @@ from findings_sections.forecast_record import forecast_fragility, forecast_machi
 from findings_sections.forecast_results import lr_forecast, realised_power, regime, scan_cost  # noqa: E402
 from findings_sections.lora import lora_default_summary, lora_default_table, lora_results  # noqa: E402
 from findings_sections.lr_sizes import flat_control, lr_summary, mup_vs_std, second_forecasts  # noqa: E402
-from findings_sections.quickstart import time_to_loss  # noqa: E402
+from findings_sections.quickstart import muon_overhead, time_to_loss  # noqa: E402
 from findings_sections.ray_launcher import ray_launcher  # noqa: E402
 from findings_sections.recommend import recommend_validation  # noqa: E402
 
@@ -103,6 +103,7 @@ BLOCKS = {
     "lr-forecast-gpt2": lambda: lr_summary("lr-forecast-gpt2", "Third forecast, GPT-2 probes under muP"),
     "lr-forecast-gpt2-candidates": flat_design_table,
     "quickstart-time-to-loss": time_to_loss,
+    "muon-overhead": muon_overhead,
 }
 PATTERN = re.compile(r"(<!-- findings:([\w-]+) -->\n)(.*?)(<!-- /findings:\2 -->)", re.S)
 

@@ -52,3 +52,28 @@ def time_to_loss() -> str:
         f"`python bench/time_to_loss.py --seeds {data['seeds']}`."
     )
     return "\n".join(lines)
+
+
+def muon_overhead() -> str:
+    """bench/muon_overhead.py at the quick start's model and at the lab's 128x12 probe: Muon's step over AdamW's."""
+    lines = [
+        "| model | parameters | sequences a step | threads | AdamW step | Muon step | Muon / AdamW: step "
+        "| optimizer alone |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    machines = set()
+    for name in ("overhead", "overhead_probe"):
+        data = json.loads((FINDINGS / "muon" / f"{name}.json").read_text())
+        args, medians, ratios = data["args"], data["medians"], data["ratios"]
+        shape = args["model"] if args["n_layer"] is None else f"GPT-2 {args['n_embd']}x{args['n_layer']}"
+        lines.append(
+            f"| {shape} | {data['params'] / 1e6:.1f}M | {args['batch']} × {args['block']} | {args['threads']} | "
+            f"{medians['adamw']['step']:.3f} s | {medians['muon']['step']:.3f} s | **{ratios['step']:.2f}x** | "
+            f"{ratios['optimizer']:.1f}x |"
+        )
+        machines.add(data["machine"])
+    lines.append(
+        f"\nMedians of {args['steps']} steps each, the two optimizers taking turns step by step on the same batches, "
+        f"on {' and '.join(sorted(machines))}. `python bench/muon_overhead.py`."
+    )
+    return "\n".join(lines)
